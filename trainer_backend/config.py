@@ -1,0 +1,361 @@
+"""The one schema: every option is defined here once.
+
+The GUI tabs, the CLI `--set` overrides, presets (sparse TOML), the README's config
+reference and validation messages are all derived from these models. Adding an option
+means adding one field here plus the code that uses it.
+
+Conventions: no optional (None) values, because TOML has no null; "" or 0 mean "off".
+Each field carries `help` text and a `ui` hint (widget, advanced) in json_schema_extra.
+"""
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CONFIG_VERSION = 1
+
+
+class ConfigError(ValueError):
+    """A config problem a user can fix; `str()` is one line naming the key or file."""
+
+
+def F(default: Any, help: str, *, widget: str = "", advanced: bool = False,
+      secret: bool = False, **bounds: Any) -> Any:
+    """A schema field: default, help text, UI hint, and pydantic bounds (ge, le, ...)."""
+    extra = {"ui": {"widget": widget, "advanced": advanced}, "secret": secret}
+    return Field(default, description=help, json_schema_extra=extra, **bounds)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Output(Section):
+    """Where the run directory goes."""
+    dir: str = F("runs", "Folder that holds run directories.", widget="path")
+    name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
+                  min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")
+
+
+class Model(Section):
+    """The base model."""
+    path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, or builtin:tiny-sd1|tiny-sd2|tiny-sdxl.",
+                  widget="path")
+    arch: Literal["auto", "sd1", "sd2", "sdxl"] = F("auto", "Architecture; auto detects it from the model.")
+    vae: str = F("", "Optional VAE to use instead of the model's own (diffusers folder or file).",
+                 widget="path", advanced=True)
+    prediction_type: Literal["auto", "epsilon", "v_prediction"] = F(
+        "auto", "What the UNet predicts; auto reads the model's scheduler config (SD2-768 is v_prediction).",
+        advanced=True)
+
+
+class Dataset(Section):
+    """Training images and captions."""
+    path: str = F("", "Folder of images with same-named caption files; kohya-style N_concept subfolders give repeats.",
+                  widget="path")
+    resolution: int = F(512, "Training resolution (square side, or the target area's side when bucketing).",
+                        ge=64, le=4096, multiple_of=8)
+    caption_extension: str = F(".txt", "Caption file extension.", pattern=r"^\.[A-Za-z0-9_]+$")
+    repeats: int = F(1, "Repeats for images in a flat folder (N_concept folders carry their own).", ge=1, le=10000)
+    flip: bool = F(False, "Random horizontal flip.")
+    center_crop: bool = F(True, "Center crop (off: random crop).", advanced=True)
+    caption_dropout: float = F(0.0, "Probability of training a sample with an empty caption.", ge=0.0, le=1.0,
+                               advanced=True)
+    shuffle_tags: bool = F(False, "Shuffle comma-separated tags (after the first keep_tokens).", advanced=True)
+    keep_tokens: int = F(0, "Leading tags kept in place when shuffling.", ge=0, advanced=True)
+    cache_latents: bool = F(False, "Encode images with the VAE once and reuse the latents (turns off random crop/flip "
+                                   "variety unless both flips are cached).")
+    num_workers: int = F(0, "DataLoader worker processes.", ge=0, le=64, advanced=True)
+
+
+class Network(Section):
+    """What is trained."""
+    type: Literal["lora", "loha", "lokr", "full"] = F("lora", "lora/loha/lokr adapters, or full fine-tuning.")
+    rank: int = F(16, "Adapter rank (dim).", ge=1, le=1024)
+    alpha: float = F(16.0, "Adapter alpha; the update is scaled by alpha/rank.", gt=0)
+    dropout: float = F(0.0, "Dropout on the adapter's input.", ge=0.0, lt=1.0, advanced=True)
+    target_modules: list[str] = F(["to_q", "to_k", "to_v", "to_out.0"],
+                                  "UNet module names that get adapters.", advanced=True)
+    train_text_encoder: bool = F(False, "Also train adapters on the text encoder(s).")
+    text_encoder_lr: float = F(0.0, "Learning rate for text-encoder adapters; 0 = optimizer.lr.", ge=0.0,
+                               advanced=True)
+    text_encoder_target_modules: list[str] = F(["q_proj", "k_proj", "v_proj", "out_proj"],
+                                               "Text-encoder module names that get adapters.", advanced=True)
+
+
+class Optimizer(Section):
+    """Optimizer and learning-rate schedule."""
+    name: Literal["adamw", "adamw8bit", "prodigy", "lion", "adafactor", "sgd"] = F(
+        "adamw", "Optimizer; adamw8bit/prodigy/lion need their packages installed.")
+    lr: float = F(1e-4, "Learning rate.", gt=0.0, le=10.0)
+    weight_decay: float = F(0.01, "Decoupled weight decay.", ge=0.0, advanced=True)
+    beta1: float = F(0.9, "Adam beta1.", ge=0.0, lt=1.0, advanced=True)
+    beta2: float = F(0.999, "Adam beta2.", ge=0.0, lt=1.0, advanced=True)
+    eps: float = F(1e-8, "Adam epsilon.", gt=0.0, advanced=True)
+    max_grad_norm: float = F(1.0, "Clip gradients to this norm; 0 = off.", ge=0.0)
+    scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts",
+                       "polynomial"] = F("constant", "Learning-rate schedule.")
+    warmup_steps: int = F(0, "Warmup optimizer steps.", ge=0)
+    lr_cycles: int = F(1, "Cycles for cosine_with_restarts.", ge=1, advanced=True)
+
+
+class Schedule(Section):
+    """Batching and length."""
+    batch_size: int = F(1, "Batch size per GPU/process.", ge=1, le=4096)
+    grad_accum: int = F(1, "Gradient accumulation steps per optimizer step.", ge=1, le=4096)
+    epochs: int = F(10, "Epochs (used when max_steps is 0).", ge=1, le=100000)
+    max_steps: int = F(0, "Total optimizer steps; 0 = use epochs.", ge=0)
+    seed: int = F(42, "Random seed (data order, noise, initial weights).", ge=0)
+
+
+class Loss(Section):
+    """Noise and loss shaping."""
+    noise_offset: float = F(0.0, "Noise offset (helps very dark/bright images).", ge=0.0, le=1.0)
+    min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0)
+    timestep_min: int = F(0, "Lowest training timestep.", ge=0, le=999, advanced=True)
+    timestep_max: int = F(1000, "Highest training timestep (exclusive).", ge=1, le=1000, advanced=True)
+
+
+class Precision(Section):
+    """Precision and memory."""
+    mixed: Literal["no", "fp16", "bf16"] = F("bf16", "Mixed precision; frozen weights in this dtype, trainable in fp32.")
+    gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
+    attention: Literal["sdpa", "default"] = F("sdpa", "Attention kernel: PyTorch SDPA or the plain one.",
+                                               advanced=True)
+
+
+class Hardware(Section):
+    """GPUs and processes."""
+    num_processes: int = F(1, "Processes (GPUs) on this machine.", ge=1, le=64)
+    gpu_ids: str = F("all", "GPU ids to use, e.g. 0,1 or all.", pattern=r"^(all|\d+(,\d+)*)$")
+    multi_gpu_policy: Literal["same_samples", "same_steps"] = F(
+        "same_samples", "same_samples: N GPUs see as many samples as 1 GPU would; same_steps: same optimizer steps, "
+                        "N times the samples.")
+    cpu: bool = F(False, "Force the CPU even when a GPU is present (multi-process CPU uses gloo).", advanced=True)
+
+
+class Checkpoints(Section):
+    """Saving and resuming."""
+    every_n_steps: int = F(0, "Save a checkpoint every N optimizer steps; 0 = off.", ge=0)
+    keep_last: int = F(3, "Checkpoints kept locally (older ones are pruned).", ge=1)
+    resume: str = F("auto", "auto (latest valid checkpoint), none, or a checkpoint path.")
+
+
+class Logging(Section):
+    """Console, TensorBoard and events."""
+    log_every: int = F(1, "Write a step event every N optimizer steps.", ge=1, advanced=True)
+    tensorboard: bool = F(True, "Write TensorBoard scalars to <run>/tb.")
+
+
+class TrainConfig(BaseModel):
+    """A complete run configuration."""
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    version: int = F(CONFIG_VERSION, "Config format version.", ge=1)
+    output: Output = Field(default_factory=Output)
+    model: Model = Field(default_factory=Model)
+    dataset: Dataset = Field(default_factory=Dataset)
+    network: Network = Field(default_factory=Network)
+    optimizer: Optimizer = Field(default_factory=Optimizer)
+    schedule: Schedule = Field(default_factory=Schedule)
+    loss: Loss = Field(default_factory=Loss)
+    precision: Precision = Field(default_factory=Precision)
+    hardware: Hardware = Field(default_factory=Hardware)
+    checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    logging: Logging = Field(default_factory=Logging)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output.dir) / self.output.name
+
+
+# ----------------------------------------------------------------------------- introspection
+
+def sections() -> dict[str, type[Section]]:
+    """Section name -> model class, in schema order."""
+    out = {}
+    for name, info in TrainConfig.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, Section):
+            out[name] = ann
+    return out
+
+
+def field_info(section: str, key: str) -> dict[str, Any]:
+    """Type, default, bounds, choices, help and UI hint of one field (for GUI/README)."""
+    info = sections()[section].model_fields[key]
+    extra = info.json_schema_extra or {}
+    meta: dict[str, Any] = {"section": section, "key": key, "help": info.description or "",
+                            "default": info.get_default(call_default_factory=True),
+                            "ui": dict(extra.get("ui", {})), "secret": extra.get("secret", False)}
+    ann = info.annotation
+    if getattr(ann, "__origin__", None) is Literal:
+        meta["type"], meta["choices"] = "choice", list(ann.__args__)
+    else:
+        meta["type"] = {bool: "bool", int: "int", float: "float", str: "str"}.get(ann, "list")
+    for m in info.metadata:
+        for bound in ("ge", "gt", "le", "lt", "multiple_of", "pattern", "min_length"):
+            if getattr(m, bound, None) is not None:
+                meta[bound] = getattr(m, bound)
+    return meta
+
+
+def all_fields() -> list[dict[str, Any]]:
+    return [field_info(s, k) for s, cls in sections().items() for k in cls.model_fields]
+
+
+# ----------------------------------------------------------------------------- migrations
+
+def _migrate_0_to_1(data: dict) -> dict:
+    """Version 0 (unversioned early drafts) called the network rank `dim`."""
+    net = data.get("network", {})
+    if isinstance(net, dict) and "dim" in net and "rank" not in net:
+        net["rank"] = net.pop("dim")
+    return data
+
+
+MIGRATIONS = {0: _migrate_0_to_1}
+
+
+def migrate(data: dict) -> dict:
+    """Bring a raw config dict up to CONFIG_VERSION (missing version means current)."""
+    version = data.get("version", CONFIG_VERSION)
+    if not isinstance(version, int) or version > CONFIG_VERSION:
+        raise ConfigError(f"version: unsupported config version {version!r} (this build reads up to {CONFIG_VERSION})")
+    while version < CONFIG_VERSION:
+        data = MIGRATIONS[version](data)
+        version += 1
+    data["version"] = CONFIG_VERSION
+    return data
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _suggest(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def check_unknown_keys(data: dict) -> None:
+    """Reject unknown sections and keys with a suggestion, before pydantic sees them."""
+    secs = sections()
+    top = ["version", *secs]
+    for name, value in data.items():
+        if name not in top:
+            raise ConfigError(f"{name}: unknown section or key{_suggest(name, top)}")
+        if name in secs:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name}: must be a table ([{name}]), got {value!r}")
+            keys = list(secs[name].model_fields)
+            for key in value:
+                if key not in keys:
+                    raise ConfigError(f"{name}.{key}: unknown key{_suggest(key, keys)}")
+
+
+def _describe(err: dict) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    ctx = err.get("ctx") or {}
+    if err["type"] == "greater_than_equal":
+        msg = f"must be ≥ {ctx['ge']}"
+    elif err["type"] == "less_than_equal":
+        msg = f"must be ≤ {ctx['le']}"
+    elif err["type"] == "literal_error":
+        msg = f"must be one of {ctx.get('expected')}"
+    return f"{loc}: {msg}, got {err.get('input')!r}"
+
+
+def from_dict(data: dict) -> TrainConfig:
+    """Validate a (possibly sparse) dict into a complete config; errors name the key."""
+    data = migrate(dict(data))
+    check_unknown_keys(data)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e.errors()[0])) from None
+
+
+def to_dict(cfg: TrainConfig) -> dict:
+    return cfg.model_dump(mode="json")
+
+
+def sparse_dict(cfg: TrainConfig) -> dict:
+    """Only what differs from the defaults (for presets), plus the version."""
+    full, default = to_dict(cfg), to_dict(TrainConfig())
+    out: dict[str, Any] = {"version": full["version"]}
+    for sec, values in full.items():
+        if isinstance(values, dict):
+            diff = {k: v for k, v in values.items() if v != default[sec][k]}
+            if diff:
+                out[sec] = diff
+    return out
+
+
+def strip_secrets(data: dict) -> dict:
+    """A copy of a config dict without fields marked secret."""
+    out = {}
+    for sec, values in data.items():
+        if isinstance(values, dict) and sec in sections():
+            fields = sections()[sec].model_fields
+            out[sec] = {k: v for k, v in values.items()
+                        if not (k in fields and (fields[k].json_schema_extra or {}).get("secret"))}
+        else:
+            out[sec] = values
+    return out
+
+
+# ----------------------------------------------------------------------------- TOML and overrides
+
+def load_toml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not valid TOML ({e})") from None
+
+
+def dumps_toml(data: dict) -> str:
+    return tomli_w.dumps(strip_secrets(data))
+
+
+def save_toml(data: dict, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(dumps_toml(data), encoding="utf-8")
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """`section.key=value` -> (section, key, value). Values are read as TOML values
+    (numbers, booleans, lists, quoted strings); anything else is a plain string."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    dotted, raw = text.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return section, key, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if section == "version":
+            raise ConfigError("version: cannot be overridden")
+        data.setdefault(section, {})
+        if isinstance(data[section], dict):
+            data[section][key] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """TOML file (sparse or complete) + `--set` overrides -> validated config."""
+    data = load_toml(path) if path else {}
+    return from_dict(apply_overrides(data, overrides or []))
