@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,11 +32,14 @@ def F(default: Any, help: str, *, widget: str = "", advanced: bool = False,
 
 
 class Section(BaseModel):
+    """One [table] of the config. TAB names the GUI tab that shows it."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    TAB: ClassVar[str] = "Other"
 
 
 class Output(Section):
     """Where the run directory goes."""
+    TAB: ClassVar[str] = "Model"
     dir: str = F("runs", "Folder that holds run directories.", widget="path")
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")
@@ -44,6 +47,7 @@ class Output(Section):
 
 class Model(Section):
     """The base model."""
+    TAB: ClassVar[str] = "Model"
     path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, or builtin:tiny-sd1|tiny-sd2|tiny-sdxl.",
                   widget="path")
     arch: Literal["auto", "sd1", "sd2", "sdxl"] = F("auto", "Architecture; auto detects it from the model.")
@@ -56,6 +60,7 @@ class Model(Section):
 
 class Dataset(Section):
     """Training images and captions."""
+    TAB: ClassVar[str] = "Dataset"
     path: str = F("", "Folder of images with same-named caption files; kohya-style N_concept subfolders give repeats.",
                   widget="path")
     resolution: int = F(512, "Training resolution (square side, or the target area's side when bucketing).",
@@ -75,6 +80,7 @@ class Dataset(Section):
 
 class Network(Section):
     """What is trained."""
+    TAB: ClassVar[str] = "Network"
     type: Literal["lora", "loha", "lokr", "full"] = F("lora", "lora/loha/lokr adapters, or full fine-tuning.")
     rank: int = F(16, "Adapter rank (dim).", ge=1, le=1024)
     alpha: float = F(16.0, "Adapter alpha; the update is scaled by alpha/rank.", gt=0)
@@ -90,6 +96,7 @@ class Network(Section):
 
 class Optimizer(Section):
     """Optimizer and learning-rate schedule."""
+    TAB: ClassVar[str] = "Optimizer & schedule"
     name: Literal["adamw", "adamw8bit", "prodigy", "lion", "adafactor", "sgd"] = F(
         "adamw", "Optimizer; adamw8bit/prodigy/lion need their packages installed.")
     lr: float = F(1e-4, "Learning rate.", gt=0.0, le=10.0)
@@ -106,6 +113,7 @@ class Optimizer(Section):
 
 class Schedule(Section):
     """Batching and length."""
+    TAB: ClassVar[str] = "Optimizer & schedule"
     batch_size: int = F(1, "Batch size per GPU/process.", ge=1, le=4096)
     grad_accum: int = F(1, "Gradient accumulation steps per optimizer step.", ge=1, le=4096)
     epochs: int = F(10, "Epochs (used when max_steps is 0).", ge=1, le=100000)
@@ -115,6 +123,7 @@ class Schedule(Section):
 
 class Loss(Section):
     """Noise and loss shaping."""
+    TAB: ClassVar[str] = "Optimizer & schedule"
     noise_offset: float = F(0.0, "Noise offset (helps very dark/bright images).", ge=0.0, le=1.0)
     min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0)
     timestep_min: int = F(0, "Lowest training timestep.", ge=0, le=999, advanced=True)
@@ -123,6 +132,7 @@ class Loss(Section):
 
 class Precision(Section):
     """Precision and memory."""
+    TAB: ClassVar[str] = "Precision & memory"
     mixed: Literal["no", "fp16", "bf16"] = F("bf16", "Mixed precision; frozen weights in this dtype, trainable in fp32.")
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
     attention: Literal["sdpa", "default"] = F("sdpa", "Attention kernel: PyTorch SDPA or the plain one.",
@@ -131,6 +141,7 @@ class Precision(Section):
 
 class Hardware(Section):
     """GPUs and processes."""
+    TAB: ClassVar[str] = "GPUs"
     num_processes: int = F(1, "Processes (GPUs) on this machine.", ge=1, le=64)
     gpu_ids: str = F("all", "GPU ids to use, e.g. 0,1 or all.", pattern=r"^(all|\d+(,\d+)*)$")
     multi_gpu_policy: Literal["same_samples", "same_steps"] = F(
@@ -141,6 +152,7 @@ class Hardware(Section):
 
 class Checkpoints(Section):
     """Saving and resuming."""
+    TAB: ClassVar[str] = "Checkpoints & cloud"
     every_n_steps: int = F(0, "Save a checkpoint every N optimizer steps; 0 = off.", ge=0)
     keep_last: int = F(3, "Checkpoints kept locally (older ones are pruned).", ge=1)
     resume: str = F("auto", "auto (latest valid checkpoint), none, or a checkpoint path.")
@@ -148,6 +160,7 @@ class Checkpoints(Section):
 
 class Logging(Section):
     """Console, TensorBoard and events."""
+    TAB: ClassVar[str] = "Logging"
     log_every: int = F(1, "Write a step event every N optimizer steps.", ge=1, advanced=True)
     tensorboard: bool = F(True, "Write TensorBoard scalars to <run>/tb.")
 
@@ -190,6 +203,7 @@ def field_info(section: str, key: str) -> dict[str, Any]:
     info = sections()[section].model_fields[key]
     extra = info.json_schema_extra or {}
     meta: dict[str, Any] = {"section": section, "key": key, "help": info.description or "",
+                            "tab": sections()[section].TAB,
                             "default": info.get_default(call_default_factory=True),
                             "ui": dict(extra.get("ui", {})), "secret": extra.get("secret", False)}
     ann = info.annotation
