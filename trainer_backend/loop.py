@@ -1,0 +1,247 @@
+"""The one training loop. Read `train` top to bottom: setup, then one iteration per
+optimizer step, side concerns (events, checkpoints, stop requests) behind named calls.
+
+Gradient accumulation is explicit: the loop groups `grad_accum` batches, skips DDP's
+gradient sync (accelerator.no_sync) on all but the last, and steps once per group. The
+last group of an epoch may be shorter (its loss is averaged over the batches it has), so
+every epoch ends on an optimizer step, exactly as plan.py counts.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+
+import torch
+from torch.utils.data import DataLoader
+
+from . import exitcodes
+from .checkpoints import (TrainState, clean_incomplete, find_resume, load_state, save_checkpoint)
+from .config import TrainConfig
+from .loss import diffusion_loss
+from .methods.lora import adapter_state_dicts, setup_lora
+from .optim import build_lr_scheduler, build_optimizer
+from .run_setup import (load_base_model, load_data, make_accelerator, open_run, place_model,
+                        register_adapter_hooks)
+from .stopping import StopSignals
+
+LOG = logging.getLogger("trainer")
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def train(cfg: TrainConfig) -> int:
+    from accelerate.utils import set_seed
+    from .plan import plan_from_config
+
+    accelerator = make_accelerator(cfg)
+    set_seed(cfg.schedule.seed)
+    run = open_run(cfg, accelerator)
+    model = load_base_model(cfg, accelerator)
+    weight_dtype = place_model(model, cfg, accelerator)
+    scan, dataset = load_data(cfg, model, accelerator, run)
+    plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
+    total_steps = plan.multi.total_steps
+    run.events.emit("plan", **plan.to_dict())
+    LOG.info("plan: %d optimizer steps over %d epochs on %d process(es)", total_steps, plan.multi.epochs,
+             accelerator.num_processes)
+
+    trainable = setup_lora(model, cfg)
+    optimizer = build_optimizer(cfg, trainable.param_groups)
+    lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps)
+    register_adapter_hooks(accelerator, trainable)
+    prepared = accelerator.prepare(*trainable.modules.values(), optimizer)
+    modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
+    accelerator.register_for_checkpointing(lr_scheduler)
+    unet = modules["unet"]
+
+    state = resume_if_possible(cfg, accelerator, run)
+    sampler = make_sampler(cfg, dataset, accelerator)
+    signals = StopSignals(run.dir)
+    progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
+    stop = False
+    try:
+        for epoch in range(state.epoch, plan.multi.epochs):
+            batches = sampler.batches(epoch)[state.batch_in_epoch:]
+            dataset.set_epoch(epoch)
+            loader = DataLoader(IndexedDataset(dataset), batch_sampler=batches, collate_fn=collate_with_index,
+                                num_workers=cfg.dataset.num_workers)
+            for group in accumulation_groups(loader, cfg.schedule.grad_accum):
+                # ---- one optimizer step: forward/backward over the group, then step
+                group_loss = 0.0
+                for i, batch in enumerate(group):
+                    with sync_only_on_last(accelerator, modules.values(), i == len(group) - 1):
+                        loss = diffusion_loss(model, unet, batch, cfg=cfg, epoch=epoch,
+                                              device=accelerator.device, weight_dtype=weight_dtype)
+                        accelerator.backward(loss / len(group))
+                    group_loss += loss.detach() / len(group)
+                if cfg.optimizer.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(trainable.parameters(), cfg.optimizer.max_grad_norm)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                # ---- bookkeeping and side concerns
+                state.global_step += 1
+                state.batch_in_epoch += len(group)
+                state.samples_seen += plan.multi.effective_batch
+                mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
+                check_finite(mean_loss, cfg, state.global_step)
+                progress.step(state, epoch, mean_loss, lr_scheduler.get_last_lr()[0])
+                stop = maybe_checkpoint(cfg, accelerator, run, state, signals, epoch)
+                if stop or state.global_step >= total_steps:
+                    break
+            if stop:
+                break
+            state.epoch, state.batch_in_epoch = epoch + 1, 0
+            run.events.emit("epoch", epoch=epoch + 1, step=state.global_step)
+            if state.global_step >= total_steps:
+                break
+    finally:
+        signals.restore()
+        progress.close()
+
+    if stop:
+        kind = "stopped" if signals.user_requested() else "preempted"
+        run.events.emit(kind, step=state.global_step, epoch=state.epoch)
+        LOG.warning("%s at step %d; state saved. Resume by starting the same config again.", kind,
+                    state.global_step)
+        run.events.close()
+        return exitcodes.STOPPED_SAVED
+
+    outputs = save_outputs(cfg, accelerator, run, model, modules, state, scan)
+    run.events.emit("done", step=state.global_step, outputs=outputs,
+                    elapsed_s=round(time.time() - run.started, 1))
+    run.events.close()
+    accelerator.end_training()
+    return exitcodes.OK
+
+
+def make_sampler(cfg: TrainConfig, dataset, accelerator):
+    from .data.sampler import BucketBatchSampler
+    return BucketBatchSampler(dataset.sample_buckets, cfg.schedule.batch_size,
+                              num_processes=accelerator.num_processes, process_index=accelerator.process_index,
+                              seed=cfg.schedule.seed)
+
+
+class IndexedDataset(torch.utils.data.Dataset):
+    """The dataset's samples plus their index: the per-sample noise seed (see loss.py)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> tuple[int, dict]:
+        return i, self.dataset[i]
+
+
+def collate_with_index(pairs: list[tuple[int, dict]]) -> dict:
+    from .data import collate
+    batch = collate([sample for _, sample in pairs])
+    batch["index"] = torch.tensor([i for i, _ in pairs])
+    return batch
+
+
+def accumulation_groups(loader, grad_accum: int):
+    group = []
+    for batch in loader:
+        group.append(batch)
+        if len(group) == grad_accum:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def sync_only_on_last(accelerator, modules, last: bool):
+    if last or accelerator.num_processes == 1:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for m in modules:
+        stack.enter_context(accelerator.no_sync(m))
+    return stack
+
+
+def check_finite(loss: float, cfg: TrainConfig, step: int) -> None:
+    if math.isfinite(loss):
+        return
+    advice = ("fp16 overflows easily: switch precision.mixed to bf16 (or no), lower optimizer.lr, "
+              "or keep optimizer.max_grad_norm > 0") if cfg.precision.mixed == "fp16" else \
+        "lower optimizer.lr, set optimizer.max_grad_norm (e.g. 1.0), or check the dataset for broken images"
+    raise TrainingDiverged(f"loss became {loss} at step {step}: {advice}")
+
+
+def resume_if_possible(cfg: TrainConfig, accelerator, run) -> TrainState:
+    if accelerator.is_main_process:
+        clean_incomplete(run.dir)
+    accelerator.wait_for_everyone()
+    path = find_resume(run.dir, cfg.checkpoints.resume)
+    if path is None:
+        LOG.info("starting fresh (no checkpoint to resume from)")
+        return TrainState()
+    accelerator.load_state(str(path))
+    state = load_state(path)
+    LOG.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.global_step, state.epoch,
+             state.batch_in_epoch)
+    run.events.emit("resumed", step=state.global_step, path=str(path))
+    return state
+
+
+def maybe_checkpoint(cfg: TrainConfig, accelerator, run, state: TrainState, signals: StopSignals,
+                     epoch: int) -> bool:
+    """Save when scheduled or asked; returns True when the run must stop (state saved)."""
+    every = cfg.checkpoints.every_n_steps
+    stop, save_now = signals.agree(accelerator, signals.stop_requested, signals.take_save_request())
+    if stop or save_now or (every and state.global_step % every == 0):
+        state.epoch = epoch
+        path = save_checkpoint(accelerator, run.dir, state, cfg.checkpoints.keep_last)
+        run.events.emit("checkpoint", step=state.global_step, path=str(path))
+    return stop
+
+
+def save_outputs(cfg: TrainConfig, accelerator, run, model, modules, state: TrainState, scan) -> list[str]:
+    from .export import kohya_metadata, save_kohya_lora
+    accelerator.wait_for_everyone()
+    outputs: list[str] = []
+    if accelerator.is_main_process:
+        unwrapped = {name: accelerator.unwrap_model(m) for name, m in modules.items()}
+        meta = kohya_metadata(cfg, model.arch, steps=state.global_step, epochs=state.epoch,
+                              num_images=len(scan.items), tag_frequency=scan.summary.get("tag_frequency"),
+                              started_at=run.started)
+        path = save_kohya_lora(run.dir / f"{cfg.output.name}.safetensors", adapter_state_dicts(unwrapped),
+                               alpha=cfg.network.alpha, arch=model.arch, metadata=meta)
+        outputs.append(str(path))
+        LOG.info("saved %s", path)
+    accelerator.wait_for_everyone()
+    return outputs
+
+
+class Progress:
+    """tqdm on the console, `step` events, TensorBoard scalars."""
+
+    def __init__(self, run, total: int, start: int, enabled: bool):
+        from tqdm.auto import tqdm
+        self.run, self.total, self.enabled = run, total, enabled
+        self.bar = tqdm(total=total, initial=start, desc="train", disable=not enabled, dynamic_ncols=True)
+        self.t0, self.start = time.time(), start
+
+    def step(self, state: TrainState, epoch: int, loss: float, lr: float) -> None:
+        if not self.enabled:
+            return
+        done = state.global_step - self.start
+        rate = done / max(time.time() - self.t0, 1e-9)
+        eta = (self.total - state.global_step) / rate if rate > 0 else 0.0
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+        self.bar.update(1)
+        if state.global_step % self.run.cfg.logging.log_every == 0 or state.global_step == self.total:
+            self.run.events.emit("step", step=state.global_step, total_steps=self.total, epoch=epoch + 1,
+                                 loss=loss, lr=lr, it_per_s=round(rate, 4), eta_s=round(eta, 1))
+            self.run.events.scalars(state.global_step, loss=loss, lr=lr)
+            LOG.debug("step %d loss %.5f lr %.3e", state.global_step, loss, lr)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,94 @@
+"""The diffusion training objective for one batch.
+
+Per-sample randomness (noise, timestep, noise offset, VAE sampling) comes from a generator
+seeded by (seed, epoch, dataset index): a sample gets the same noise whether it is trained
+in a batch of 4, in 4 accumulated batches of 1, or on another rank. That is what makes
+accumulation and multi-GPU runs equal to single-GPU ones, and resume exact.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .models.text import encode_text, sdxl_add_time_ids, tokenize
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + epoch * 7_919 + index) % (2**63))
+
+
+def per_sample_noise(indices: list[int], seed: int, epoch: int, latent_shape: tuple[int, ...], t_min: int,
+                     t_max: int, noise_offset: float):
+    """(noise [B,...], timesteps [B], vae_eps [B,...]) from per-sample generators."""
+    noises, steps, eps = [], [], []
+    for index in indices:
+        g = sample_generator(seed, epoch, index)
+        noise = torch.randn(latent_shape, generator=g)
+        if noise_offset:
+            noise = noise + noise_offset * torch.randn((latent_shape[0], 1, 1), generator=g)
+        noises.append(noise)
+        steps.append(torch.randint(t_min, t_max, (1,), generator=g))
+        eps.append(torch.randn(latent_shape, generator=g))
+    return torch.stack(noises), torch.cat(steps), torch.stack(eps)
+
+
+def encode_latents(vae, pixels: torch.Tensor, eps: torch.Tensor | None, scaling: float, shift: float = 0.0):
+    """VAE posterior sample with our own per-sample eps (or its mean when eps is None)."""
+    dist = vae.encode(pixels.to(vae.dtype)).latent_dist
+    latents = dist.mean if eps is None else dist.mean + dist.std * eps.to(dist.mean)
+    return (latents.float() - shift) * scaling
+
+
+def snr_weights(scheduler, timesteps: torch.Tensor, gamma: float, prediction_type: str) -> torch.Tensor:
+    """Min-SNR-γ loss weights (Hang et al. 2023)."""
+    alphas = scheduler.alphas_cumprod.to(timesteps.device)[timesteps].float()
+    snr = alphas / (1 - alphas)
+    clipped = torch.clamp(snr, max=gamma)
+    return clipped / (snr + 1) if prediction_type == "v_prediction" else clipped / snr
+
+
+def diffusion_loss(model, unet, batch: dict, *, cfg, epoch: int, device, weight_dtype) -> torch.Tensor:
+    """Mean loss over the batch: noise the latents, predict, compare with the target."""
+    indices = batch["index"].tolist()
+    if "latents" in batch:
+        latents = batch["latents"].to(device, torch.float32)
+        shape = tuple(latents.shape[1:])
+        noise, timesteps, _ = per_sample_noise(indices, cfg.schedule.seed, epoch, shape, cfg.loss.timestep_min,
+                                               cfg.loss.timestep_max, cfg.loss.noise_offset)
+    else:
+        pixels = batch["pixel_values"].to(device)
+        f = model.vae_scale_factor
+        shape = (model.vae.config.latent_channels, pixels.shape[-2] // f, pixels.shape[-1] // f)
+        noise, timesteps, eps = per_sample_noise(indices, cfg.schedule.seed, epoch, shape, cfg.loss.timestep_min,
+                                                 cfg.loss.timestep_max, cfg.loss.noise_offset)
+        with torch.no_grad():
+            latents = encode_latents(model.vae, pixels, eps.to(device), model.vae.config.scaling_factor,
+                                     getattr(model.vae.config, "shift_factor", None) or 0.0)
+    noise, timesteps = noise.to(device), timesteps.to(device)
+    scheduler = model.noise_scheduler
+    noisy = scheduler.add_noise(latents, noise, timesteps)
+
+    input_ids = [ids.to(device) for ids in tokenize(model, list(batch["caption"]))]
+    hidden, pooled = encode_text(model, input_ids)
+    added = None
+    if model.arch == "sdxl":
+        time_ids = torch.stack([sdxl_add_time_ids(tuple(o), tuple(c), tuple(t)) for o, c, t in zip(
+            batch["original_size"].tolist(), batch["crop_top_left"].tolist(), batch["target_size"].tolist())])
+        added = {"text_embeds": pooled.to(device), "time_ids": time_ids.to(device, hidden.dtype)}
+
+    pred = unet(noisy.to(weight_dtype), timesteps, hidden.to(weight_dtype), added_cond_kwargs=added).sample
+    if model.prediction_type == "v_prediction":
+        target = scheduler.get_velocity(latents, noise, timesteps)
+    else:
+        target = noise
+    per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+    if cfg.loss.min_snr_gamma > 0:
+        per_sample = per_sample * snr_weights(scheduler, timesteps, cfg.loss.min_snr_gamma, model.prediction_type)
+    if "is_class" in batch and cfg_prior_weight(cfg) != 1.0:
+        weights = torch.where(batch["is_class"].to(device), cfg_prior_weight(cfg), 1.0)
+        per_sample = per_sample * weights
+    return per_sample.mean()
+
+
+def cfg_prior_weight(cfg) -> float:
+    return float(getattr(cfg.dataset, "prior_loss_weight", 1.0))

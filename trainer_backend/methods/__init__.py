@@ -1,0 +1,1 @@
+"""Training methods: what is trainable and how it is saved."""

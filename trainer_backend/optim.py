@@ -1,0 +1,50 @@
+"""Optimizer and learning-rate schedule from the config."""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from .config import ConfigError, TrainConfig
+
+_PACKAGES = {"adamw8bit": "bitsandbytes", "prodigy": "prodigyopt", "lion": "lion_pytorch"}
+
+
+def build_optimizer(cfg: TrainConfig, param_groups: list[dict]) -> torch.optim.Optimizer:
+    o = cfg.optimizer
+    groups = [{"params": g["params"], "lr": g["lr"]} for g in param_groups]
+    package = _PACKAGES.get(o.name)
+    if package and importlib.util.find_spec(package) is None:
+        raise ConfigError(f"optimizer.name: '{o.name}' needs the '{package}' package "
+                          f"(.venv/bin/pip install {package}), or choose adamw")
+    if o.name == "adamw":
+        return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay)
+    if o.name == "adafactor":
+        from transformers.optimization import Adafactor
+        return Adafactor(groups, lr=o.lr, relative_step=False, scale_parameter=False, warmup_init=False,
+                         weight_decay=o.weight_decay)
+    if o.name == "adamw8bit":
+        import bitsandbytes as bnb
+        return bnb.optim.AdamW8bit(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                   weight_decay=o.weight_decay)
+    if o.name == "prodigy":
+        from prodigyopt import Prodigy
+        return Prodigy(groups, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    if o.name == "lion":
+        from lion_pytorch import Lion
+        return Lion(groups, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    raise ConfigError(f"optimizer.name: unsupported '{o.name}'")
+
+
+def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int):
+    """One scheduler step per optimizer step (never prepared by accelerate, which would step it
+    once per process), so warmup and decay land on the plan's optimizer steps."""
+    from diffusers.optimization import get_scheduler
+    o = cfg.optimizer
+    kwargs = {}
+    if o.scheduler == "cosine_with_restarts":
+        kwargs["num_cycles"] = o.lr_cycles
+    return get_scheduler(o.scheduler, optimizer, num_warmup_steps=o.warmup_steps,
+                         num_training_steps=max(total_steps, 1), **kwargs)

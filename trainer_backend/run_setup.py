@@ -1,0 +1,136 @@
+"""Everything the loop needs before its first step: accelerator, run directory, model,
+data, method, optimizer. Each piece is a small named function so loop.py stays short."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import TrainConfig, save_toml, to_dict
+from .events import RunEvents, setup_logging
+
+LOG = logging.getLogger("trainer")
+WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def make_accelerator(cfg: TrainConfig):
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from datetime import timedelta
+
+    kwargs = [InitProcessGroupKwargs(timeout=timedelta(minutes=30))]  # slow caching on rank 0
+    ddp = {}
+    try:
+        from .launch import ddp_kwargs
+        ddp = ddp_kwargs(cfg)
+    except ImportError:
+        pass
+    kwargs.append(DistributedDataParallelKwargs(**ddp))
+    # Accumulation is done by the loop itself (see loop.py), so accelerate steps every call.
+    return Accelerator(mixed_precision=cfg.precision.mixed, gradient_accumulation_steps=1,
+                       cpu=cfg.hardware.cpu, kwargs_handlers=kwargs,
+                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    dir: Path
+    events: RunEvents
+    is_main: bool
+    started: float
+
+
+def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Run:
+    run_dir = cfg.run_dir
+    main = accelerator.is_main_process
+    setup_logging(run_dir, main)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_toml(to_dict(cfg), run_dir / "config.toml")
+        if not (run_dir / "command.txt").exists():  # the GUI/launcher writes the outer argv itself
+            (run_dir / "command.txt").write_text(json.dumps(argv or sys.argv))
+        (run_dir / "control").mkdir(exist_ok=True)
+        for stale in ("stop", "save_now"):
+            (run_dir / "control" / stale).unlink(missing_ok=True)
+    events = RunEvents(run_dir, enabled=main, tensorboard=cfg.logging.tensorboard)
+    return Run(cfg=cfg, dir=run_dir, events=events, is_main=main, started=time.time())
+
+
+def load_base_model(cfg: TrainConfig, accelerator):
+    from .models.loader import load_model
+    with accelerator.main_process_first():  # builtin models are built once, by rank 0
+        model = load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
+                           prediction_type=cfg.model.prediction_type)
+    return model
+
+
+def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
+    """Frozen weights in the compute dtype on the device; the VAE stays fp32 (fp16 VAEs NaN)."""
+    weight_dtype = WEIGHT_DTYPES[cfg.precision.mixed]
+    model.unet.to(accelerator.device, dtype=weight_dtype)
+    model.vae.to(accelerator.device, dtype=torch.float32)
+    for encoder in model.text_encoders:
+        encoder.to(accelerator.device, dtype=weight_dtype)
+    if cfg.precision.attention == "default":
+        from diffusers.models.attention_processor import AttnProcessor
+        model.unet.set_attn_processor(AttnProcessor())
+    if cfg.precision.gradient_checkpointing:
+        model.unet.enable_gradient_checkpointing()
+        if cfg.network.train_text_encoder:
+            for encoder in model.text_encoders:
+                encoder.gradient_checkpointing_enable()
+    return weight_dtype
+
+
+def load_data(cfg: TrainConfig, model, accelerator, run: Run):
+    """Scan the dataset and, when asked, cache latents (rank 0 first, the others reuse)."""
+    from .data import TrainDataset, scan_dataset
+    scan = scan_dataset(cfg)
+    for warning in scan.warnings:
+        LOG.warning(warning)
+    dataset = TrainDataset(scan, cfg)
+    if cfg.dataset.cache_latents:
+        from .loss import encode_latents
+        vae = model.vae
+
+        @torch.no_grad()
+        def encode(pixels: torch.Tensor) -> torch.Tensor:
+            return encode_latents(vae, pixels.to(accelerator.device), None, vae.config.scaling_factor).cpu()
+
+        vae_id = f"{model.source}|{cfg.model.vae}"
+        with accelerator.main_process_first():
+            dataset.cache_latents(encode, cfg.run_dir.parent / ".cache" / "latents", progress=run.is_main,
+                                  vae_id=vae_id)
+    return scan, dataset
+
+
+def register_adapter_hooks(accelerator, trainable) -> None:
+    """Checkpoints hold only the trainable (adapter) weights, not the frozen base model."""
+    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file, save_file
+
+    names = list(trainable.modules)
+
+    def save_hook(models, weights, output_dir):
+        for name, m in zip(names, models):
+            sd = {k: v.contiguous() for k, v in get_peft_model_state_dict(accelerator.unwrap_model(m)).items()}
+            save_file(sd, str(Path(output_dir) / f"adapter_{name}.safetensors"))
+        weights.clear()
+
+    def load_hook(models, input_dir):
+        loaded = list(models)
+        models.clear()
+        for name, m in zip(names, loaded):
+            sd = load_file(str(Path(input_dir) / f"adapter_{name}.safetensors"))
+            set_peft_model_state_dict(accelerator.unwrap_model(m), sd)
+        for p in trainable.parameters():  # diffusers #6552: keep trainable params fp32 after a load
+            p.data = p.data.float()
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)

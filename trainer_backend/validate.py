@@ -1,0 +1,50 @@
+"""Checks that need the file system (the schema checks types and bounds)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import ConfigError, TrainConfig
+
+BUILTIN_PREFIX = "builtin:"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def resolve_path(value: str) -> str:
+    """Relative paths are taken from the working directory, else from the project root
+    (so the built-in presets' `assets/...` work from anywhere)."""
+    if not value or value.startswith(BUILTIN_PREFIX) or Path(value).is_absolute() or Path(value).exists():
+        return value
+    candidate = PROJECT_ROOT / value
+    return str(candidate) if candidate.exists() else value
+
+
+def resolve_paths(cfg: TrainConfig) -> TrainConfig:
+    cfg.model.path = resolve_path(cfg.model.path)
+    cfg.dataset.path = resolve_path(cfg.dataset.path)
+    if cfg.model.vae:
+        cfg.model.vae = resolve_path(cfg.model.vae)
+    return cfg
+
+
+def validate_for_run(cfg: TrainConfig) -> TrainConfig:
+    """Raise ConfigError naming the key when a required path is missing."""
+    cfg = resolve_paths(cfg)
+    if not cfg.model.path:
+        raise ConfigError("model.path: required (a diffusers folder, a .safetensors file, or builtin:tiny-sd1)")
+    if not cfg.model.path.startswith(BUILTIN_PREFIX) and not Path(cfg.model.path).exists():
+        raise ConfigError(f"model.path: {cfg.model.path} does not exist")
+    if cfg.model.vae and not Path(cfg.model.vae).exists():
+        raise ConfigError(f"model.vae: {cfg.model.vae} does not exist")
+    if not cfg.dataset.path:
+        raise ConfigError("dataset.path: required (a folder of images with captions)")
+    if not Path(cfg.dataset.path).is_dir():
+        raise ConfigError(f"dataset.path: {cfg.dataset.path} is not a folder")
+    if cfg.loss.timestep_min >= cfg.loss.timestep_max:
+        raise ConfigError(f"loss.timestep_min: must be below loss.timestep_max ({cfg.loss.timestep_max}), "
+                          f"got {cfg.loss.timestep_min}")
+    try:
+        from .launch import validate_hardware
+    except ImportError:
+        return cfg
+    validate_hardware(cfg)
+    return cfg
