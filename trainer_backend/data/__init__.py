@@ -1,0 +1,33 @@
+"""The dataset pipeline: scan folders / metadata JSON, bucket, augment, cache.
+
+    scan = scan_dataset(cfg)                 # usable images, summary, plan counts, warnings
+    dataset = TrainDataset(scan, cfg)        # samples = images × repeats + class samples
+    dataset.set_epoch(e); dataset[i]         # dict of tensors (see TrainDataset.__getitem__)
+    DataLoader(dataset, batch_sampler=BucketBatchSampler(dataset.sample_buckets, ...), collate_fn=collate)
+"""
+from __future__ import annotations
+
+import torch
+
+from .cache import latent_cache_dir, stack_text
+from .dataset import TrainDataset
+from .scan import DatasetScan, ImageItem, scan_dataset
+
+__all__ = ["DatasetScan", "ImageItem", "TrainDataset", "collate", "latent_cache_dir", "scan_dataset"]
+
+
+def collate(samples: list[dict]) -> dict:
+    """Stack a list of samples (all from one bucket) into a batch: pixel_values [B,3,H,W] or
+    latents [B,C,h,w]; caption (alias captions) list[str]; original_size / crop_top_left / target_size as long
+    tensors [B,2] (h,w / top,left / h,w); is_class bool [B]; text (when cached) stacked per key."""
+    captions = [s["caption"] for s in samples]
+    batch: dict = {"caption": captions, "captions": captions,  # both spellings: same list
+                   "is_class": torch.tensor([bool(s["is_class"]) for s in samples], dtype=torch.bool)}
+    for key in ("pixel_values", "latents"):
+        if key in samples[0]:
+            batch[key] = torch.stack([s[key] for s in samples])
+    for key in ("original_size", "crop_top_left", "target_size"):
+        batch[key] = torch.tensor([list(s[key]) for s in samples], dtype=torch.long)
+    if "text" in samples[0]:
+        batch["text"] = stack_text([s["text"] for s in samples])
+    return batch

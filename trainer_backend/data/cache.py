@@ -1,0 +1,106 @@
+"""Latent and text-encoder output caches.
+
+A latent is stored under a key that hashes everything it depends on: the image file (path,
+size, mtime and a hash of its first bytes), the bucket, the resize and crop, the flip, the alpha
+background and the VAE. Change any of them and the key changes, so a stale latent is never
+used; old files simply stop being read. Disk caches live outside the dataset folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..config import ConfigError, TrainConfig
+
+CACHE_FORMAT = 1          # bump when the pixel pipeline changes in a way the key does not capture
+_HEAD_BYTES = 1 << 16
+
+
+def file_fingerprint(path: Path) -> str:
+    """Cheap identity of an image file's content: size, mtime and the first 64 KiB."""
+    st = path.stat()
+    with open(path, "rb") as f:
+        head = hashlib.blake2b(f.read(_HEAD_BYTES), digest_size=16).hexdigest()
+    return f"{st.st_size}:{st.st_mtime_ns}:{head}"
+
+
+def latent_key(fingerprint: str, path: Path, bucket: tuple[int, int], resized: tuple[int, int],
+               crop: tuple[int, int], flipped: bool, vae_id: str, background: str) -> str:
+    parts = [str(CACHE_FORMAT), fingerprint, str(path.resolve()), f"{bucket}", f"{resized}", f"{crop}",
+             f"flip={int(flipped)}", f"vae={vae_id}", f"bg={background}"]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()
+
+
+def latent_cache_dir(cfg: TrainConfig) -> Path | None:
+    """Where the trainer should cache latents: None (memory) unless dataset.cache_latents_to_disk;
+    dataset.cache_dir, else <output.dir>/.cache/latents."""
+    ds = cfg.dataset
+    if not (ds.cache_latents and ds.cache_latents_to_disk):
+        return None
+    base = Path(ds.cache_dir).expanduser() if ds.cache_dir else Path(cfg.output.dir) / ".cache"
+    return base / "latents"
+
+
+def check_outside(cache_dir: Path, roots: list[Path]) -> None:
+    """The dataset folder is read-only to us: refuse a cache inside it."""
+    real = cache_dir.expanduser().resolve()
+    for root in roots:
+        if real.is_relative_to(root.resolve()):
+            raise ConfigError(f"dataset.cache_dir: {cache_dir} is inside the dataset folder {root}; "
+                              "caches must live outside it (the dataset is never written to)")
+
+
+class DiskLatents:
+    """One safetensors file per key, in two-character fan-out folders; writes are atomic so
+    several processes can fill the cache at once."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def path(self, key: str) -> Path:
+        return self.folder / key[:2] / f"{key}.safetensors"
+
+    def has(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def load(self, key: str) -> torch.Tensor:
+        return load_file(self.path(key))["latents"]
+
+    def save(self, key: str, latents: torch.Tensor) -> None:
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({"latents": latents.contiguous().cpu()}, tmp)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def split_text_outputs(outputs, count: int) -> list:
+    """encode_fn output for a batch of captions -> one entry per caption. Accepts a tensor, a
+    tuple/list of tensors, or a dict of tensors, each with the batch as the first dimension."""
+    if isinstance(outputs, torch.Tensor):
+        return [outputs[i].detach().cpu() for i in range(count)]
+    if isinstance(outputs, dict):
+        return [{k: v[i].detach().cpu() for k, v in outputs.items()} for i in range(count)]
+    if isinstance(outputs, (tuple, list)):
+        return [tuple(v[i].detach().cpu() for v in outputs) for i in range(count)]
+    raise TypeError(f"encode_fn returned {type(outputs).__name__}; expected a tensor, tuple or dict of tensors")
+
+
+def stack_text(entries: list):
+    """Inverse of split_text_outputs for a batch (used by collate)."""
+    first = entries[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(entries)
+    if isinstance(first, dict):
+        return {k: torch.stack([e[k] for e in entries]) for k in first}
+    return tuple(torch.stack([e[j] for e in entries]) for j in range(len(first)))

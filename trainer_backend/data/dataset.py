@@ -1,0 +1,252 @@
+"""TrainDataset: samples (images × repeats + class samples) -> tensors, reproducibly.
+
+Every random choice of a sample (flip, random crop, caption dropout, tag shuffle/dropout) comes
+from an rng seeded by (seed, epoch, index), so an epoch is the same however it is split across
+workers and processes, and a resumed run sees exactly the samples it would have seen.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..config import TrainConfig
+from .buckets import crop_offset, resize_size
+from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, split_text_outputs
+from .captions import augment_caption
+from .images import BadImage, load_rgb
+from .scan import DatasetScan, ImageItem
+from .summary import class_sample_items
+
+LOG = logging.getLogger(__name__)
+
+
+def to_tensor(img: Image.Image) -> torch.Tensor:
+    """8-bit RGB PIL image -> float32 [3, H, W] in [-1, 1]."""
+    arr = np.asarray(img, dtype=np.uint8)
+    return torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
+
+
+class TrainDataset(torch.utils.data.Dataset):
+    def __init__(self, scan: DatasetScan, cfg: TrainConfig):
+        ds = cfg.dataset
+        self.scan = scan
+        self.items: list[ImageItem] = scan.items
+        self.seed = cfg.schedule.seed
+        self.background = ds.alpha_background
+        self.max_pixels = int(ds.max_image_megapixels * 1e6)
+        self.cache_both_flips = ds.cache_both_flips
+        self.epoch = 0
+        bucket_ids = {b: i for i, b in enumerate(scan.buckets)}
+        samples: list[int] = []
+        for idx, item in enumerate(self.items):
+            if not item.is_class:
+                samples += [idx] * scan.groups[item.group].repeats
+        samples += class_sample_items(self.items, scan.class_samples)
+        self.sample_items = samples                                   # dataset index -> item index
+        self.sample_buckets = [bucket_ids[self.items[k].bucket] for k in samples]
+        self.bucket_sizes = list(scan.buckets)                        # bucket id -> (w, h)
+        self._flip_allowed = True
+        self._latents: dict[tuple[int, bool], torch.Tensor] | None = None
+        self._latent_keys: dict[tuple[int, bool], str] = {}
+        self._disk: DiskLatents | None = None
+        self._fixed_crops: dict[int, tuple[int, int]] = {}
+        self._text: dict[str, object] | None = None
+        self._failed: set[int] = set()
+
+    # ------------------------------------------------------------------ sampling
+
+    def __len__(self) -> int:
+        return len(self.sample_items)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _rng(self, index: int) -> random.Random:
+        # string seeds hash with sha512: stable across processes and PYTHONHASHSEED
+        return random.Random(f"{self.seed}:{self.epoch}:{index}")
+
+    def _group(self, item: ImageItem):
+        return self.scan.groups[item.group].spec
+
+    def caption_for(self, index: int) -> str:
+        """The caption dataset[index] trains with this epoch (without loading the image)."""
+        return self._sample_plan(index)[2]
+
+    def _sample_plan(self, index: int) -> tuple[bool, tuple[float, float], str]:
+        item = self.items[self.sample_items[index]]
+        spec = self._group(item)
+        rng = self._rng(index)
+        flip = rng.random() < 0.5 and spec.flip and self._flip_allowed
+        crop01 = (rng.random(), rng.random())
+        aug = spec.captions
+        if aug.dropout or (aug.shuffle and aug.shuffle_p) or aug.tag_dropout:
+            caption = augment_caption(item.caption, list(item.tags), aug, rng, item.tag_separator)
+        else:
+            caption = item.caption
+        return flip, crop01, caption
+
+    def __getitem__(self, index: int) -> dict:
+        item_idx = self.sample_items[index]
+        item = self.items[item_idx]
+        flip, crop01, caption = self._sample_plan(index)
+        sample: dict = {"caption": caption, "is_class": item.is_class,
+                        "original_size": (item.height, item.width),
+                        "target_size": (item.bucket[1], item.bucket[0])}
+        if self._latents is not None or self._disk is not None:
+            top, left = self._crop_of(item_idx, item, crop01)
+            sample["latents"] = self._cached_latents(item_idx, flip)
+            sample["crop_top_left"] = self._flipped_crop(item, (top, left), flip)
+        else:
+            pixels, crop = self._pixels_with_fallback(item_idx, crop01, flip)
+            sample["pixel_values"], sample["crop_top_left"] = pixels, crop
+        if self._text is not None:
+            sample["text"] = self._text[caption]
+        return sample
+
+    # ------------------------------------------------------------------ pixels
+
+    def _crop_of(self, item_idx: int, item: ImageItem, crop01: tuple[float, float]) -> tuple[int, int]:
+        """(top, left) in the resized image; fixed per image once latents are cached."""
+        if item_idx in self._fixed_crops:
+            return self._fixed_crops[item_idx]
+        resized = resize_size(item.width, item.height, item.bucket)
+        return crop_offset(resized, item.bucket, self._group(item).center_crop, crop01)
+
+    @staticmethod
+    def _flipped_crop(item: ImageItem, crop: tuple[int, int], flip: bool) -> tuple[int, int]:
+        # SDXL's crop conditioning describes the crop in the image the model actually saw
+        if not flip:
+            return crop
+        resized = resize_size(item.width, item.height, item.bucket)
+        return crop[0], resized[0] - crop[1] - item.bucket[0]
+
+    def render(self, item: ImageItem, crop: tuple[int, int], flip: bool, source: ImageItem | None = None
+               ) -> torch.Tensor:
+        """Load `source` (default: item), resize to cover item's bucket, crop, flip -> tensor."""
+        src = source or item
+        img = load_rgb(src.path, self.max_pixels, self.background)
+        resized = resize_size(img.width, img.height, item.bucket)
+        if (img.width, img.height) != resized:
+            img = img.resize(resized, Image.Resampling.LANCZOS)
+        top, left = crop
+        img = img.crop((left, top, left + item.bucket[0], top + item.bucket[1]))
+        if flip:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return to_tensor(img)
+
+    def _pixels_with_fallback(self, item_idx: int, crop01, flip: bool) -> tuple[torch.Tensor, tuple[int, int]]:
+        """A file that breaks after the scan (deleted, rewritten) never stops the run: warn once
+        and train this sample on the next good image, rendered into the same bucket."""
+        item = self.items[item_idx]
+        crop = self._crop_of(item_idx, item, crop01)
+        for step in range(len(self.items)):
+            k = (item_idx + step) % len(self.items)
+            if k in self._failed:
+                continue
+            source = self.items[k]
+            use_crop = crop if k == item_idx else crop_offset(
+                resize_size(source.width, source.height, item.bucket), item.bucket, True, crop01)
+            try:
+                return self.render(item, use_crop, flip, source), self._flipped_crop(item, use_crop, flip)
+            except BadImage as e:
+                self._failed.add(k)
+                LOG.warning("%s: skipped during training: %s (a different image is used in its place)",
+                            source.path, e)
+        raise RuntimeError("dataset: every image failed to load during training")
+
+    # ------------------------------------------------------------------ latent cache
+
+    def cache_latents(self, encode: Callable[[torch.Tensor], torch.Tensor], cache_dir: Path | None = None,
+                      progress: bool = True, vae_id: str = "", batch_size: int = 4) -> None:
+        """Encode every image once (both orientations when flip is on and dataset.cache_both_flips)
+        and serve latents from memory, or from safetensors files in cache_dir (reused across runs).
+        Random crops are frozen per image while cached."""
+        from tqdm.auto import tqdm
+
+        any_flip = any(self._group(item).flip for item in self.items)
+        if any_flip and not self.cache_both_flips:
+            self._flip_allowed = False
+            LOG.warning("dataset: flip is disabled while latents are cached (dataset.cache_both_flips is off)")
+        if any(not self._group(item).center_crop for item in self.items):
+            LOG.warning("dataset: random crop is fixed per image while latents are cached")
+        roots = [g.spec.root for g in self.scan.groups]
+        if cache_dir is not None:
+            check_outside(Path(cache_dir), roots)
+            self._disk = DiskLatents(Path(cache_dir))
+        memory: dict[tuple[int, bool], torch.Tensor] = {}
+        todo: dict[tuple[int, int], list[tuple[int, bool, str]]] = {}
+        for idx, item in enumerate(self.items):
+            crop_rng = random.Random(f"{self.seed}:crop:{idx}")
+            crop = self._crop_of(idx, item, (crop_rng.random(), crop_rng.random()))
+            self._fixed_crops[idx] = crop
+            flips = (False, True) if self._group(item).flip and self._flip_allowed else (False,)
+            try:
+                fingerprint = file_fingerprint(item.path)
+            except OSError:
+                fingerprint = "unreadable"
+            resized = resize_size(item.width, item.height, item.bucket)
+            for flip in flips:
+                key = latent_key(fingerprint, item.path, item.bucket, resized, crop, flip, vae_id, self.background)
+                self._latent_keys[(idx, flip)] = key
+                if self._disk is None or not self._disk.has(key):
+                    todo.setdefault(item.bucket, []).append((idx, flip, key))
+        total = sum(len(v) for v in todo.values())
+        bar = tqdm(total=total, desc="caching latents", disable=not progress or total == 0, unit="img")
+        for jobs in todo.values():
+            for start in range(0, len(jobs), batch_size):
+                chunk = jobs[start:start + batch_size]
+                pixels = torch.stack([self._pixels_for_cache(idx, flip) for idx, flip, _ in chunk])
+                with torch.no_grad():
+                    latents = encode(pixels).detach().float().cpu()
+                for (idx, flip, key), lat in zip(chunk, latents):
+                    if self._disk is not None:
+                        self._disk.save(key, lat.clone())
+                    else:
+                        memory[(idx, flip)] = lat.clone()
+                bar.update(len(chunk))
+        bar.close()
+        self._latents = memory if self._disk is None else None
+        self.cached_count, self.encoded_count = len(self._latent_keys), total
+
+    def _pixels_for_cache(self, idx: int, flip: bool) -> torch.Tensor:
+        # the crop is already fixed for idx; a broken file falls back like during training
+        return self._pixels_with_fallback(idx, (0.5, 0.5), flip)[0]
+
+    def _cached_latents(self, item_idx: int, flip: bool) -> torch.Tensor:
+        if not flip or not self._flip_allowed:
+            flip = False
+        if self._latents is not None:
+            return self._latents[(item_idx, flip)]
+        return self._disk.load(self._latent_keys[(item_idx, flip)])
+
+    # ------------------------------------------------------------------ text-encoder cache
+
+    def captions_are_static(self) -> bool:
+        return all(self._group(item).captions.is_static for item in self.items)
+
+    def cache_text(self, encode_fn: Callable[[list[str]], object], key: str = "", batch_size: int = 16) -> bool:
+        """Encode each distinct caption once (plus "" when caption dropout is on) and attach the
+        outputs to samples as sample["text"]. encode_fn maps a list of captions to a tensor, tuple or
+        dict of tensors with the batch first. Returns False (and caches nothing) when captions
+        change per epoch (tag shuffle or tag dropout)."""
+        if not self.captions_are_static():
+            LOG.warning("dataset: text-encoder outputs are not cached because captions change every epoch "
+                        "(shuffle_tags or tag_dropout is on)")
+            self._text = None
+            return False
+        captions = sorted({item.caption for item in self.items} |
+                          ({""} if any(self._group(i).captions.dropout for i in self.items) else set()))
+        store: dict[str, object] = {}
+        for start in range(0, len(captions), batch_size):
+            chunk = captions[start:start + batch_size]
+            with torch.no_grad():
+                outputs = encode_fn(chunk)
+            store.update(zip(chunk, split_text_outputs(outputs, len(chunk))))
+        self._text, self.text_cache_key = store, key
+        return True

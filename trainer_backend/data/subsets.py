@@ -1,0 +1,172 @@
+"""Resolving [dataset] + [[dataset.subsets]] into concrete groups of image files.
+
+A *subset* is one configured folder. A *group* is what training counts: one set of images with
+one repeat count and one caption fallback — a flat folder is one group, each kohya-style
+`N_concept` subfolder is another.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import ConfigError, Dataset
+from .captions import CaptionAugment
+from .images import is_image_name
+
+CONCEPT_DIR = re.compile(r"^(\d+)_(.+)$")
+
+
+@dataclass(frozen=True)
+class SubsetSpec:
+    """One configured folder with every option resolved (no "inherit" left)."""
+    key: str                    # config key for messages: "dataset.path", "dataset.subsets[1].path"
+    root: Path
+    source: str                 # folders | metadata
+    metadata_path: str
+    repeats: int                # 0: take it from an N_concept folder name, else default_repeats
+    default_repeats: int
+    caption_extension: str
+    class_tokens: str
+    flip: bool
+    center_crop: bool
+    captions: CaptionAugment
+    is_class: bool = False
+    class_prompt: str = ""
+
+
+@dataclass
+class Group:
+    """Images that share a repeat count and caption fallback."""
+    name: str
+    spec: SubsetSpec
+    repeats: int
+    class_tokens: str
+    files: list[Path] = field(default_factory=list)
+
+
+def _pick(value, inherit, fallback):
+    return fallback if value == inherit else value
+
+
+def resolve_subsets(ds: Dataset) -> list[SubsetSpec]:
+    """dataset.path (when set) followed by each [[dataset.subsets]] entry, options inherited."""
+    base_aug = CaptionAugment(dropout=ds.caption_dropout, shuffle=ds.shuffle_tags, shuffle_p=ds.shuffle_tags_p,
+                              keep_tokens=ds.keep_tokens, tag_dropout=ds.tag_dropout,
+                              separator=ds.caption_separator)
+    specs = []
+    if ds.path:
+        specs.append(SubsetSpec("dataset.path", Path(ds.path).expanduser(), ds.source, ds.metadata_path, 0,
+                                ds.repeats, ds.caption_extension, ds.class_tokens, ds.flip, ds.center_crop,
+                                base_aug))
+    for i, sub in enumerate(ds.subsets):
+        aug = CaptionAugment(dropout=_pick(sub.caption_dropout, -1.0, ds.caption_dropout),
+                             shuffle=_pick(sub.shuffle_tags, "inherit", ds.shuffle_tags), shuffle_p=ds.shuffle_tags_p,
+                             keep_tokens=_pick(sub.keep_tokens, -1, ds.keep_tokens),
+                             tag_dropout=_pick(sub.tag_dropout, -1.0, ds.tag_dropout),
+                             separator=ds.caption_separator)
+        specs.append(SubsetSpec(
+            f"dataset.subsets[{i}].path", Path(sub.path).expanduser(), _pick(sub.source, "inherit", ds.source),
+            sub.metadata_path, sub.repeats, ds.repeats, sub.caption_extension or ds.caption_extension,
+            sub.class_tokens, _pick(sub.flip, "inherit", ds.flip), _pick(sub.center_crop, "inherit", ds.center_crop),
+            aug))
+    if not specs:
+        raise ConfigError("dataset.path: no dataset given (set dataset.path or add [[dataset.subsets]])")
+    return specs
+
+
+def class_spec(ds: Dataset) -> SubsetSpec | None:
+    """Class (regularization) images: a folder scanned like a dataset folder, captioned with the
+    class prompt. Never flipped-off or shuffled differently from the main options."""
+    if not ds.class_path:
+        return None
+    aug = CaptionAugment(separator=ds.caption_separator)
+    return SubsetSpec("dataset.class_path", Path(ds.class_path).expanduser(), "folders", "", 0, 1,
+                      ds.caption_extension, ds.class_prompt, ds.flip, ds.center_crop, aug, is_class=True,
+                      class_prompt=ds.class_prompt)
+
+
+def check_root(spec: SubsetSpec) -> None:
+    """A missing or non-folder root stops the run with a message naming the key."""
+    if not spec.root.exists():
+        raise ConfigError(f"{spec.key}: folder not found: {spec.root}")
+    if not spec.root.is_dir():
+        raise ConfigError(f"{spec.key}: not a folder: {spec.root}")
+    if not os.access(spec.root, os.R_OK | os.X_OK):
+        raise ConfigError(f"{spec.key}: folder is not readable: {spec.root}")
+
+
+def walk_images(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
+    """Image files under root (recursively, sorted), following symlinks but never around a loop.
+    Loops and unreadable folders are reported in `problems` and skipped."""
+    out: list[Path] = []
+    seen: set[tuple[int, int]] = set()
+
+    def visit(folder: Path) -> None:
+        try:
+            st = folder.stat()
+        except OSError as e:
+            problems.append((folder, f"unreadable folder ({e.strerror or e})"))
+            return
+        ident = (st.st_dev, st.st_ino)
+        if ident in seen:
+            problems.append((folder, "symlink loop (folder already visited), skipped"))
+            return
+        seen.add(ident)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            problems.append((folder, f"unreadable folder ({e.strerror or e})"))
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_dir = entry.is_dir(follow_symlinks=True)
+            except OSError as e:
+                problems.append((path, f"unreadable ({e.strerror or e})"))
+                continue
+            if is_dir:
+                visit(path)
+            elif is_image_name(path):
+                out.append(path)
+
+    visit(root)
+    return out
+
+
+def folder_groups(spec: SubsetSpec, problems: list[tuple[Path, str]], notes: list[str]) -> list[Group]:
+    """kohya layout: the root's own images form one group; every `N_concept` subfolder is a group
+    with N repeats and "concept" as class tokens. Without N_concept subfolders the whole tree is one
+    flat group. A root that is itself named N_concept takes its repeats from the name."""
+    root = spec.root
+    own = CONCEPT_DIR.match(root.name)
+    if own and spec.repeats == 0:
+        return [Group(root.name, spec, int(own.group(1)), spec.class_tokens or own.group(2),
+                      walk_images(root, problems))]
+    repeats = spec.repeats or spec.default_repeats
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError as e:
+        raise ConfigError(f"{spec.key}: folder is not readable: {root} ({e.strerror or e})") from None
+    concept_dirs = [p for p in children if CONCEPT_DIR.match(p.name)]
+    if not concept_dirs:
+        return [Group(root.name or str(root), spec, repeats, spec.class_tokens, walk_images(root, problems))]
+    groups = []
+    flat = sorted(p for p in root.iterdir() if p.is_file() and is_image_name(p))
+    if flat:
+        groups.append(Group(root.name, spec, repeats, spec.class_tokens, flat))
+    for child in children:
+        match = CONCEPT_DIR.match(child.name)
+        if not match:
+            notes.append(f"{child}: folder ignored (not named N_concept, e.g. 10_{child.name})")
+            continue
+        n = int(match.group(1))
+        if n == 0:
+            notes.append(f"{child}: folder ignored (0 repeats)")
+            continue
+        groups.append(Group(child.name, spec, spec.repeats or n, spec.class_tokens or match.group(2),
+                            walk_images(child, problems)))
+    return groups
