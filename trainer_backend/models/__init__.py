@@ -1,0 +1,25 @@
+"""Base models: load SD1/SD2/SDXL (folder, single file, builtin tiny), text encoding, export.
+
+Heavy imports (torch, diffusers) happen inside the functions, so importing this package is cheap.
+"""
+from __future__ import annotations
+
+from .tiny import BUILTIN_MODELS, build_tiny_model, make_tiny_model, resolve_model_path
+
+__all__ = ["BUILTIN_MODELS", "build_tiny_model", "make_tiny_model", "resolve_model_path",
+           "LoadedModel", "detect_arch", "load_model", "build_pipeline", "save_single_file",
+           "export_single_file", "tokenize", "encode_text", "sdxl_add_time_ids"]
+
+
+def __getattr__(name: str):
+    # Lazy: loader/text import torch-dependent code paths only when asked for.
+    if name in ("LoadedModel", "detect_arch", "load_model", "build_pipeline"):
+        from . import loader
+        return getattr(loader, name)
+    if name in ("save_single_file", "export_single_file"):
+        from . import single_file
+        return getattr(single_file, name)
+    if name in ("tokenize", "encode_text", "sdxl_add_time_ids"):
+        from . import text
+        return getattr(text, name)
+    raise AttributeError(name)

@@ -141,21 +141,9 @@ def cache_root() -> Path:
 
 def _build_builtin(name: str) -> Path:
     """Build once into the cache; concurrent builders race safely (build aside, then rename)."""
+    from .single_file import atomic_dir
     final = cache_root() / f"{name}-v{TINY_MODEL_VERSION}"
-    if (final / "model_index.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-building-", dir=final.parent))
-    try:
-        build_tiny_model(BUILTIN_MODELS[name], tmp, seed=0)
-        try:
-            os.rename(tmp, final)  # atomic; fails if another process finished first
-        except OSError:
-            if not (final / "model_index.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return atomic_dir(final, lambda tmp: build_tiny_model(BUILTIN_MODELS[name], tmp, seed=0), "model_index.json")
 
 
 def resolve_model_path(path: str) -> Path:
