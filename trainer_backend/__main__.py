@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--num-processes", type=int, default=None)
     plan.add_argument("--json", action="store_true")
     _config_args(sub.add_parser("inspect", help="dataset summary and counts as JSON"))
+    ref = sub.add_parser("config-reference", help="print (or --write into README.md) the config reference")
+    ref.add_argument("--write", metavar="README", default=None)
     tiny = sub.add_parser("make-tiny-model", help="build a tiny random model (diffusers folder) for tests/demo")
     tiny.add_argument("--arch", choices=["sd1", "sd2", "sdxl"], required=True)
     tiny.add_argument("--out", required=True)
@@ -57,6 +59,14 @@ def _dispatch(args) -> int:
     if args.command == "make-tiny-model":
         from .models.tiny import build_tiny_model
         print(build_tiny_model(args.arch, args.out, seed=args.seed))
+        return exitcodes.OK
+    if args.command == "config-reference":
+        from .reference import config_reference, write_into
+        if args.write:
+            from pathlib import Path
+            write_into(Path(args.write))
+        else:
+            print(config_reference())
         return exitcodes.OK
     cfg = _load(args)
     if args.command == "validate":

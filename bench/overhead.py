@@ -1,0 +1,105 @@
+"""Trainer overhead versus a bare loop, tiny SD1, cached latents, same process and data.
+
+    .venv/bin/python bench/overhead.py [--steps 40] [--rounds 3] [--resolution 64]
+
+Each round runs the real trainer (`trainer_backend.loop.train`: events, TensorBoard,
+progress bar, stop checks, accumulation grouping, per-sample seeded noise) and a bare
+loop (forward, loss, backward, optimizer step; nothing else) over the same cached
+latents and captions, interleaved. Steps/s of the trainer come from its own `step`
+events (first to last, so model loading and caching are excluded). Prints the medians
+and the ratio; the goal is trainer >= 0.95x bare.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import make_dataset  # noqa: E402
+from trainer_backend.config import load_config  # noqa: E402
+from trainer_backend.data import TrainDataset, collate, scan_dataset  # noqa: E402
+from trainer_backend.loop import train  # noqa: E402
+from trainer_backend.methods.lora import setup_lora  # noqa: E402
+from trainer_backend.models.loader import load_model  # noqa: E402
+from trainer_backend.models.text import encode_text, tokenize  # noqa: E402
+from trainer_backend.models.tiny import build_tiny_model  # noqa: E402
+from trainer_backend.validate import validate_for_run  # noqa: E402
+
+
+def trainer_rate(cfg) -> float:
+    assert train(cfg) == 0
+    steps = [json.loads(line) for line in (cfg.run_dir / "events.jsonl").read_text().splitlines()]
+    steps = [e for e in steps if e["event"] == "step"]
+    return (len(steps) - 1) / (steps[-1]["time"] - steps[0]["time"])
+
+
+def bare_rate(cfg, steps: int) -> float:
+    """The minimum loop: same model, LoRA, optimizer, batch and cached latents."""
+    torch.manual_seed(cfg.schedule.seed)
+    model = load_model(cfg.model.path)
+    scan = scan_dataset(cfg)
+    dataset = TrainDataset(scan, cfg)
+    vae = model.vae
+
+    @torch.no_grad()
+    def encode(pixels):
+        return vae.encode(pixels).latent_dist.mean * vae.config.scaling_factor
+
+    dataset.cache_latents(encode, None, progress=False, vae_id="bench")
+    trainable = setup_lora(model, cfg)
+    opt = torch.optim.AdamW(trainable.parameters(), lr=cfg.optimizer.lr)
+    batch = collate([dataset[i] for i in range(cfg.schedule.batch_size)])
+    sched = model.noise_scheduler
+    ends = []  # measured like the trainer's events: first step end to last step end
+    for _ in range(steps):
+        latents = batch["latents"]
+        noise = torch.randn_like(latents)
+        t = torch.randint(0, 1000, (latents.shape[0],))
+        hidden, _ = encode_text(model, tokenize(model, batch["caption"]))
+        pred = model.unet(sched.add_noise(latents, noise, t), t, hidden).sample
+        loss = torch.nn.functional.mse_loss(pred, noise)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ends.append(time.perf_counter())
+    return (len(ends) - 1) / (ends[-1] - ends[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--resolution", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model_dir = build_tiny_model("sd1", tmp / "tiny-sd1")
+        data = make_dataset(tmp / "data", n=4, size=args.resolution)
+        trainer, bare = [], []
+        for r in range(args.rounds):
+            cfg = validate_for_run(load_config(None, [
+                f"model.path={model_dir}", f"dataset.path={data}", f"dataset.resolution={args.resolution}",
+                "dataset.cache_latents=true", f"output.dir={tmp / 'runs'}", f"output.name=r{r}",
+                f"schedule.max_steps={args.steps}", "schedule.batch_size=2", "precision.mixed=no",
+                "network.rank=4", "network.alpha=4", "hardware.cpu=true"]))
+            trainer.append(trainer_rate(cfg))
+            bare.append(bare_rate(cfg, args.steps))
+            print(f"round {r + 1}: trainer {trainer[-1]:.2f} steps/s, bare {bare[-1]:.2f} steps/s", flush=True)
+    t, b = statistics.median(trainer), statistics.median(bare)
+    print(f"median trainer {t:.2f} steps/s | bare loop {b:.2f} steps/s | ratio {t / b:.3f} (goal >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Shared fixtures: tiny models (built once per session by the project's own factory) and
+generated datasets. Nothing is downloaded."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Keep builtin models and caches of the test run out of the user's ~/.cache."""
+    if "SD_STUDIO_CACHE" not in os.environ:
+        os.environ["SD_STUDIO_CACHE"] = str(tmp_path_factory.mktemp("sd-studio-cache"))
+    yield
+
+
+def make_dataset(folder: Path, n: int = 4, size: int = 64, captions: list[str] | None = None,
+                 seed: int = 0) -> Path:
+    """n distinct coloured-shape images with same-named .txt captions."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    words = ["red", "green", "blue", "yellow", "purple", "orange", "white", "black"]
+    for i in range(n):
+        base = rng.integers(0, 255, size=3)
+        arr = np.tile(base, (size, size, 1)).astype(np.uint8)
+        x0, y0 = rng.integers(0, size // 2, size=2)
+        arr[y0:y0 + size // 3, x0:x0 + size // 3] = rng.integers(0, 255, size=3)
+        Image.fromarray(arr).save(folder / f"img{i:03d}.png")
+        caption = captions[i] if captions else f"a {words[i % len(words)]} square on a plain background"
+        (folder / f"img{i:03d}.txt").write_text(caption)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """arch -> diffusers folder of a tiny random model."""
+    from trainer_backend.models.tiny import build_tiny_model
+    root = tmp_path_factory.mktemp("tiny-models")
+    cache: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in cache:
+            cache[arch] = Path(build_tiny_model(arch, root / arch, seed=0))
+        return cache[arch]
+    return get
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
