@@ -28,13 +28,15 @@ class BucketSpec:
 
 def bucket_spec(resolution: int, enabled: bool, min_side: int = 0, max_side: int = 0, step: int = 64,
                 no_upscale: bool = False) -> BucketSpec:
-    """Fill in the automatic sides (min = resolution/2, max = resolution×2), rounded to the step."""
+    """Fill in the automatic sides (min = resolution/2, max = resolution×2); with bucketing on,
+    sides are rounded down to the step (and are at least one step)."""
     step = max(8, step)
-    min_side = min_side or _round_down(resolution // 2, step) or step
+    min_side = min_side or resolution // 2
     max_side = max_side or resolution * 2
-    min_side = max(step, _round_down(min_side, step))
-    max_side = max(min_side, _round_down(max_side, step))
-    return BucketSpec(resolution, enabled, min_side, max_side, step, no_upscale)
+    if enabled:
+        min_side = max(step, _round_down(min_side, step))
+        max_side = max(min_side, _round_down(max_side, step))
+    return BucketSpec(resolution, enabled, min_side, max(min_side, max_side), step, no_upscale)
 
 
 def _round_down(value: float, step: int) -> int:

@@ -6,6 +6,7 @@ by a note, so the scan can warn once per file and the run goes on.
 """
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,10 @@ def _open(path: Path, max_pixels: int) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(path)
-    except Image.DecompressionBombError:
-        raise BadImage(f"image is enormous (over {max_pixels / 1e6:.0f} megapixels; decompression-bomb guard)",
+    except Image.DecompressionBombError as e:
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        size = f"{int(found.group(1)) / 1e6:.0f} megapixels" if found else "over PIL's limit"
+        raise BadImage(f"image is enormous ({size}, limit {max_pixels / 1e6:.0f}; decompression-bomb guard)",
                        "enormous")
     except UnidentifiedImageError:
         raise BadImage("not an image (unrecognised content despite the extension)", "not_image")
@@ -94,7 +97,7 @@ def _notes(img: Image.Image, background: str) -> tuple[str, ...]:
     notes = []
     orientation = _orientation(img)
     if orientation not in (0, 1):
-        notes.append(f"EXIF orientation {orientation} applied (rotated/mirrored)")
+        notes.append(f"rotated upright by its EXIF orientation ({orientation})")
     if img.mode == "CMYK":
         notes.append("CMYK converted to RGB")
     if _raw_is_16bit(img):

@@ -99,7 +99,7 @@ def json_files(location: Path, problems: list[tuple[Path, str]]) -> list[Path]:
     for dirpath, dirnames, filenames in os.walk(location, followlinks=True):
         st = os.stat(dirpath)
         if (st.st_dev, st.st_ino) in seen:
-            problems.append((Path(dirpath), "symlink loop (folder already visited), skipped"))
+            problems.append((Path(dirpath), "symlink loop (folder already visited)"))
             dirnames[:] = []
             continue
         seen.add((st.st_dev, st.st_ino))

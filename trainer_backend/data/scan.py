@@ -134,7 +134,7 @@ def _check(c: _Candidate, spec: BucketSpec, buckets: list[Size], max_pixels: int
     try:
         info = probe(c.path, max_pixels, background)
         if too_small(info.width, info.height, spec):
-            raise BadImage(f"too small ({info.width}×{info.height}; the smallest bucket side is {spec.min_side}; "
+            raise BadImage(f"too small ({info.width}×{info.height}; the minimum side is {spec.min_side}; "
                            f"lower dataset.bucket_min_side to keep it)", "too_small")
         bucket = assign_bucket(info.width, info.height, spec, buckets)
         if verify:
@@ -186,7 +186,8 @@ def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
     problems: list[tuple[Path, str]] = []
     groups, candidates = _gather(cfg, log, problems)
     for path, reason in problems:
-        log.skip(path, reason, "unreadable" if "unreadable" in reason or "loop" in reason else "metadata")
+        kind = "symlink_loop" if "symlink loop" in reason else "unreadable" if "unreadable" in reason else "metadata"
+        log.skip(path, reason, kind)
 
     instance = [c for c in candidates if not c.is_class]
     kept, held = _split(instance, ds.validation_every_nth, split)

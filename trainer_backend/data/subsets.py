@@ -111,7 +111,7 @@ def walk_images(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
             return
         ident = (st.st_dev, st.st_ino)
         if ident in seen:
-            problems.append((folder, "symlink loop (folder already visited), skipped"))
+            problems.append((folder, "symlink loop (folder already visited)"))
             return
         seen.add(ident)
         try:
