@@ -225,7 +225,50 @@ class Hardware(Section):
     multi_gpu_policy: Literal["same_samples", "same_steps"] = F(
         "same_samples", "same_samples: N GPUs see as many samples as 1 GPU would; same_steps: same optimizer steps, "
                         "N times the samples.")
+    keep_steps_per_epoch: bool = F(
+        False, "same_samples only: instead of sharing each epoch across the GPUs, divide every subset's repeats by "
+               "the number of processes (rounded, at least 1) and multiply the epochs: more, shorter epochs, the "
+               "same samples in total.", advanced=True)
+    lr_scaling: Literal["none", "linear", "sqrt"] = F(
+        "none", "Scale the learning rate with the effective batch relative to 1 GPU: linear (×N) or sqrt (×√N).")
     cpu: bool = F(False, "Force the CPU even when a GPU is present (multi-process CPU uses gloo).", advanced=True)
+    strategy: Literal["ddp", "deepspeed", "fsdp"] = F(
+        "ddp", "ddp: every GPU holds the whole model (best for LoRA); deepspeed: ZeRO sharding/offload; "
+               "fsdp: PyTorch fully sharded data parallel (full fine-tunes of big models).")
+    num_machines: int = F(1, "Machines (nodes) in a multi-node run; each runs num_processes processes.",
+                          ge=1, le=1024, advanced=True)
+    machine_rank: int = F(0, "This machine's rank in a multi-node run (0 = the main machine).", ge=0, le=1023,
+                          advanced=True)
+    main_process_ip: str = F("", "Multi-node: address of machine 0, reachable from every node.",
+                             pattern=r"^[A-Za-z0-9.:_\-\[\]]*$", advanced=True)
+    main_process_port: int = F(0, "Port of the main process; 0 = a free port on one machine (29500 when several "
+                                  "machines, which must all use the same port).", ge=0, le=65535, advanced=True)
+    deepspeed_zero_stage: int = F(2, "DeepSpeed ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also "
+                                     "the parameters.", ge=1, le=3, advanced=True)
+    deepspeed_offload_optimizer: bool = F(False, "DeepSpeed: keep optimizer states in CPU memory (slower, "
+                                                 "saves GPU memory).", advanced=True)
+    deepspeed_offload_params: bool = F(False, "DeepSpeed: keep parameters in CPU memory (ZeRO-3 only).",
+                                       advanced=True)
+    fsdp_sharding: Literal["full_shard", "shard_grad_op"] = F(
+        "full_shard", "FSDP: full_shard shards parameters, gradients and optimizer states; shard_grad_op keeps "
+                      "parameters whole between forward and backward (faster, more memory).", advanced=True)
+    fsdp_auto_wrap: Literal["transformer", "size", "none"] = F(
+        "transformer", "FSDP: wrap each block named in fsdp_wrap_classes, blocks above fsdp_min_params, or the "
+                       "whole model as one unit.", advanced=True)
+    fsdp_wrap_classes: str = F("BasicTransformerBlock,ResnetBlock2D", "FSDP: module class names wrapped as units "
+                               "(transformer auto-wrap).", pattern=r"^[A-Za-z_]\w*(,[A-Za-z_]\w*)*$", advanced=True)
+    fsdp_min_params: int = F(100_000_000, "FSDP: parameters per unit for size auto-wrap.", ge=1000, advanced=True)
+    fsdp_offload_params: bool = F(False, "FSDP: keep parameters and gradients in CPU memory.", advanced=True)
+    ddp_gradient_as_bucket_view: bool = F(True, "DDP: gradients are views into the communication buckets (saves "
+                                                "one gradient copy of memory).", advanced=True)
+    ddp_static_graph: bool = F(False, "DDP: the set of used parameters never changes between steps (lets DDP "
+                                      "optimize; wrong when it does change).", advanced=True)
+    ddp_find_unused_parameters: bool = F(False, "DDP: search for parameters without gradients every step "
+                                                "(needed only when some trainable modules are skipped; slower).",
+                                         advanced=True)
+    ddp_bucket_cap_mb: int = F(25, "DDP: gradient bucket size in MB.", ge=1, le=4096, advanced=True)
+    collective_timeout_s: int = F(1800, "Seconds a process waits for the others (e.g. while the main process "
+                                        "caches latents) before the run fails.", ge=60, le=86400, advanced=True)
 
 
 class Checkpoints(Section):
