@@ -8,6 +8,7 @@ config folder embedded in our own exports, then the Hugging Face cache (offline 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..config import ConfigError
@@ -41,21 +42,27 @@ def _from_folder(folder: Path, slot: int):
     """Slot 0 -> tokenizer/, slot 1 -> tokenizer_2/ (falling back to tokenizer/), or the folder itself."""
     from transformers import CLIPTokenizer
     names = ["tokenizer"] if slot == 0 else ["tokenizer_2", "tokenizer"]
-    for name in names:
-        if _is_tokenizer_dir(folder / name):
-            return CLIPTokenizer.from_pretrained(str(folder / name))
-    if _is_tokenizer_dir(folder):
-        return CLIPTokenizer.from_pretrained(str(folder))
+    for candidate in [folder / name for name in names] + [folder]:
+        if _is_tokenizer_dir(candidate):
+            tok = CLIPTokenizer.from_pretrained(str(candidate))
+            if len(tok) > 3:  # not the placeholder built when no vocabulary was actually read
+                return tok
     return None
 
 
 def _from_hf_cache(arch: str, slot: int):
-    from transformers import CLIPTokenizer
+    """Only files already in the local cache: transformers 5 quietly builds an empty 3-token
+    tokenizer when asked for a repo it cannot find offline, so look the files up first."""
+    from huggingface_hub import try_to_load_from_cache
+    cache_dir = os.environ.get("HF_HUB_CACHE") or (
+        os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None)  # read now, not at import
     for repo, sub in HF_CACHE_CANDIDATES[arch][slot]:
-        try:
-            return CLIPTokenizer.from_pretrained(repo, subfolder=sub or "", local_files_only=True)
-        except (OSError, ValueError):
-            continue
+        for name in ("vocab.json", "tokenizer.json"):
+            found = try_to_load_from_cache(repo, f"{sub}/{name}" if sub else name, cache_dir=cache_dir)
+            if isinstance(found, str):
+                tok = _from_folder(Path(found).parent, 0)
+                if tok is not None:
+                    return tok
     return None
 
 
