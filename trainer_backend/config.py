@@ -56,6 +56,9 @@ class Model(Section):
     prediction_type: Literal["auto", "epsilon", "v_prediction"] = F(
         "auto", "What the UNet predicts; auto reads the model's scheduler config (SD2-768 is v_prediction).",
         advanced=True)
+    tokenizer: str = F("", "CLIP tokenizer for a single-file checkpoint that carries none: a diffusers model folder of "
+                           "any SD family, or a folder with vocab.json + merges.txt. Empty = look in the Hugging "
+                           "Face cache (offline).", widget="path", advanced=True)
 
 
 class DatasetSubset(Section):
