@@ -66,7 +66,7 @@ def load_base_model(cfg: TrainConfig, accelerator):
     from .models.loader import load_model
     with accelerator.main_process_first():  # builtin models are built once, by rank 0
         model = load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
-                           prediction_type=cfg.model.prediction_type)
+                           prediction_type=cfg.model.prediction_type, tokenizer=cfg.model.tokenizer)
     return model
 
 
