@@ -238,6 +238,20 @@ def test_tokenizer_folder_serves_every_arch(tiny_models):
     assert sd2[0].pad_token == "!" and sd2[0]("a dog", padding="max_length").input_ids[-1] == sd2[0].pad_token_id
 
 
+def test_tokenizer_found_in_the_hugging_face_cache(tiny_models, tmp_path, monkeypatch):
+    """A single file's tokenizer comes from an offline HF cache laid out like a real download."""
+    import shutil
+    repo = tmp_path / "hub" / "models--openai--clip-vit-large-patch14"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(tiny_models("sd1") / "tokenizer", repo / "snapshots" / commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    first, second = find_tokenizers("sdxl")
+    assert len(first) == len(second) == tiny.vocab_size()
+    assert (first.pad_token, second.pad_token) == ("<|endoftext|>", "!")
+
+
 @pytest.mark.parametrize("make_path, key", [
     (lambda p: "", "model.path"),
     (lambda p: str(p / "missing"), "model.path"),

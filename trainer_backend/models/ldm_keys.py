@@ -161,7 +161,10 @@ def open_clip_to_ldm(state: dict[str, torch.Tensor], prefix: str) -> dict[str, t
 def pipeline_to_ldm(arch: str, unet, vae, text_encoders: list) -> dict[str, torch.Tensor]:
     """All components of an `arch` pipeline -> one original-layout state dict."""
     def sd(module):
-        return {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+        state = module.state_dict()
+        if any("lora_" in k or ".base_layer." in k for k in state):
+            raise ValueError("the model still has adapter layers; merge them (merge_and_unload) before export")
+        return {k: v.detach().contiguous() for k, v in state.items()}
 
     out = unet_to_ldm(sd(unet), dict(unet.config))
     out.update(vae_to_ldm(sd(vae), dict(vae.config)))

@@ -172,7 +172,8 @@ def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: st
         prediction_type = scheduler_config.get("prediction_type", "epsilon")
     if prediction_type not in ("epsilon", "v_prediction"):
         raise ConfigError(f"model.prediction_type: {prediction_type!r} is not supported (epsilon or v_prediction)")
-    noise_scheduler = DDPMScheduler.from_config(scheduler_config, prediction_type=prediction_type)
+    noise_scheduler = DDPMScheduler.from_config(scheduler_config, prediction_type=prediction_type,
+                                                clip_sample=scheduler_config.get("clip_sample", False))
     text_encoders = [pipe.text_encoder] + ([pipe.text_encoder_2] if found == "sdxl" else [])
     tokenizers = [pipe.tokenizer] + ([pipe.tokenizer_2] if found == "sdxl" else [])
     return LoadedModel(arch=found, unet=pipe.unet, vae=pipe.vae, text_encoders=text_encoders,
@@ -195,7 +196,9 @@ def build_pipeline(model: LoadedModel, scheduler: str = "euler"):
     else:
         raise ConfigError(f"sampling.scheduler: unknown scheduler {scheduler!r} (choose default, "
                           f"{', '.join(SAMPLERS)})")
-    sampler = getattr(diffusers, cls_name).from_config(config, prediction_type=model.prediction_type)
+    # SD latents are not in [-1, 1]: a config without clip_sample (PNDM's) must not get DDIM's default True.
+    sampler = getattr(diffusers, cls_name).from_config(config, prediction_type=model.prediction_type,
+                                                       clip_sample=config.get("clip_sample", False))
     parts = dict(vae=model.vae, unet=model.unet, scheduler=sampler,
                  text_encoder=model.text_encoders[0], tokenizer=model.tokenizers[0])
     if model.arch == "sdxl":
