@@ -90,7 +90,7 @@ def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
 
 def load_data(cfg: TrainConfig, model, accelerator, run: Run):
     """Scan the dataset and, when asked, cache latents (rank 0 first, the others reuse)."""
-    from .data import TrainDataset, scan_dataset
+    from .data import TrainDataset, latent_cache_dir, scan_dataset
     scan = scan_dataset(cfg)
     for warning in scan.warnings:
         LOG.warning(warning)
@@ -105,8 +105,7 @@ def load_data(cfg: TrainConfig, model, accelerator, run: Run):
 
         vae_id = f"{model.source}|{cfg.model.vae}"
         with accelerator.main_process_first():
-            dataset.cache_latents(encode, cfg.run_dir.parent / ".cache" / "latents", progress=run.is_main,
-                                  vae_id=vae_id)
+            dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id)
     return scan, dataset
 
 
