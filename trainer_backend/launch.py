@@ -127,7 +127,8 @@ def accelerate_config(cfg: TrainConfig, run_dir: str | Path | None = None) -> di
     out: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE", "distributed_type": kind, "mixed_precision": cfg.precision.mixed,
         "use_cpu": hw.cpu, "debug": False, "num_processes": n_total, "num_machines": hw.num_machines,
-        "machine_rank": 0, "gpu_ids": "all" if hw.cpu else hw.gpu_ids, "rdzv_backend": "static", "same_network": False,
+        "machine_rank": 0, "gpu_ids": "all" if hw.cpu else hw.gpu_ids, "rdzv_backend": "static",
+        "same_network": False,
         "main_training_function": "main", "enable_cpu_affinity": False, "downcast_bf16": False,
     }
     if hw.num_machines > 1:

@@ -256,7 +256,8 @@ def _lr_clause(plan: Plan) -> str:
         return ""
     factor = plan.multi.effective_batch / plan.single.effective_batch
     how = f"×{factor:g}" if plan.lr_scaling == "linear" else f"×√{factor:g}"
-    return f"; learning rate scaled {plan.lr_scaling} with the effective batch ({how}: {plan.single.lr:g} → {plan.multi.lr:g})"
+    return (f"; learning rate scaled {plan.lr_scaling} with the effective batch "
+            f"({how}: {plan.single.lr:g} → {plan.multi.lr:g})")
 
 
 def _adjustment(plan: Plan, divided: bool, max_steps: int, epochs: int) -> str:
@@ -276,7 +277,7 @@ def _adjustment(plan: Plan, divided: bool, max_steps: int, epochs: int) -> str:
     elif plan.length_unit == "steps":
         text = (f"Each optimizer step on {n} GPUs trains {n}× the samples ({batch}), so max_steps {max_steps} "
                 f"became {m.total_steps} ({max_steps} ÷ {n}, rounded up) to train as many samples as 1 GPU "
-                f"({m.total_samples_seen} vs {s.total_samples_seen}), still {m.epochs} epochs")
+                f"({m.total_samples_seen} vs {s.total_samples_seen}) over {m.epochs} epochs instead of {s.epochs}")
     else:
         text = (f"Epochs stay {epochs}: each epoch is shared by {n} GPUs, so it takes {m.steps_per_epoch} "
                 f"optimizer steps instead of {s.steps_per_epoch} and the run {m.total_steps} instead of "
