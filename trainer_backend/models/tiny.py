@@ -25,10 +25,9 @@ SDXL_TIME_EMBED_DIM = 8
 SDXL_TE2_PROJECTION_DIM = 32
 
 
-def _text_encoder_config(arch: str, width: int, pad_token_id: int, projection_dim: int = 32) -> dict:
-    """CLIP text config; SD2 and SDXL's OpenCLIP encoders use gelu, OpenAI CLIP uses quick_gelu."""
+def _text_encoder_config(width: int, pad_token_id: int, open_clip: bool, projection_dim: int = 32) -> dict:
+    """CLIP text config; OpenCLIP encoders (SD2, SDXL's second) use gelu, OpenAI CLIP quick_gelu."""
     n = vocab_size()
-    open_clip = arch == "sd2" or width != 32
     return dict(vocab_size=n, hidden_size=width, intermediate_size=width * 4, num_hidden_layers=2,
                 num_attention_heads=4, max_position_embeddings=MODEL_MAX_LENGTH, projection_dim=projection_dim,
                 hidden_act="gelu" if open_clip else "quick_gelu", layer_norm_eps=1e-5,
@@ -102,10 +101,11 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
         torch.manual_seed(seed + 1)
         vae = AutoencoderKL(**_vae_config(arch))
         torch.manual_seed(seed + 2)
-        text_encoder = CLIPTextModel(CLIPTextConfig(**_text_encoder_config(arch, 32, tokenizer.pad_token_id)))
+        text_encoder = CLIPTextModel(CLIPTextConfig(**_text_encoder_config(32, tokenizer.pad_token_id,
+                                                                                 open_clip=arch == "sd2")))
         if arch == "sdxl":
             torch.manual_seed(seed + 3)
-            te2_config = CLIPTextConfig(**_text_encoder_config(arch, 64, tokenizer_2.pad_token_id,
+            te2_config = CLIPTextConfig(**_text_encoder_config(64, tokenizer_2.pad_token_id, open_clip=True,
                                                                 projection_dim=SDXL_TE2_PROJECTION_DIM))
             text_encoder_2 = CLIPTextModelWithProjection(te2_config)
 
