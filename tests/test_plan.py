@@ -81,6 +81,7 @@ def test_lr_scaling_follows_the_effective_batch(scaling):
     assert (p.single.effective_batch, p.multi.effective_batch) == (2, 8)
     assert p.multi.lr == pytest.approx(1e-4 * {"none": 1, "linear": 4, "sqrt": 2}[scaling])
     assert p.single.lr == 1e-4
+    assert p.lr_factor == pytest.approx(p.multi.lr / p.single.lr)   # what the trainer applies to every group
     assert ("learning rate scaled" in p.adjustment) == (scaling != "none")
 
 

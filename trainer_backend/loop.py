@@ -50,8 +50,8 @@ def train(cfg: TrainConfig) -> int:
              accelerator.num_processes)
 
     trainable = setup_lora(model, cfg)
-    optimizer = build_optimizer(cfg, trainable.param_groups)
-    lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps)
+    optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
+    lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
     register_adapter_hooks(accelerator, trainable)
     prepared = accelerator.prepare(*trainable.modules.values(), optimizer)
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]

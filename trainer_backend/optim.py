@@ -10,9 +10,10 @@ from .config import ConfigError, TrainConfig
 _PACKAGES = {"adamw8bit": "bitsandbytes", "prodigy": "prodigyopt", "lion": "lion_pytorch"}
 
 
-def build_optimizer(cfg: TrainConfig, param_groups: list[dict]) -> torch.optim.Optimizer:
+def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float = 1.0) -> torch.optim.Optimizer:
+    """lr_factor: the plan's multi-GPU LR scaling (Plan.lr_factor), applied to every group."""
     o = cfg.optimizer
-    groups = [{"params": g["params"], "lr": g["lr"]} for g in param_groups]
+    groups = [{"params": g["params"], "lr": g["lr"] * lr_factor} for g in param_groups]
     package = _PACKAGES.get(o.name)
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(f"optimizer.name: '{o.name}' needs the '{package}' package "
@@ -38,7 +39,8 @@ def build_optimizer(cfg: TrainConfig, param_groups: list[dict]) -> torch.optim.O
     raise ConfigError(f"optimizer.name: unsupported '{o.name}'")
 
 
-def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int):
+def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int,
+                       warmup_steps: int | None = None):
     """One scheduler step per optimizer step (never prepared by accelerate, which would step it
     once per process), so warmup and decay land on the plan's optimizer steps."""
     from diffusers.optimization import get_scheduler
@@ -46,5 +48,6 @@ def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total
     kwargs = {}
     if o.scheduler == "cosine_with_restarts":
         kwargs["num_cycles"] = o.lr_cycles
-    return get_scheduler(o.scheduler, optimizer, num_warmup_steps=o.warmup_steps,
+    warmup = o.warmup_steps if warmup_steps is None else warmup_steps  # the plan's, on N processes
+    return get_scheduler(o.scheduler, optimizer, num_warmup_steps=warmup,
                          num_training_steps=max(total_steps, 1), **kwargs)

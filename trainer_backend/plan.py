@@ -105,6 +105,12 @@ class Plan:
         m = self.multi
         return max(0, min(m.steps_per_epoch, m.total_steps - epoch * m.steps_per_epoch))
 
+    @property
+    def lr_factor(self) -> float:
+        """What hardware.lr_scaling multiplies every learning rate (param group) by on N processes."""
+        ratio = self.multi.effective_batch / self.single.effective_batch
+        return _scaled_lr(1.0, ratio, self.lr_scaling)
+
     def multi_repeats(self) -> dict[str, int]:
         """Repeats per subset for the N-process run (differs only with keep_steps_per_epoch)."""
         return {name: repeats for name, _, repeats in self.multi_counts.subsets}

@@ -21,16 +21,10 @@ WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloa
 def make_accelerator(cfg: TrainConfig):
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
-    from datetime import timedelta
+    from .launch import ddp_kwargs, process_group_kwargs
 
-    kwargs = [InitProcessGroupKwargs(timeout=timedelta(minutes=30))]  # slow caching on rank 0
-    ddp = {}
-    try:
-        from .launch import ddp_kwargs
-        ddp = ddp_kwargs(cfg)
-    except ImportError:
-        pass
-    kwargs.append(DistributedDataParallelKwargs(**ddp))
+    # hardware.collective_timeout_s (slow caching on rank 0) and the hardware.ddp_* options
+    kwargs = [InitProcessGroupKwargs(**process_group_kwargs(cfg)), DistributedDataParallelKwargs(**ddp_kwargs(cfg))]
     # Accumulation is done by the loop itself (see loop.py), so accelerate steps every call.
     return Accelerator(mixed_precision=cfg.precision.mixed, gradient_accumulation_steps=1,
                        cpu=cfg.hardware.cpu, kwargs_handlers=kwargs,
