@@ -95,7 +95,7 @@ class Dataset(Section):
                                          "([[dataset.subsets]] tables); used together with dataset.path.",
                                      widget="subsets", advanced=True)
     resolution: int = F(512, "Training resolution (square side, or the target area's side when bucketing).",
-                        ge=64, le=4096, multiple_of=8)
+                        ge=32, le=4096, multiple_of=8)
     caption_extension: str = F(".txt", "Caption file extension.", pattern=r"^\.[A-Za-z0-9_]+$")
     repeats: int = F(1, "Repeats for images in a flat folder (N_concept folders carry their own).", ge=1, le=10000)
     class_tokens: str = F("", "Caption for flat-folder images that have no caption file (N_concept folders use the "
