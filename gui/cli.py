@@ -1,0 +1,65 @@
+"""`python app.py`: parse flags, refuse unsafe exposure, build and serve the studio.
+
+The exposure check runs before gradio is imported, so a refused start is immediate."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .security import OPT_OUT_FLAG, SecurityError, check_exposure, parse_auth
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python app.py", description="SD Training Studio (browser GUI)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--listen", action="store_true", help="bind 0.0.0.0 (all interfaces); needs --auth")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--auth", default="", metavar="USER:PASS|FILE",
+                   help="user:password (comma-separated for several) or a file of user:password lines")
+    p.add_argument("--share", action="store_true", help="public gradio.live link (needs --auth and internet)")
+    p.add_argument(OPT_OUT_FLAG, dest="allow_unauthenticated", action="store_true",
+                   help="serve on a non-loopback address or --share WITHOUT a password (anyone who can reach "
+                        "it can start jobs and read files on this machine)")
+    p.add_argument("--root-path", default="", help="URL prefix when served behind a reverse proxy, e.g. /studio")
+    p.add_argument("--runs-dir", default="runs", help="folder of run directories (default ./runs)")
+    p.add_argument("--presets-dir", default="", help="folder of user presets (default presets/user/)")
+    p.add_argument("--preset", default="demo-sd1-lora", help="preset loaded when the page opens")
+    p.add_argument("--stop-timeout", type=float, default=120.0,
+                   help="seconds a graceful Stop may take before Force kill is offered")
+    p.add_argument("--inbrowser", action="store_true", help="open a browser tab")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    host = "0.0.0.0" if args.listen else args.host
+    try:
+        auth = parse_auth(args.auth) if args.auth else None
+        warning = check_exposure(host, args.share, auth, args.allow_unauthenticated)
+    except SecurityError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if warning:
+        print(warning, file=sys.stderr)
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from .context import Settings, Studio
+    from .studio import CSS, TITLE, build_app
+    from .system_monitor import gpu_count
+
+    runs_dir = Path(args.runs_dir).expanduser()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    settings = Settings(runs_dir=runs_dir, presets_dir=Path(args.presets_dir).expanduser() if args.presets_dir
+                        else None, initial_preset=args.preset, stop_timeout_s=args.stop_timeout)
+    studio = Studio.create(settings, gpu_count=gpu_count())
+    app = build_app(studio)
+    app.queue(default_concurrency_limit=4)
+    print(f"{TITLE}: http://{'127.0.0.1' if host == '0.0.0.0' else host}:{args.port}{args.root_path or ''}/"
+          f"  (runs in {runs_dir.resolve()})", flush=True)
+    app.launch(server_name=host, server_port=args.port, auth=auth, share=args.share,
+               root_path=args.root_path or None, allowed_paths=[str(runs_dir.resolve())],
+               inbrowser=args.inbrowser, css=CSS, theme="soft", show_error=True, quiet=True,
+               footer_links=["api", "settings"])
+    return 0

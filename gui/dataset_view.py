@@ -1,0 +1,192 @@
+"""Dataset inspector and the live step plan.
+
+The dataset scan belongs to the backend; the GUI runs it as `python -m trainer_backend
+inspect` in a subprocess (no torch in the GUI process) and caches the result per dataset
+settings. The plan itself is computed in-process by trainer_backend.plan (pure), so the
+table shown is exactly what the trainer will run."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from trainer_backend.config import ConfigError, TrainConfig, save_toml, to_dict
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+INSPECT_TIMEOUT_S = 300
+
+
+@dataclass
+class Inspection:
+    summary: dict
+    counts: object          # trainer_backend.plan.DataCounts
+
+
+_CACHE: dict[str, Inspection] = {}
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCK = threading.Lock()
+
+
+def _signature(cfg: TrainConfig) -> str:
+    """Dataset settings plus the folders' modification times: re-scan when either changes."""
+    data = to_dict(cfg)["dataset"]
+    stamps = []
+    for p in [data.get("path", ""), data.get("class_path", ""), *[s.get("path", "") for s in data.get("subsets", [])]]:
+        try:
+            stamps.append(os.stat(p).st_mtime_ns if p else 0)
+        except OSError:
+            stamps.append(-1)
+    return hashlib.sha1(json.dumps([data, stamps], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _inspect_config(cfg: TrainConfig) -> dict:
+    """A config for the scan only: the scan needs [dataset]; a missing model or more processes
+    than this machine has must not stop the inspector (Start checks those)."""
+    data = to_dict(cfg)
+    data["hardware"] = to_dict(TrainConfig())["hardware"]
+    data["model"]["path"] = "builtin:tiny-sd1"
+    data["model"]["vae"] = ""
+    return data
+
+
+def _counts_from_json(counts: dict):
+    from trainer_backend.plan import DataCounts
+    buckets = counts.get("bucket_sizes")
+    return DataCounts(subsets=tuple(tuple(s) for s in counts.get("subsets", ())),
+                      class_images=int(counts.get("class_images", 0) or 0),
+                      bucket_sizes=tuple(buckets) if buckets else None)
+
+
+def inspect_dataset(cfg: TrainConfig, python: str = sys.executable, cwd: str | Path | None = None) -> Inspection:
+    """Scan the dataset (cached). Raises ConfigError naming the field when the scan refuses."""
+    if not cfg.dataset.path and not cfg.dataset.subsets:
+        raise ConfigError("dataset.path: required (a folder of images with captions)")
+    key = _signature(cfg)
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key in _CACHE:
+            return _CACHE[key]
+        with tempfile.TemporaryDirectory(prefix="studio-inspect-") as tmp:
+            path = Path(tmp) / "inspect.toml"
+            save_toml(_inspect_config(cfg), path)
+            proc = subprocess.run([python, "-m", "trainer_backend", "inspect", "--config", str(path)],
+                                  capture_output=True, text=True, timeout=INSPECT_TIMEOUT_S, cwd=cwd,
+                                  stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            errors = [ln[len("error:"):].strip() for ln in lines if ln.startswith("error:")]
+            raise ConfigError(errors[-1] if errors else f"dataset.path: inspect failed ({lines[-1] if lines else '?'})")
+        payload = next((json.loads(ln) for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+        if not payload:
+            raise ConfigError("dataset.path: the dataset inspector printed no result")
+        result = Inspection(summary=payload.get("summary", {}), counts=_counts_from_json(payload.get("counts", {})))
+        with _LOCK:
+            _CACHE[key] = result
+        return result
+
+
+# ----------------------------------------------------------------------------- rendering
+
+def summary_markdown(summary: dict) -> str:
+    lines = [f"**{summary.get('images', 0)} images**, {summary.get('samples_per_epoch', 0)} samples per epoch"
+             + (f", {summary.get('class_images')} class images" if summary.get("class_images") else "")
+             + (f", {summary.get('validation_images')} held out for validation" if summary.get("validation_images")
+                else ""), "",
+             "| subset | images | repeats | samples/epoch | missing captions |", "|---|---|---|---|---|"]
+    for s in summary.get("subsets", []):
+        kind = " (class)" if s.get("is_class") else ""
+        lines.append(f"| `{s.get('name')}`{kind} | {s.get('images', 0)} | {s.get('repeats', 1)} | "
+                     f"{s.get('samples', 0)} | {s.get('missing_captions', 0)} |")
+    if summary.get("missing_captions"):
+        lines.append(f"\n⚠️ {summary['missing_captions']} images have no caption file.")
+    if summary.get("skipped_count"):
+        kinds = ", ".join(f"{k}: {v}" for k, v in (summary.get("skipped_by_kind") or {}).items())
+        lines.append(f"\n⚠️ {summary['skipped_count']} files skipped ({kinds}).")
+        for item in (summary.get("skipped") or [])[:10]:
+            lines.append(f"- `{Path(item.get('file', '')).name}`: {item.get('reason', '')}")
+    if summary.get("filtered_count"):
+        lines.append(f"\n{summary['filtered_count']} images filtered out by the metadata filters.")
+    for note in summary.get("notes") or []:
+        lines.append(f"\nℹ️ {note}")
+    return "\n".join(lines)
+
+
+def buckets_frame(summary: dict) -> pd.DataFrame:
+    rows = summary.get("buckets") or []
+    return pd.DataFrame({"bucket": [r.get("bucket", f"{r.get('width')}x{r.get('height')}") for r in rows],
+                         "images": [int(r.get("images", 0)) for r in rows]})
+
+
+def tags_frame(summary: dict) -> pd.DataFrame:
+    tags = summary.get("top_tags") or []
+    return pd.DataFrame({"tag": [t[0] for t in tags], "count": [int(t[1]) for t in tags]})
+
+
+def thumbnails(summary: dict, limit: int = 24, size: int = 160) -> list:
+    """PIL thumbnails of the first images of each subset (PIL objects, so any folder works
+    without widening the server's allowed file paths)."""
+    from PIL import Image
+    out = []
+    for s in summary.get("subsets", []):
+        folder = Path(s.get("path", ""))
+        if not folder.is_dir():
+            continue
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        for p in files[:max(1, limit // max(1, len(summary.get("subsets", []))))]:
+            try:
+                with Image.open(p) as im:
+                    im.thumbnail((size, size))
+                    out.append((im.convert("RGB"), f"{s.get('name')}/{p.name}"))
+            except OSError:
+                continue
+            if len(out) >= limit:
+                return out
+    return out
+
+
+# ----------------------------------------------------------------------------- plan
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def plan_markdown(cfg: TrainConfig, counts) -> str:
+    """1 GPU vs N side by side (rows and labels from the plan's own columns), the automatic
+    adjustment in words, and the plan's warnings."""
+    from dataclasses import fields
+
+    from trainer_backend.plan import PlanColumn, plan_from_config
+    plan = plan_from_config(cfg, counts)
+    n = plan.num_processes
+    head = f"{n} GPUs ({plan.policy})" if n > 1 else "this run"
+    lines = [f"| | 1 GPU | {head} |", "|---|---:|---:|"]
+    for f in fields(PlanColumn):
+        if f.name == "num_processes":
+            continue
+        a, b = getattr(plan.single, f.name), getattr(plan.multi, f.name)
+        mark = " ◀" if n > 1 and a != b else ""
+        lines.append(f"| {f.metadata.get('label', f.name)} | {_cell(a)} | {_cell(b)}{mark} |")
+    lines.append("")
+    lines.append(f"Length in {plan.length_unit}.")
+    if plan.adjustment:
+        lines += ["", f"**{plan.adjustment}**"]
+    for w in plan.warnings:
+        lines += ["", f"⚠️ {w}"]
+    if n == 1:
+        lines += ["", "Set hardware.num_processes above 1 to see what more GPUs change."]
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""Start, stop, resume and find runs. One run at a time per device set; everything is kept
+in the run directory so a restarted GUI re-attaches (see run_state.py)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trainer_backend.config import TrainConfig, from_dict, load_config, save_toml, to_dict
+
+from . import processes as procs
+from .run_state import forget, run_status, snapshot
+
+
+class StartRefused(Exception):
+    """Start/Resume/Stop cannot be done now; the message tells the user why and what to do."""
+
+
+def device_set(hardware: dict, gpu_count: int) -> set[str]:
+    """The devices a run occupies: {'cpu'}, {'all'} or GPU ids."""
+    if hardware.get("cpu") or gpu_count == 0:
+        return {"cpu"}
+    ids = str(hardware.get("gpu_ids", "all"))
+    return {"all"} if ids == "all" else set(ids.split(","))
+
+
+def devices_overlap(a: set[str], b: set[str]) -> bool:
+    if "cpu" in a or "cpu" in b:
+        return "cpu" in a and "cpu" in b
+    return "all" in a or "all" in b or bool(a & b)
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / f).exists() for f in ("config.toml", "events.jsonl", procs.PROCESS_FILE))
+
+
+class RunManager:
+    def __init__(self, runs_dir: str | Path, gpu_count: int = 0, python: str = sys.executable,
+                 cwd: str | Path | None = None, stop_timeout_s: float = 120.0):
+        self.runs_dir = Path(runs_dir).resolve()
+        self.gpu_count = gpu_count
+        self.python = python
+        self.cwd = Path(cwd or os.getcwd()).resolve()
+        self.stop_timeout_s = stop_timeout_s
+        self.children: dict[Path, subprocess.Popen] = {}
+        self.extra_roots: set[Path] = set()
+        self.lock = threading.RLock()  # start() holds it while checking live runs (reap locks too)
+        self.current: Path | None = None   # the run the Run page follows
+
+    # ------------------------------------------------------------------ discovery
+    def roots(self) -> list[Path]:
+        return [self.runs_dir, *sorted(self.extra_roots - {self.runs_dir})]
+
+    def run_dirs(self) -> list[Path]:
+        """Every run directory under the roots, newest first."""
+        found = []
+        for root in self.roots():
+            if root.is_dir():
+                found += [p for p in root.iterdir() if is_run_dir(p)]
+        return sorted(set(found), key=lambda p: _mtime(p), reverse=True)
+
+    def reap(self) -> None:
+        """Record the exit code of runs this GUI started (others are reaped by init)."""
+        with self.lock:
+            for run_dir, proc in list(self.children.items()):
+                code = proc.poll()
+                if code is not None:
+                    procs.write_exit(run_dir, code)
+                    del self.children[run_dir]
+
+    def live_runs(self) -> list[Path]:
+        self.reap()
+        return [d for d in self.run_dirs() if procs.is_alive(procs.read_process_record(d))]
+
+    def current_run(self) -> Path | None:
+        """The run the Run page shows: the one picked last, else a live one, else the newest."""
+        if self.current is not None and self.current.is_dir():
+            return self.current
+        live = self.live_runs()
+        dirs = live or self.run_dirs()
+        return dirs[0] if dirs else None
+
+    # ------------------------------------------------------------------ starting
+    def _conflict(self, cfg: TrainConfig, run_dir: Path) -> str:
+        wanted = device_set(to_dict(cfg)["hardware"], self.gpu_count)
+        for live in self.live_runs():
+            try:
+                hardware = load_config(live / "config.toml").hardware.model_dump()
+            except Exception:
+                hardware = {}
+            if live.resolve() == run_dir.resolve() or devices_overlap(wanted, device_set(hardware, self.gpu_count)):
+                where = "the CPU" if "cpu" in wanted else "these GPUs"
+                return (f"run '{live.name}' is already using {where} (status: {run_status(live).text}). "
+                        f"Stop it first, or choose other GPUs in hardware.gpu_ids.")
+        return ""
+
+    def start(self, cfg: TrainConfig, resume: bool = False) -> Path:
+        """Validate, write the run directory's config/command/process files and start the trainer.
+        Raises ConfigError (naming a field) or StartRefused."""
+        from trainer_backend.launch import build_launch_argv, build_launch_env, write_strategy_files
+        from trainer_backend.validate import validate_for_run
+
+        validate_for_run(cfg.model_copy(deep=True))  # path checks, errors name the key
+        cfg = cfg.model_copy(deep=True)
+        cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
+        run_dir = cfg.run_dir
+        with self.lock:
+            conflict = self._conflict(cfg, run_dir)
+            if conflict:
+                raise StartRefused(conflict)
+            if not resume and is_run_dir(run_dir):
+                state = run_status(run_dir)
+                if state.resumable or state.status == "done":
+                    what = "finished" if state.status == "done" else f"{state.status} ({state.text})"
+                    hint = ("press Resume to continue it" if state.resumable else "delete it on the Runs page")
+                    raise StartRefused(f"a run named '{run_dir.name}' already exists and is {what}: {hint}, "
+                                       f"or change output.name to start a new run.")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config_path = run_dir / "config.toml"
+            save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
+            write_strategy_files(cfg, run_dir)
+            argv = build_launch_argv(cfg, config_path, python=self.python)
+            env = {**os.environ, **build_launch_env(cfg), "PYTHONUNBUFFERED": "1"}
+            (run_dir / "command.txt").write_text(json.dumps(argv), encoding="utf-8")
+            procs.clear_control(run_dir)
+            (run_dir / procs.EXIT_FILE).unlink(missing_ok=True)
+            with open(run_dir / procs.CONSOLE_LOG, "a", encoding="utf-8") as console:
+                console.write(f"--- {'resumed' if resume else 'started'} by the studio at "
+                              f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
+            self.children[run_dir] = procs.spawn(argv, env, run_dir, cwd=self.cwd)
+            if run_dir.parent != self.runs_dir:
+                self.extra_roots.add(run_dir.parent)
+            self.current = run_dir
+        forget(run_dir)
+        return run_dir
+
+    def resume(self, run_dir: Path, secrets: dict[str, object] | None = None) -> Path:
+        """Start a stopped/interrupted run again from its own config (checkpoints.resume=auto).
+        Secret values are not in config.toml; `secrets` (dotted key -> value, from the form)
+        puts them back for the new process's environment."""
+        run_dir = Path(run_dir)
+        state = run_status(run_dir)
+        if state.alive:
+            raise StartRefused(f"run '{run_dir.name}' is still running")
+        if not (run_dir / "config.toml").is_file():
+            raise StartRefused(f"run '{run_dir.name}' has no config.toml to resume from")
+        data = to_dict(load_config(run_dir / "config.toml"))
+        for dotted, value in (secrets or {}).items():
+            section, key = dotted.split(".", 1)
+            if value:
+                data[section][key] = value
+        if data["checkpoints"]["resume"] == "none":
+            data["checkpoints"]["resume"] = "auto"
+        return self.start(from_dict(data), resume=True)
+
+    # ------------------------------------------------------------------ controlling
+    def _live_record(self, run_dir: Path) -> dict:
+        record = procs.read_process_record(run_dir)
+        if not procs.is_alive(record):
+            raise StartRefused(f"run '{Path(run_dir).name}' is not running")
+        return record
+
+    def stop(self, run_dir: Path) -> str:
+        record = self._live_record(run_dir)
+        already = procs.stop_requested_at(run_dir)
+        if already:
+            waited = time.time() - already
+            return (f"already stopping for {waited:.0f} s; it is saving state. "
+                    + ("Use Force kill if it hangs." if waited > self.stop_timeout_s else ""))
+        sent = procs.request_stop(run_dir, record)
+        return f"stopping, saving state… (signalled {sent} process{'es' if sent != 1 else ''})"
+
+    def may_kill(self, run_dir: Path) -> bool:
+        """Hard kill is offered only after a graceful stop had its time."""
+        since = procs.stop_requested_at(run_dir)
+        return since is not None and time.time() - since >= self.stop_timeout_s
+
+    def kill(self, run_dir: Path) -> str:
+        record = self._live_record(run_dir)
+        if not self.may_kill(run_dir):
+            raise StartRefused(f"press Stop first and wait {self.stop_timeout_s:.0f} s for the state to be saved")
+        procs.hard_kill(record)
+        return "killed; progress since the last checkpoint is lost"
+
+    def save_now(self, run_dir: Path) -> str:
+        self._live_record(run_dir)
+        procs.touch_control(run_dir, procs.SAVE_MARK)
+        return "checkpoint requested: it is saved after the current step"
+
+    def sample_now(self, run_dir: Path) -> str:
+        self._live_record(run_dir)
+        procs.touch_control(run_dir, procs.SAMPLE_MARK)
+        return "samples requested: they are rendered after the current step"
+
+    def delete(self, run_dir: Path) -> str:
+        run_dir = Path(run_dir).resolve()
+        if not any(run_dir.parent == root for root in self.roots()) or not is_run_dir(run_dir):
+            raise StartRefused(f"{run_dir} is not a run directory of this studio")
+        if procs.is_alive(procs.read_process_record(run_dir)):
+            raise StartRefused(f"run '{run_dir.name}' is running; stop it first")
+        shutil.rmtree(run_dir)
+        forget(run_dir)
+        if self.current == run_dir:
+            self.current = None
+        return f"deleted {run_dir}"
+
+
+def _mtime(path: Path) -> float:
+    times = [path.stat().st_mtime]
+    for name in ("events.jsonl", procs.PROCESS_FILE, "config.toml"):
+        try:
+            times.append((path / name).stat().st_mtime)
+        except OSError:
+            pass
+    return max(times)
+
+
+def run_started_at(run_dir: Path) -> float | None:
+    record = procs.read_process_record(run_dir)
+    if record and isinstance(record.get("started"), (int, float)):
+        return float(record["started"])
+    return snapshot(run_dir).first_time

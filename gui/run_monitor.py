@@ -1,0 +1,194 @@
+"""What the Run page shows about one run, computed from its directory: the log tail, the
+loss/LR chart data, the progress line, samples, checkpoints and outputs. Pure where possible
+(no gradio here) so the same functions serve the Run page, the Runs page and the tests."""
+from __future__ import annotations
+
+import html
+import re
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from . import processes as procs
+from .run_state import RunStatus, Snapshot
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+LOG_LINES = 3000
+LOG_BYTES = 1_000_000
+SMOOTHING = 0.9
+CONSOLE_TAIL = 40
+
+
+def log_path(run_dir: Path) -> Path | None:
+    """The run's log: train.log (the trainer's own, clean log), else console.log (stdout+stderr
+    the GUI captured: it alone has messages from before logging started, e.g. a bad config)."""
+    for name in ("train.log", procs.CONSOLE_LOG):
+        path = Path(run_dir) / name
+        if path.is_file() and path.stat().st_size:
+            return path
+    return None
+
+
+def clean_log(text: str) -> list[str]:
+    """ANSI colours removed; a progress bar redrawn with \\r keeps only its last state."""
+    lines = []
+    for line in ANSI.sub("", text).split("\n"):
+        lines.append(line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r"))
+    return lines
+
+
+def log_tail(run_dir: Path, max_lines: int = LOG_LINES, with_console: bool = False) -> str:
+    """The last lines of the log; `with_console` appends the end of console.log when the main
+    log is train.log (after a crash: tracebacks and warnings that bypassed logging)."""
+    path = log_path(run_dir)
+    if path is None:
+        return ""
+    text = _tail_lines(path, max_lines)
+    console = Path(run_dir) / procs.CONSOLE_LOG
+    if with_console and path.name != procs.CONSOLE_LOG and console.is_file():
+        text += f"\n--- end of {procs.CONSOLE_LOG} (stdout/stderr) ---\n" + _tail_lines(console, CONSOLE_TAIL)
+    return text
+
+
+def _tail_lines(path: Path, max_lines: int) -> str:
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - LOG_BYTES))
+        data = fh.read().decode("utf-8", "replace")
+    lines = clean_log(data)
+    if size > LOG_BYTES:
+        lines = lines[1:]  # the first line was cut in the middle
+    lines = lines[-max_lines:]
+    if lines and not lines[-1]:
+        lines = lines[:-1]
+    return "\n".join(lines)
+
+
+def smooth(values: list[float], weight: float = SMOOTHING) -> list[float]:
+    """Debiased exponential moving average (TensorBoard's smoothing), NaN-tolerant."""
+    out, avg, norm = [], 0.0, 0.0
+    for v in values:
+        if v is None or v != v:
+            out.append(float("nan"))
+            continue
+        avg = weight * avg + (1 - weight) * v
+        norm = weight * norm + (1 - weight)
+        out.append(avg / norm)
+    return out
+
+
+def _number(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f and abs(f) != float("inf") else None
+
+
+def loss_frame(snap: Snapshot) -> pd.DataFrame | None:
+    """Long-format frame (step, value, series) with the raw and the smoothed loss; None when
+    there is no point yet (gradio's LinePlot never draws lines after an empty colour frame)."""
+    points = [(s["step"], _number(s.get("loss"))) for s in snap.steps if isinstance(s.get("step"), int)]
+    points = [(step, loss) for step, loss in points if loss is not None]
+    if not points:
+        return None
+    steps = [p[0] for p in points]
+    raw = [p[1] for p in points]
+    return pd.DataFrame({"step": steps * 2, "value": raw + smooth(raw),
+                         "series": ["loss"] * len(raw) + ["loss (smoothed)"] * len(raw)})
+
+
+def lr_frame(snap: Snapshot) -> pd.DataFrame | None:
+    rows = [(s["step"], _number(s.get("lr"))) for s in snap.steps if isinstance(s.get("step"), int)]
+    rows = [(step, lr) for step, lr in rows if lr is not None]
+    return pd.DataFrame({"step": [r[0] for r in rows], "lr": [r[1] for r in rows]}) if rows else None
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "–"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def progress_numbers(snap: Snapshot, alive: bool, started: float | None, now: float | None = None) -> dict:
+    """step/total, epoch, it/s, elapsed and ETA (ETA counts down between step events)."""
+    now = now or time.time()
+    last = snap.last_step
+    step, total = last.get("step", 0), last.get("total_steps") or snap.plan.get("total_steps") or 0
+    if not total and isinstance(snap.plan.get("multi"), dict):
+        total = snap.plan["multi"].get("total_steps", 0)
+    start = started if started is not None else snap.first_time
+    end = now if alive else (snap.last_time or now)
+    eta = _number(last.get("eta_s"))
+    if eta is not None and alive and isinstance(last.get("time"), (int, float)):
+        eta = max(0.0, eta - (now - last["time"]))
+    if not alive:
+        eta = None
+    return {"step": step, "total": total, "epoch": last.get("epoch"), "it_per_s": _number(last.get("it_per_s")),
+            "loss": _number(last.get("loss")), "elapsed": (end - start) if start else None, "eta": eta,
+            "fraction": min(1.0, step / total) if total else 0.0}
+
+
+def cost_line(elapsed: float | None, eta: float | None, price_per_gpu_hour: float, gpus: int) -> str:
+    """'$ so far, $ projected' for a price per GPU-hour (empty when no price is set)."""
+    if not price_per_gpu_hour or price_per_gpu_hour <= 0 or elapsed is None:
+        return ""
+    rate = price_per_gpu_hour * max(1, gpus) / 3600
+    text = f"cost ≈ ${elapsed * rate:.2f} so far"
+    if eta is not None:
+        text += f", ≈ ${(elapsed + eta) * rate:.2f} projected"
+    return text
+
+
+def progress_html(status: RunStatus, numbers: dict, cost: str = "") -> str:
+    pct = numbers["fraction"] * 100
+    bits = [f"step <b>{numbers['step']}</b> / {numbers['total'] or '?'}"]
+    if numbers["epoch"] is not None:
+        bits.append(f"epoch {numbers['epoch']}")
+    if numbers["it_per_s"]:
+        bits.append(f"{numbers['it_per_s']:.2f} it/s")
+    if numbers["loss"] is not None:
+        bits.append(f"loss {numbers['loss']:.4f}")
+    bits.append(f"elapsed {fmt_duration(numbers['elapsed'])}")
+    if numbers["eta"] is not None:
+        bits.append(f"ETA {fmt_duration(numbers['eta'])}")
+    if cost:
+        bits.append(html.escape(cost))
+    return (f'<div class="run-progress status-{status.status}">'
+            f'<div class="run-status" id="run-status-text">{html.escape(status.text)}</div>'
+            f'<div class="bar"><div class="fill" style="width:{pct:.1f}%"></div></div>'
+            f'<div class="numbers">{" · ".join(bits)}</div></div>')
+
+
+def sample_images(run_dir: Path, snap: Snapshot, limit: int = 48) -> list[tuple[str, str]]:
+    """(path, caption) of sample images, newest first; paths in events may be relative to the run."""
+    out = []
+    for ev in reversed(snap.samples):
+        for p in ev.get("paths") or []:
+            path = Path(p) if Path(p).is_absolute() else Path(run_dir) / p
+            if path.is_file():
+                out.append((str(path), f"step {ev.get('step', '?')}: {path.stem}"))
+    return out[:limit]
+
+
+def artifacts_markdown(run_dir: Path, snap: Snapshot) -> str:
+    lines = []
+    if snap.checkpoints:
+        last = snap.checkpoints[-1]
+        lines.append(f"**Checkpoints:** {len(snap.checkpoints)} saved, last at step {last.get('step', '?')}: "
+                     f"`{last.get('path', '')}`")
+    if snap.uploads:
+        last = snap.uploads[-1]
+        state = last.get("status") or ("ok" if last.get("ok", True) else "failed")
+        lines.append(f"**Uploads:** {len(snap.uploads)}, last: {state} `{last.get('url') or last.get('path', '')}`")
+    if snap.outputs:
+        lines.append("**Outputs:**")
+        lines += [f"- `{o}`" for o in snap.outputs]
+    if snap.terminal and snap.terminal.get("event") == "error":
+        lines.append(f"**Error:** {snap.terminal.get('message', '')}")
+    lines.append(f"Run folder: `{Path(run_dir).resolve()}`")
+    return "\n\n".join(lines)

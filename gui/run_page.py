@@ -1,0 +1,184 @@
+"""The Run page: controls and live view of the current run, refreshed by a timer from the
+run directory (so a browser refresh or a GUI restart loses nothing)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+
+from . import run_monitor as rm
+from .context import Studio
+from .run_control import StartRefused, run_started_at
+from .run_state import run_status, snapshot
+from .system_monitor import system_markdown
+
+CONFIRM_WINDOW_S = 10.0
+
+
+@dataclass
+class RunView:
+    """Display components for one run (used by the Run page and the Runs page viewer)."""
+    progress: gr.HTML
+    loss: gr.LinePlot
+    lr: gr.LinePlot
+    caption: gr.Markdown
+    log: gr.Textbox
+    gallery: gr.Gallery
+    artifacts: gr.Markdown
+
+    def components(self) -> list:
+        return [self.progress, self.loss, self.lr, self.caption, self.log, self.gallery, self.artifacts]
+
+
+def build_run_view(prefix: str) -> RunView:
+    progress = gr.HTML("", elem_id=f"{prefix}-progress")
+    with gr.Row():
+        loss = gr.LinePlot(x="step", y="value", color="series", title="Loss", height=260, elem_id=f"{prefix}-loss",
+                           x_title="step", y_title="loss", scale=3,
+                           color_map={"loss": "#a9b4d6", "loss (smoothed)": "#3949ab"})
+        lr = gr.LinePlot(x="step", y="lr", title="Learning rate", height=260, elem_id=f"{prefix}-lr", scale=2,
+                         y_axis_format=".1e")
+    caption = gr.Markdown("", elem_id=f"{prefix}-chart-caption")
+    log = gr.Textbox(label="Log (last lines; ANSI stripped)", lines=16, max_lines=16, autoscroll=True,
+                     interactive=False, elem_id=f"{prefix}-log", elem_classes=["run-log"], buttons=["copy"])
+    gallery = gr.Gallery(label="Samples", columns=6, height=240, elem_id=f"{prefix}-samples", visible=False)
+    artifacts = gr.Markdown("", elem_id=f"{prefix}-artifacts")
+    return RunView(progress, loss, lr, caption, log, gallery, artifacts)
+
+
+def _displayable(path: str, roots: list[Path]):
+    """A file path gradio may serve, or a PIL copy for folders outside the allowed roots."""
+    resolved = Path(path).resolve()
+    if any(resolved.is_relative_to(r) for r in roots):
+        return path
+    from PIL import Image
+    with Image.open(resolved) as im:
+        return im.convert("RGB")
+
+
+def _gallery_update(images: list[tuple[str, str]], roots: list[Path]) -> dict:
+    out = []
+    for path, caption in images:
+        try:
+            out.append((_displayable(path, roots), caption))
+        except OSError:
+            continue  # a sample being written right now; next refresh
+    return gr.update(value=out, visible=bool(out))
+
+
+def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float = 0.0) -> tuple[list, dict]:
+    """Updates for a RunView's components; heavy ones are skipped when nothing changed."""
+    if run_dir is None or not Path(run_dir).is_dir():
+        return ["<div class='run-progress'>No run yet: load a preset and press Start on the Training page.</div>",
+                None, None, "", "", gr.update(value=[], visible=False), ""], {}
+    snap = snapshot(run_dir)
+    status = run_status(run_dir, snap)
+    numbers = rm.progress_numbers(snap, status.alive, run_started_at(run_dir))
+    gpus = max(1, int(snap.plan.get("num_processes", 1) or 1))
+    html = rm.progress_html(status, numbers, rm.cost_line(numbers["elapsed"], numbers["eta"], price or 0.0, gpus))
+    log = rm.log_path(run_dir)
+    now = {"run": str(run_dir), "steps": len(snap.steps), "samples": len(snap.samples),
+           "log": (log.stat().st_size if log else 0), "status": status.status, "artifacts": (len(snap.checkpoints), len(snap.uploads),
+                                                                       len(snap.outputs), bool(snap.terminal))}
+    same_run = seen.get("run") == now["run"]
+    charts_changed = not same_run or seen.get("steps") != now["steps"]
+    losses = rm.loss_frame(snap)
+    caption = (f"{len(snap.steps)} loss points · last loss {numbers['loss']:.4f}" if numbers["loss"] is not None
+               else "no loss points yet")
+    updates = [html,
+               losses if charts_changed else gr.skip(),
+               rm.lr_frame(snap) if charts_changed else gr.skip(),
+               caption,
+               (rm.log_tail(run_dir, with_console=status.status in ("error", "interrupted"))
+                if (not same_run or seen.get("log") != now["log"] or seen.get("status") != now["status"])
+                else gr.skip()),
+               (_gallery_update(rm.sample_images(run_dir, snap), studio.manager.roots())
+                if (not same_run or seen.get("samples") != now["samples"]) else gr.skip()),
+               rm.artifacts_markdown(run_dir, snap) if (not same_run or seen.get("artifacts") != now["artifacts"])
+               else gr.skip()]
+    return updates, now
+
+
+def build_run_page(studio: Studio, secret_inputs: list) -> list:
+    """Returns the timer's components so the app can start it on load."""
+    header = gr.Markdown("", elem_id="run-header")
+    with gr.Row(equal_height=True):
+        stop = gr.Button("■ Stop (save state)", variant="stop", elem_id="run-stop")
+        save_now = gr.Button("Save checkpoint now", elem_id="run-save-now")
+        sample_now = gr.Button("Sample now", elem_id="run-sample-now")
+        resume = gr.Button("⟳ Resume", elem_id="run-resume")
+        kill = gr.Button("Force kill", variant="stop", visible=False, elem_id="run-kill")
+        download = gr.DownloadButton("Download full log", value=None, elem_id="run-download-log")
+    message = gr.Markdown("", elem_id="run-message")
+    view = build_run_view("run")
+    with gr.Accordion("System", open=True):
+        system = gr.Markdown(system_markdown(studio.manager.runs_dir), elem_id="system-monitor")
+        price = gr.Number(label="Cost estimate: $ per GPU-hour (optional)", value=0, minimum=0,
+                          elem_id="run-price")
+    seen = gr.State({})
+    armed = gr.State(None)
+    timer = gr.Timer(studio.settings.refresh_s)
+
+    def tick(price_value, seen_value):
+        studio.manager.reap()
+        run_dir = studio.manager.current_run()
+        updates, now = view_updates(studio, run_dir, seen_value or {}, float(price_value or 0))
+        if run_dir is None:
+            head = "### No run yet"
+            can_kill, log = False, None
+        else:
+            head = f"### Run: {run_dir.name}"
+            can_kill = run_status(run_dir).alive and studio.manager.may_kill(run_dir)
+            log = rm.log_path(run_dir)
+        return [head, gr.update(visible=can_kill), str(log) if log else None, *updates,
+                system_markdown(studio.manager.runs_dir), now]
+
+    timer.tick(tick, inputs=[price, seen],
+               outputs=[header, kill, download, *view.components(), system, seen], show_progress="hidden",
+               concurrency_limit=None)
+
+    def control(action):
+        def handler(*args):
+            run_dir = studio.manager.current_run()
+            if run_dir is None:
+                return "No run to control."
+            try:
+                return action(run_dir, *args)
+            except StartRefused as e:
+                return f"⚠️ {e}"
+        return handler
+
+    stop.click(control(lambda d: studio.manager.stop(d)), outputs=message, concurrency_id="run-control")
+    save_now.click(control(lambda d: studio.manager.save_now(d)), outputs=message, concurrency_id="run-control")
+    sample_now.click(control(lambda d: studio.manager.sample_now(d)), outputs=message, concurrency_id="run-control")
+
+    def do_resume(run_dir, *secret_values):
+        from trainer_backend.config import ConfigError
+        secrets = {f.dotted: v for f, v in zip([f for f in studio.fields if f.secret], secret_values)}
+        try:
+            started = studio.manager.resume(run_dir, secrets)
+        except ConfigError as e:
+            return f"⚠️ Cannot resume: {e}"
+        return f"Resuming **{started.name}** from its last checkpoint…"
+
+    resume.click(control(do_resume), inputs=secret_inputs, outputs=message, concurrency_id="run-control")
+
+    def do_kill(run_dir, armed_at):
+        if not armed_at or time.time() - armed_at > CONFIRM_WINDOW_S:
+            return (f"Press **Force kill** again within {CONFIRM_WINDOW_S:.0f} s: the process is killed and "
+                    "progress since the last checkpoint is lost."), time.time()
+        return studio.manager.kill(run_dir), None
+
+    def kill_handler(armed_at):
+        run_dir = studio.manager.current_run()
+        if run_dir is None:
+            return "No run to control.", None
+        try:
+            return do_kill(run_dir, armed_at)
+        except StartRefused as e:
+            return f"⚠️ {e}", None
+
+    kill.click(kill_handler, inputs=armed, outputs=[message, armed], concurrency_id="run-control")
+    return [timer]

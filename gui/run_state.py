@@ -1,0 +1,203 @@
+"""What a run directory says about its run: events.jsonl folded into a snapshot, plus the
+process record, gives the status. Everything the Run and Runs pages show comes from here,
+so a refreshed browser or a restarted GUI sees the same thing."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer_backend import exitcodes
+
+from . import processes as procs
+
+TERMINAL = ("done", "stopped", "preempted", "error")
+RESUMABLE = ("stopped", "preempted", "interrupted")
+
+
+@dataclass
+class Snapshot:
+    """The fold of a run's events (pure data; see `fold_events`)."""
+    plan: dict = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)      # step events, in order
+    epochs: list[dict] = field(default_factory=list)
+    checkpoints: list[dict] = field(default_factory=list)
+    samples: list[dict] = field(default_factory=list)
+    uploads: list[dict] = field(default_factory=list)
+    terminal: dict | None = None                          # the last done/stopped/preempted/error
+    outputs: list[str] = field(default_factory=list)
+    first_time: float | None = None
+    last_time: float | None = None
+    sessions: int = 0                                     # plan events = starts (first run + resumes)
+
+    @property
+    def last_step(self) -> dict:
+        return self.steps[-1] if self.steps else {}
+
+
+def fold_events(events: list[dict], snap: Snapshot | None = None) -> Snapshot:
+    """Apply events (in file order) to a snapshot. A new `plan` event means the run was started
+    again (resume): the previous ending no longer applies."""
+    snap = snap or Snapshot()
+    for ev in events:
+        kind, t = ev.get("event"), ev.get("time")
+        if isinstance(t, (int, float)):
+            snap.first_time = snap.first_time if snap.first_time is not None else t
+            snap.last_time = t
+        if kind == "plan":
+            snap.plan = {k: v for k, v in ev.items() if k not in ("event", "time")}
+            snap.terminal = None
+            snap.sessions += 1
+        elif kind == "step":
+            if snap.steps and isinstance(ev.get("step"), int) and ev["step"] <= snap.steps[-1].get("step", -1):
+                # resumed from an earlier checkpoint: the chart continues from the resumed step
+                snap.steps = [s for s in snap.steps if s.get("step", -1) < ev["step"]]
+            snap.steps.append(ev)
+        elif kind == "epoch":
+            snap.epochs.append(ev)
+        elif kind == "checkpoint":
+            snap.checkpoints.append(ev)
+        elif kind == "sample":
+            snap.samples.append(ev)
+        elif kind == "upload":
+            snap.uploads.append(ev)
+        elif kind in TERMINAL:
+            snap.terminal = ev
+            if kind == "done":
+                outputs = ev.get("outputs") or []
+                snap.outputs = [str(o) for o in (outputs.values() if isinstance(outputs, dict) else outputs)]
+    return snap
+
+
+class EventTail:
+    """Reads events.jsonl incrementally (only new complete lines each call)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.offset = 0
+        self.inode = None
+        self.snapshot = Snapshot()
+        self.lock = threading.Lock()
+
+    def refresh(self) -> Snapshot:
+        with self.lock:
+            try:
+                stat = self.path.stat()
+            except OSError:
+                return self.snapshot
+            if stat.st_ino != self.inode or stat.st_size < self.offset:  # replaced or truncated
+                self.inode, self.offset, self.snapshot = stat.st_ino, 0, Snapshot()
+            if stat.st_size == self.offset:
+                return self.snapshot
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+            end = chunk.rfind(b"\n") + 1  # a half-written last line waits for the next call
+            events = []
+            for line in chunk[:end].splitlines():
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ev, dict):
+                    events.append(ev)
+            self.offset += end
+            fold_events(events, self.snapshot)
+            return self.snapshot
+
+
+_TAILS: dict[Path, EventTail] = {}
+_TAILS_LOCK = threading.Lock()
+
+
+def snapshot(run_dir: Path) -> Snapshot:
+    """The current snapshot of a run (shared, incrementally updated readers)."""
+    path = (Path(run_dir) / "events.jsonl").resolve()
+    with _TAILS_LOCK:
+        tail = _TAILS.setdefault(path, EventTail(path))
+    return tail.refresh()
+
+
+def forget(run_dir: Path) -> None:
+    with _TAILS_LOCK:
+        _TAILS.pop((Path(run_dir) / "events.jsonl").resolve(), None)
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """A complete checkpoint exists (manifest.json is written last)."""
+    return any((Path(run_dir) / "checkpoints").glob("*/manifest.json"))
+
+
+@dataclass
+class RunStatus:
+    status: str          # starting|running|stopping|done|stopped|preempted|error|interrupted|new|elsewhere
+    text: str            # one line for people
+    alive: bool
+    resumable: bool
+
+
+def derive_status(snap: Snapshot, alive: bool, exit_code: int | None, stop_pressed_at: float | None,
+                  checkpoint: bool, elsewhere: bool = False, error_line: str = "") -> RunStatus:
+    """Pure: the status of a run from its events, its process and its files."""
+    if alive:
+        if snap.terminal is not None and snap.terminal["event"] in ("stopped", "preempted"):
+            return RunStatus("stopping", f"{snap.terminal['event']} — state saved, process exiting…", True, False)
+        if stop_pressed_at:
+            waited = int(time.time() - stop_pressed_at)
+            return RunStatus("stopping", f"stopping, saving state… ({waited} s)", True, False)
+        if not snap.steps:
+            return RunStatus("starting", "starting (loading model and data)…", True, False)
+        return RunStatus("running", "running", True, False)
+    if elsewhere and snap.terminal is None:
+        return RunStatus("elsewhere", "started on another machine; no end recorded yet", False, False)
+    end = snap.terminal
+    if end is not None:
+        kind = end["event"]
+        if kind == "done":
+            return RunStatus("done", "done", False, False)
+        if kind == "stopped":
+            return RunStatus("stopped", f"stopped — state saved at step {end.get('step', snap.last_step.get('step', '?'))}"
+                                        " (resumable)", False, True)
+        if kind == "preempted":
+            return RunStatus("preempted", "preempted — state saved (resumable)", False, True)
+        message = end.get("message") or error_line or "see the log"
+        return RunStatus("error", f"error: {message}", False, checkpoint)
+    if exit_code == exitcodes.STOPPED_SAVED:
+        return RunStatus("stopped", "stopped — state saved (resumable)", False, True)
+    if exit_code == exitcodes.BAD_CONFIG:
+        return RunStatus("error", f"bad config or input: {error_line or 'see the log'}", False, checkpoint)
+    if exit_code is not None and exit_code != 0:
+        return RunStatus("error", f"error (exit {exit_code}): {error_line or 'see the log'}", False, checkpoint)
+    if snap.first_time is None and exit_code is None and not error_line:
+        return RunStatus("new", "not started", False, False)
+    if checkpoint:
+        return RunStatus("interrupted", "interrupted (resumable from the last checkpoint)", False, True)
+    return RunStatus("interrupted", "interrupted (no checkpoint yet: resuming starts over)", False, True)
+
+
+def last_error_line(run_dir: Path) -> str:
+    """The last 'error:' line the trainer printed (bad config exits before any event)."""
+    path = Path(run_dir) / procs.CONSOLE_LOG
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, path.stat().st_size - 16384))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.startswith("error:"):
+            return line[len("error:"):].strip()
+    return ""
+
+
+def run_status(run_dir: Path, snap: Snapshot | None = None) -> RunStatus:
+    run_dir = Path(run_dir)
+    snap = snap or snapshot(run_dir)
+    record = procs.read_process_record(run_dir)
+    alive = procs.is_alive(record)
+    exit_code = procs.read_exit(run_dir)
+    error_line = last_error_line(run_dir) if not alive and (exit_code or snap.terminal is None) else ""
+    return derive_status(snap, alive, exit_code, procs.stop_requested_at(run_dir) if alive else None,
+                         has_checkpoint(run_dir), procs.on_other_host(record), error_line)

@@ -1,0 +1,134 @@
+"""The Runs page: every run in the runs folder with its status; open one to see its config,
+log, chart and samples, load its config into the Training page, resume it, or delete it."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from trainer_backend.config import ConfigError, load_config
+
+from .context import Studio
+from .run_control import StartRefused, run_started_at
+from .run_page import build_run_view, view_updates
+from .run_state import run_status, snapshot
+from .schema_form import config_to_values
+
+CONFIRM_WINDOW_S = 10.0
+COLUMNS = ["run", "status", "started", "steps", "final loss", "outputs"]
+
+
+def runs_table(studio: Studio) -> pd.DataFrame:
+    rows = []
+    for run_dir in studio.manager.run_dirs():
+        snap = snapshot(run_dir)
+        status = run_status(run_dir, snap)
+        started = run_started_at(run_dir)
+        last = snap.last_step
+        loss = last.get("loss")
+        rows.append([run_dir.name, status.text,
+                     time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "",
+                     f"{last.get('step', 0)}/{last.get('total_steps', '?')}" if last else "0",
+                     f"{loss:.4f}" if isinstance(loss, (int, float)) else "",
+                     ", ".join(Path(o).name for o in snap.outputs)])
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def run_choices(studio: Studio) -> list[tuple[str, str]]:
+    return [(d.name if d.parent == studio.manager.runs_dir else str(d), str(d)) for d in studio.manager.run_dirs()]
+
+
+def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tabs: gr.Tabs,
+                    secret_inputs: list) -> gr.Timer:
+    with gr.Row(equal_height=True):
+        refresh = gr.Button("Refresh", elem_id="runs-refresh", scale=1)
+        gr.Markdown(f"Runs folder: `{studio.manager.runs_dir}`", elem_id="runs-folder")
+    table = gr.Dataframe(value=runs_table(studio), headers=COLUMNS, interactive=False, elem_id="runs-table",
+                         wrap=True, max_height=320)
+    with gr.Row(equal_height=True):
+        selector = gr.Dropdown(choices=run_choices(studio), value=None, label="Open a run", scale=3,
+                               elem_id="runs-select")
+        load_cfg = gr.Button("Load this config", elem_id="runs-load-config", scale=1)
+        follow = gr.Button("Show on the Run page", elem_id="runs-follow", scale=1)
+        resume = gr.Button("⟳ Resume", elem_id="runs-resume", scale=1)
+        delete = gr.Button("Delete run", variant="stop", elem_id="runs-delete", scale=1)
+    message = gr.Markdown("", elem_id="runs-message")
+    view = build_run_view("runs")
+    with gr.Accordion("config.toml", open=False):
+        config_code = gr.Code(language=None, interactive=False, elem_id="runs-config")
+    seen = gr.State({})
+    armed = gr.State(None)
+    timer = gr.Timer(studio.settings.refresh_s * 2)
+
+    def show(selected, seen_value):
+        table_value = runs_table(studio)
+        chooser = gr.update(choices=run_choices(studio))
+        if not selected or not Path(selected).is_dir():
+            return [table_value, chooser, *[gr.skip()] * len(view.components()), gr.skip(), seen_value]
+        updates, now = view_updates(studio, Path(selected), seen_value or {})
+        config = Path(selected) / "config.toml"
+        text = config.read_text(encoding="utf-8") if config.is_file() else "(no config.toml)"
+        return [table_value, chooser, *updates, text if seen_value.get("run") != selected else gr.skip(), now]
+
+    outputs = [table, selector, *view.components(), config_code, seen]
+    selector.change(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden")
+    refresh.click(show, inputs=[selector, seen], outputs=outputs)
+    timer.tick(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden", concurrency_limit=None)
+
+    def on_load_config(selected, *current):
+        if not selected:
+            return [gr.skip()] * len(form_inputs) + ["Choose a run first.", gr.skip()]
+        try:
+            cfg = load_config(Path(selected) / "config.toml")
+        except ConfigError as e:
+            return [gr.skip()] * len(form_inputs) + [f"⚠️ {e}", gr.skip()]
+        values = config_to_values(studio.fields, cfg)
+        for i, f in enumerate(studio.fields):
+            if f.secret:
+                values[i] = current[i]
+        return [*values, f"Loaded the config of **{Path(selected).name}** into the Training page.",
+                gr.Tabs(selected="training")]
+
+    ev = load_cfg.click(on_load_config, inputs=[selector, *form_inputs],
+                        outputs=[*form_inputs, message, main_tabs])
+    form_after_load(ev)
+
+    def on_follow(selected):
+        if not selected:
+            return "Choose a run first.", gr.skip()
+        studio.manager.current = Path(selected)
+        return "", gr.Tabs(selected="run")
+
+    follow.click(on_follow, inputs=selector, outputs=[message, main_tabs])
+
+    def on_resume(selected, *secret_values):
+        if not selected:
+            return "Choose a run first.", gr.skip()
+        secrets = {f.dotted: v for f, v in zip([f for f in studio.fields if f.secret], secret_values)}
+        try:
+            run_dir = studio.manager.resume(Path(selected), secrets)
+        except (StartRefused, ConfigError) as e:
+            return f"⚠️ {e}", gr.skip()
+        return f"Resuming **{run_dir.name}**…", gr.Tabs(selected="run")
+
+    resume.click(on_resume, inputs=[selector, *secret_inputs], outputs=[message, main_tabs],
+                 concurrency_id="run-control")
+
+    def on_delete(selected, armed_value):
+        if not selected:
+            return "Choose a run first.", None, gr.skip()
+        if not armed_value or armed_value[0] != selected or time.time() - armed_value[1] > CONFIRM_WINDOW_S:
+            return (f"Press **Delete run** again within {CONFIRM_WINDOW_S:.0f} s to delete "
+                    f"`{selected}` and everything in it (checkpoints, outputs, samples)."), (selected, time.time()), \
+                gr.skip()
+        try:
+            done = studio.manager.delete(Path(selected))
+        except StartRefused as e:
+            return f"⚠️ {e}", None, gr.skip()
+        return done, None, gr.update(choices=run_choices(studio), value=None)
+
+    delete.click(on_delete, inputs=[selector, armed], outputs=[message, armed, selector],
+                 concurrency_id="run-control")
+    return timer

@@ -1,0 +1,197 @@
+"""The training form, derived from the schema: one widget per field, no field wired by hand.
+
+This module holds the gradio-free half: which fields exist, in which tab, and how a
+widget's value converts to and from a config value. `gui/widgets.py` builds the widgets.
+"""
+from __future__ import annotations
+
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import tomllib
+
+import tomli_w
+from pydantic import BaseModel
+
+from trainer_backend.config import ConfigError, TrainConfig, all_fields, from_dict, sections, to_dict
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One schema field as the form sees it (a thin view over `all_fields()`)."""
+    section: str
+    key: str
+    type: str                       # bool|int|float|str|choice|list
+    default: Any
+    help: str
+    tab: str
+    choices: tuple = ()
+    bounds: dict = field(default_factory=dict)
+    widget: str = ""
+    advanced: bool = False
+    secret: bool = False
+    list_of_strings: bool = False   # list[str] is edited as comma-separated text
+    item_keys: tuple = ()           # list of tables: the keys one table may hold (for the help text)
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.key}"
+
+    @property
+    def elem_id(self) -> str:
+        return f"field-{self.section}-{self.key}"
+
+    def info(self) -> str:
+        """Help text plus the bounds the schema enforces, shown under the widget."""
+        parts = []
+        for bound, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("multiple_of", "multiple of")):
+            if bound in self.bounds:
+                parts.append(f"{sign} {self.bounds[bound]}")
+        text = self.help
+        if parts:
+            text += f" ({', '.join(parts)})"
+        if self.list_of_strings:
+            text += " Comma-separated."
+        elif self.item_keys:
+            text += f" TOML, [[{self.key}]] tables; keys: {', '.join(self.item_keys)}."
+        elif self.edited_as_toml:
+            text += " TOML."
+        return text
+
+    @property
+    def edited_as_toml(self) -> bool:
+        """Lists of tables, tables and lists of numbers are edited as TOML text."""
+        return self.type == "list" and not self.list_of_strings
+
+
+def _list_item(section: str, key: str) -> Any:
+    """The item type of a list field (str, a Section model, ...), or None."""
+    annotation = sections()[section].model_fields[key].annotation
+    args = typing.get_args(annotation)
+    return args[0] if typing.get_origin(annotation) is list and len(args) == 1 else None
+
+
+def form_fields() -> list[FormField]:
+    """Every schema field, in schema order."""
+    out = []
+    for meta in all_fields():
+        bounds = {b: meta[b] for b in ("ge", "gt", "le", "lt", "multiple_of", "pattern", "min_length") if b in meta}
+        ui = meta.get("ui") or {}
+        item = _list_item(meta["section"], meta["key"])
+        out.append(FormField(
+            section=meta["section"], key=meta["key"], type=meta["type"], default=meta["default"],
+            help=meta.get("help", ""), tab=meta.get("tab") or "Other", choices=tuple(meta.get("choices") or ()),
+            bounds=bounds, widget=ui.get("widget", ""), advanced=bool(ui.get("advanced")),
+            secret=bool(meta.get("secret")),
+            list_of_strings=meta["type"] == "list" and item is str,
+            item_keys=tuple(item.model_fields) if isinstance(item, type) and issubclass(item, BaseModel) else ()))
+    return out
+
+
+def tabs_in_order(fields: list[FormField]) -> list[str]:
+    """Tab names in the order their first section appears in the schema."""
+    seen: list[str] = []
+    for f in fields:
+        if f.tab not in seen:
+            seen.append(f.tab)
+    return seen
+
+
+# ----------------------------------------------------------------------------- value conversion
+
+def to_widget_value(f: FormField, value: Any) -> Any:
+    """Config value -> what the widget shows."""
+    if f.list_of_strings:
+        return ", ".join(str(v) for v in value or [])
+    if f.edited_as_toml:
+        if not value:
+            return ""
+        if isinstance(value, dict):
+            return tomli_w.dumps(value)
+        if all(isinstance(v, dict) for v in value):
+            return tomli_w.dumps({f.key: value})
+        return tomli_w.dumps({"v": value}).split("=", 1)[1].strip()
+    return value
+
+
+def from_widget_value(f: FormField, raw: Any) -> Any:
+    """Widget value -> config value. Raises ConfigError naming the field when it cannot convert;
+    range checks are left to the schema so messages stay in one style."""
+    if f.list_of_strings:
+        text = str(raw or "").strip()
+        return [part.strip() for part in text.replace("\n", ",").split(",") if part.strip()]
+    if f.edited_as_toml:
+        return _parse_toml_value(f, str(raw or "").strip())
+    if f.type in ("int", "float"):
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            raise ConfigError(f"{f.dotted}: a number is required")
+        try:
+            number = float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{f.dotted}: not a number, got {raw!r}") from None
+        if f.type == "int":
+            if not math.isfinite(number) or number != int(number):
+                raise ConfigError(f"{f.dotted}: must be a whole number, got {raw!r}")
+            return int(number)
+        return number
+    if f.type == "bool":
+        return bool(raw)
+    return "" if raw is None else raw
+
+
+def _parse_toml_value(f: FormField, text: str) -> Any:
+    """TOML text -> a table (`k = v` lines), a list of tables (`[[key]]` blocks) or a list."""
+    if not text:
+        return type(f.default)() if isinstance(f.default, (list, dict)) else []
+    try:
+        if isinstance(f.default, dict):
+            return tomllib.loads(text)
+        if text.startswith("["):
+            try:
+                return tomllib.loads(f"v = {text}")["v"]
+            except tomllib.TOMLDecodeError:
+                pass  # `[[key]]` blocks also start with "["
+        parsed = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{f.dotted}: not valid TOML ({e})") from None
+    if set(parsed) != {f.key}:
+        raise ConfigError(f"{f.dotted}: expected [[{f.key}]] tables, got {', '.join(parsed) or 'nothing'}")
+    return parsed[f.key]
+
+
+def values_to_dict(fields: list[FormField], values: list[Any]) -> dict:
+    """Widget values (in `fields` order) -> a complete nested config dict (secrets included)."""
+    data: dict[str, Any] = {}
+    for f, raw in zip(fields, values, strict=True):
+        data.setdefault(f.section, {})[f.key] = from_widget_value(f, raw)
+    return data
+
+
+def dict_to_values(fields: list[FormField], data: dict) -> list[Any]:
+    """A complete config dict -> widget values in `fields` order."""
+    return [to_widget_value(f, data[f.section][f.key]) for f in fields]
+
+
+def config_to_values(fields: list[FormField], cfg: TrainConfig) -> list[Any]:
+    return dict_to_values(fields, to_dict(cfg))
+
+
+def error_field(fields: list[FormField], error: ConfigError | str) -> FormField | None:
+    """The field a ConfigError names: the longest dotted key its message starts with."""
+    head = str(error).split(":", 1)[0].strip()
+    best = None
+    for f in fields:
+        if head == f.dotted or head.startswith(f.dotted + "."):
+            if best is None or len(f.dotted) > len(best.dotted):
+                best = f
+    return best
+
+
+def validate_values(fields: list[FormField], values: list[Any]) -> tuple[TrainConfig | None, ConfigError | None]:
+    """Form values -> (config, None) or (None, the first error, naming its key)."""
+    try:
+        return from_dict(values_to_dict(fields, values)), None
+    except ConfigError as e:
+        return None, e

@@ -1,0 +1,77 @@
+"""Assemble the studio: Training, Run and Runs pages in one Blocks app."""
+from __future__ import annotations
+
+import tomllib
+
+import gradio as gr
+
+from trainer_backend.config import ConfigError, from_dict
+
+from .context import Studio, overlay
+from .preset_panel import build_preset_panel, wire_preset_panel
+from .run_control import StartRefused
+from .run_page import build_run_page
+from .runs_page import build_runs_page
+from .training_page import build_training_page
+
+TITLE = "SD Training Studio"
+
+CSS = """
+.preset-row { align-items: flex-end !important; }
+.preset-row button { margin-bottom: 6px; }
+.field-error { color: #c0392b; font-weight: 600; margin-top: -6px; }
+.field-error p { margin: 0; }
+.section-title h4 { margin: 10px 0 0 0; }
+.toml-field textarea, .run-log textarea { font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
+  font-size: 12px; }
+.run-progress { padding: 8px 4px; }
+.run-progress .run-status { font-weight: 700; font-size: 1.1em; margin-bottom: 6px; }
+.run-progress .bar { height: 14px; border-radius: 7px; background: var(--neutral-200); overflow: hidden; }
+.run-progress .fill { height: 100%; background: var(--color-accent); transition: width .5s; }
+.run-progress .numbers { margin-top: 6px; font-variant-numeric: tabular-nums; }
+.status-error .run-status { color: #c0392b; }
+.status-stopped .run-status, .status-preempted .run-status, .status-interrupted .run-status { color: #b9770e; }
+.status-done .run-status { color: #1e8449; }
+"""
+
+
+def start_from_toml(studio: Studio, config_toml: str) -> str:
+    """API: start a run from TOML text (a preset or a full config) on top of the studio's
+    defaults. Returns the run directory, or 'error: ...'."""
+    try:
+        cfg = from_dict(overlay(studio.base(), tomllib.loads(config_toml)))
+        return str(studio.manager.start(cfg))
+    except (ConfigError, StartRefused, tomllib.TOMLDecodeError) as e:
+        return f"error: {e}"
+
+
+def build_app(studio: Studio) -> gr.Blocks:
+    label, values = studio.initial_values()
+    secret_idx = [i for i, f in enumerate(studio.fields) if f.secret]
+    with gr.Blocks(title=TITLE, analytics_enabled=False) as app:
+        gr.Markdown(f"## {TITLE}  \nLoRA, DreamBooth and full fine-tuning of Stable Diffusion 1/2/XL. "
+                    "The demo preset trains a tiny model on the CPU in about a minute: press **Start training**.",
+                    elem_id="studio-title")
+        with gr.Tabs(elem_id="main-tabs") as main_tabs:
+            with gr.Tab("Training", id="training", elem_id="page-training"):
+                panel = build_preset_panel(studio, label)
+                page = build_training_page(studio, values, main_tabs)
+
+            def after_load(event):
+                """Values were set programmatically: validate, re-plan, re-preview."""
+                event.then(page.refresh, inputs=[*page.form.inputs, page.inspected],
+                           outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
+            secret_inputs = [page.form.inputs[i] for i in secret_idx]
+            with gr.Tab("Run", id="run", elem_id="page-run"):
+                build_run_page(studio, secret_inputs)
+            with gr.Tab("Runs", id="runs", elem_id="page-runs"):
+                build_runs_page(studio, page.form.inputs, after_load, main_tabs, secret_inputs)
+        wire_preset_panel(panel, studio, page.form.inputs, after_load)
+        app.load(page.refresh, inputs=[*page.form.inputs, page.inspected],
+                 outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
+
+        def start_toml(config_toml: str) -> str:
+            """Start a run from TOML text (preset or full config); returns the run directory or 'error: ...'."""
+            return start_from_toml(studio, config_toml)
+        gr.api(start_toml, api_name="start_from_toml", concurrency_id="run-control")
+    return app

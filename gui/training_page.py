@@ -1,0 +1,135 @@
+"""The Training page: schema tabs, dataset inspector, live plan, command preview, Start."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from trainer_backend.config import ConfigError, TrainConfig
+
+from . import dataset_view as dv
+from .context import Studio
+from .run_control import StartRefused
+from .schema_form import error_field, validate_values
+from .system_monitor import gpus_markdown
+from .widgets import FormWidgets, error_updates, render_form, tab_id
+
+
+@dataclass
+class TrainingPage:
+    form: FormWidgets
+    message: gr.Markdown            # page-level messages (Start, presets)
+    refresh_outputs: list           # what `refresh` updates (after the error lines)
+    refresh: callable               # (*values, inspected_signature) -> updates
+    inspected: gr.State
+    start_button: gr.Button
+
+
+def _inspector(ui: dict) -> None:
+    with gr.Accordion("Dataset inspector", open=True, elem_id="dataset-inspector"):
+        ui["inspect_md"] = gr.Markdown("Set dataset.path to see the images, captions and buckets.",
+                                       elem_id="inspect-summary")
+        with gr.Row():
+            ui["buckets"] = gr.BarPlot(x="bucket", y="images", title="Bucket histogram", height=220, y_lim=[0, None],
+                                       elem_id="bucket-plot", scale=2)
+            ui["tags"] = gr.Dataframe(headers=["tag", "count"], label="Top tags", interactive=False,
+                                      max_height=240, elem_id="top-tags", scale=2)
+        ui["thumbs"] = gr.Gallery(label="Images", columns=8, height=220, allow_preview=True, elem_id="thumbs")
+
+
+def _gpus(ui: dict) -> None:
+    gr.Markdown("#### Detected GPUs")
+    ui["gpus_md"] = gr.Markdown(gpus_markdown(), elem_id="gpus-detected")
+    gr.Markdown("#### Step plan: 1 GPU vs this run")
+    ui["plan_md"] = gr.Markdown("The plan appears when the dataset has been inspected.", elem_id="plan-table")
+
+
+def _preview(ui: dict) -> None:
+    gr.Markdown("The exact command the Start button runs, and the config file it writes "
+                "(secrets never appear here: they go to the process environment only).")
+    ui["cmd_shell"] = gr.Code(label="Command", language="shell", interactive=False, elem_id="cmd-shell",
+                              wrap_lines=True)
+    ui["cmd_argv"] = gr.Code(label="argv (JSON list)", language="json", interactive=False, elem_id="cmd-argv")
+    ui["cmd_toml"] = gr.Code(label="config.toml", language=None, interactive=False, elem_id="cmd-toml")
+
+
+def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs) -> TrainingPage:
+    ui: dict = {}
+    form = render_form(studio.fields, initial_values,
+                       extras={"Dataset": lambda: _inspector(ui), "GPUs": lambda: _gpus(ui)},
+                       extra_tabs=[("Command preview", lambda: _preview(ui))])
+    with gr.Row(equal_height=True):
+        start = gr.Button("▶ Start training", variant="primary", elem_id="start-training", scale=1)
+        message = gr.Markdown("", elem_id="training-message")
+    inspected = gr.State("")
+    fields = studio.fields
+
+    def refresh(*args):
+        """Validate, inspect the dataset (cached), recompute the plan and the command preview."""
+        values, seen = list(args[:-1]), args[-1]
+        cfg, error = validate_values(fields, values)
+        placed = error_updates(fields, error)
+        keep = [gr.skip()] * 8
+        if error is not None:
+            unplaced = "" if error_field(fields, error) else f"⚠️ {error}"
+            return [*placed, unplaced, *keep, seen]
+        shell, argv, toml = studio.command_preview(cfg)
+        try:
+            inspection = dv.inspect_dataset(cfg, python=studio.settings.python, cwd=studio.manager.cwd)
+        except ConfigError as e:
+            placed = error_updates(fields, e)
+            msg = "" if error_field(fields, e) else f"⚠️ {e}"
+            return [*placed, msg, "The plan needs a dataset that can be scanned.", shell, argv, toml,
+                    f"⚠️ {e}", gr.skip(), gr.skip(), gr.skip(), ""]
+        except Exception as e:  # timeouts, a broken backend: say so, keep the page usable
+            return [*placed, f"⚠️ dataset inspector failed: {e}", gr.skip(), shell, argv, toml,
+                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), seen]
+        plan = dv.plan_markdown(cfg, inspection.counts)
+        signature = dv._signature(cfg)
+        if signature == seen:
+            inspector = [gr.skip()] * 4
+        else:
+            summary = inspection.summary
+            inspector = [dv.summary_markdown(summary), dv.buckets_frame(summary), dv.tags_frame(summary),
+                         dv.thumbnails(summary)]
+        return [*placed, "", plan, shell, argv, toml, *inspector, signature]
+
+    outputs = [message, ui["plan_md"], ui["cmd_shell"], ui["cmd_argv"], ui["cmd_toml"],
+               ui["inspect_md"], ui["buckets"], ui["tags"], ui["thumbs"], inspected]
+    triggers = []
+    for widget in form.inputs:
+        if isinstance(widget, gr.Textbox):
+            triggers += [widget.blur, widget.submit]
+        else:
+            triggers.append(widget.change)
+    gr.on(triggers, refresh, inputs=[*form.inputs, inspected], outputs=[*form.errors, *outputs],
+          trigger_mode="always_last", show_progress="hidden")
+
+    def on_start(*values):
+        cfg, error = validate_values(fields, values)
+        if error is None:
+            try:
+                run_dir = studio.manager.start(cfg)
+            except ConfigError as e:
+                error = e
+            except StartRefused as e:
+                return [*error_updates(fields, None), f"⚠️ {e}", gr.skip(), gr.skip()]
+            else:
+                return [*error_updates(fields, None), f"Started **{run_dir.name}** — follow it on the Run page.",
+                        gr.skip(), gr.Tabs(selected="run")]
+        target = error_field(fields, error)
+        hint = f" (tab {target.tab})" if target else ""
+        return [*error_updates(fields, error), f"⚠️ Not started: {error}{hint}",
+                gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip()]
+
+    start.click(on_start, inputs=form.inputs, outputs=[*form.errors, message, form.tabs, main_tabs],
+                concurrency_limit=1, concurrency_id="run-control")
+    return TrainingPage(form=form, message=message, refresh_outputs=outputs, refresh=refresh,
+                        inspected=inspected, start_button=start)
+
+
+def config_from_values(studio: Studio, values: list) -> TrainConfig:
+    cfg, error = validate_values(studio.fields, list(values))
+    if error is not None:
+        raise error
+    return cfg

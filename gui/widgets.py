@@ -1,0 +1,117 @@
+"""Gradio widgets for the schema form: one tab per schema TAB, advanced fields collapsed,
+and an (initially hidden) error line under every widget for validation messages."""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from trainer_backend.config import ConfigError, sections
+
+from .schema_form import FormField, error_field, tabs_in_order
+
+FIELDS_PER_ROW = 3
+
+
+def tab_id(tab: str) -> str:
+    return "tab-" + re.sub(r"[^a-z0-9]+", "-", tab.lower()).strip("-")
+
+
+@dataclass
+class FormWidgets:
+    fields: list[FormField]
+    inputs: list[gr.components.Component]   # parallel to fields
+    errors: list[gr.Markdown]               # parallel to fields
+    tabs: gr.Tabs
+
+
+def _number_step(f: FormField) -> float:
+    if f.type == "int":
+        return 1
+    magnitude = abs(f.default) if isinstance(f.default, (int, float)) and f.default else 0.01
+    return 10 ** math.floor(math.log10(magnitude))
+
+
+def make_widget(f: FormField, value: Any) -> gr.components.Component:
+    """The widget for one field: type, choices and help come from the schema. Bounds are shown
+    in the help text and enforced by the schema's validation (so the message names the key)."""
+    common = dict(label=f.key, info=f.info(), elem_id=f.elem_id, interactive=True)
+    if f.type == "bool":
+        return gr.Checkbox(value=bool(value), **common)
+    if f.type == "choice":
+        if f.widget == "radio":
+            return gr.Radio(choices=list(f.choices), value=value, **common)
+        return gr.Dropdown(choices=list(f.choices), value=value, **common)
+    if f.type in ("int", "float"):
+        low, high = f.bounds.get("ge"), f.bounds.get("le")
+        if f.widget == "slider" and low is not None and high is not None:
+            return gr.Slider(minimum=low, maximum=high, value=value, step=_number_step(f), **common)
+        return gr.Number(value=value, precision=0 if f.type == "int" else None, step=_number_step(f), **common)
+    if f.secret:
+        return gr.Textbox(value=value, type="password", placeholder="kept in memory and the run's environment only",
+                          **common)
+    if f.edited_as_toml:
+        return gr.Textbox(value=value, lines=4, max_lines=20, elem_classes=["toml-field"], **common)
+    lines = 4 if f.widget == "textarea" else 1
+    placeholder = "path on this machine" if f.widget == "path" else None
+    return gr.Textbox(value=value, lines=lines, max_lines=12 if lines > 1 else 1, placeholder=placeholder, **common)
+
+
+def _field_cell(f: FormField, value: Any, inputs: dict, errors: dict) -> None:
+    with gr.Column(min_width=220):
+        inputs[f.dotted] = make_widget(f, value)
+        errors[f.dotted] = gr.Markdown("", visible=False, elem_classes=["field-error"], elem_id=f"err-{f.section}-{f.key}")
+
+
+def _field_rows(fields: list[FormField], values: dict, inputs: dict, errors: dict) -> None:
+    for start in range(0, len(fields), FIELDS_PER_ROW):
+        with gr.Row(equal_height=False):
+            for f in fields[start:start + FIELDS_PER_ROW]:
+                _field_cell(f, values[f.dotted], inputs, errors)
+
+
+def render_form(fields: list[FormField], values: list[Any],
+                extras: dict[str, Callable[[], None]] | None = None, extra_tabs: list[tuple[str, Callable]] = ()
+                ) -> FormWidgets:
+    """Render the tabs. `extras[tab]()` adds non-schema content (plan, inspector) at the end of
+    that tab; `extra_tabs` are appended as whole tabs (command preview)."""
+    extras = dict(extras or {})
+    by_dotted = {f.dotted: v for f, v in zip(fields, values, strict=True)}
+    inputs: dict[str, Any] = {}
+    errors: dict[str, Any] = {}
+    with gr.Tabs(elem_id="form-tabs") as tabs:
+        for tab in tabs_in_order(fields):
+            with gr.Tab(tab, id=tab_id(tab), elem_id=tab_id(tab)):
+                in_tab = [f for f in fields if f.tab == tab]
+                for section in dict.fromkeys(f.section for f in in_tab):
+                    section_fields = [f for f in in_tab if f.section == section]
+                    doc = (sections()[section].__doc__ or "").strip().splitlines()[0]
+                    gr.Markdown(f"#### `[{section}]` {doc}", elem_classes=["section-title"])
+                    _field_rows([f for f in section_fields if not f.advanced], by_dotted, inputs, errors)
+                    advanced = [f for f in section_fields if f.advanced]
+                    if advanced:
+                        with gr.Accordion(f"Advanced [{section}]", open=False):
+                            _field_rows(advanced, by_dotted, inputs, errors)
+                if tab in extras:
+                    extras.pop(tab)()
+        for title, build in [*extra_tabs, *extras.items()]:
+            with gr.Tab(title, id=tab_id(title), elem_id=tab_id(title)):
+                build()
+    return FormWidgets(fields=fields, inputs=[inputs[f.dotted] for f in fields],
+                       errors=[errors[f.dotted] for f in fields], tabs=tabs)
+
+
+def error_updates(fields: list[FormField], error: ConfigError | str | None) -> list[dict]:
+    """One update per error line: show the message under the field it names, hide the rest."""
+    target = error_field(fields, error) if error else None
+    out = []
+    for f in fields:
+        if target is not None and f is target:
+            out.append(gr.update(value=f"⚠️ {error}", visible=True))
+        else:
+            out.append(gr.update(value="", visible=False))
+    return out
