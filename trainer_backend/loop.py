@@ -20,7 +20,7 @@ from . import exitcodes
 from .checkpoints import (TrainState, clean_incomplete, find_resume, load_state, save_checkpoint)
 from .config import TrainConfig
 from .loss import diffusion_loss
-from .methods.lora import adapter_state_dicts, setup_lora
+from .methods.lora import TEXT_ENCODER_NAMES, adapter_state_dicts, setup_lora
 from .optim import build_lr_scheduler, build_optimizer
 from .run_setup import (load_base_model, load_data, make_accelerator, open_run, place_model,
                         register_adapter_hooks)
@@ -57,6 +57,7 @@ def train(cfg: TrainConfig) -> int:
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
     accelerator.register_for_checkpointing(lr_scheduler)
     unet = modules["unet"]
+    text_encoders = [modules.get(name, te) for name, te in zip(TEXT_ENCODER_NAMES, model.text_encoders)]
 
     state = resume_if_possible(cfg, accelerator, run)
     sampler = make_sampler(cfg, dataset, accelerator)
@@ -75,7 +76,8 @@ def train(cfg: TrainConfig) -> int:
                 for i, batch in enumerate(group):
                     with sync_only_on_last(accelerator, modules.values(), i == len(group) - 1):
                         loss = diffusion_loss(model, unet, batch, cfg=cfg, epoch=epoch,
-                                              device=accelerator.device, weight_dtype=weight_dtype)
+                                              device=accelerator.device, weight_dtype=weight_dtype,
+                                              text_encoders=text_encoders)
                         accelerator.backward(loss / len(group))
                     group_loss += loss.detach() / len(group)
                 if cfg.optimizer.max_grad_norm > 0:

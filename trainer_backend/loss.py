@@ -47,7 +47,8 @@ def snr_weights(scheduler, timesteps: torch.Tensor, gamma: float, prediction_typ
     return clipped / (snr + 1) if prediction_type == "v_prediction" else clipped / snr
 
 
-def diffusion_loss(model, unet, batch: dict, *, cfg, epoch: int, device, weight_dtype) -> torch.Tensor:
+def diffusion_loss(model, unet, batch: dict, *, cfg, epoch: int, device, weight_dtype,
+                   text_encoders: list | None = None) -> torch.Tensor:
     """Mean loss over the batch: noise the latents, predict, compare with the target."""
     indices = batch["index"].tolist()
     if "latents" in batch:
@@ -69,7 +70,7 @@ def diffusion_loss(model, unet, batch: dict, *, cfg, epoch: int, device, weight_
     noisy = scheduler.add_noise(latents, noise, timesteps)
 
     input_ids = [ids.to(device) for ids in tokenize(model, list(batch["caption"]))]
-    hidden, pooled = encode_text(model, input_ids)
+    hidden, pooled = encode_text(model, input_ids, text_encoders)
     added = None
     if model.arch == "sdxl":
         time_ids = torch.stack([sdxl_add_time_ids(tuple(o), tuple(c), tuple(t)) for o, c, t in zip(

@@ -17,24 +17,32 @@ def tokenize(model: LoadedModel, captions: list[str]) -> list[torch.Tensor]:
             for tok in model.tokenizers]
 
 
-def encode_text(model: LoadedModel, input_ids: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def encode_text(model: LoadedModel, input_ids: list[torch.Tensor],
+                encoders: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(encoder_hidden_states, pooled).
 
     sd1/sd2: the encoder's last hidden state (after its final layer norm; SD2's encoder already
     ends one layer early), pooled None. sdxl: the penultimate hidden states of both encoders
     concatenated on the feature axis; pooled = encoder 2's projected text embedding.
     Gradients flow through any trainable parameters (e.g. text-encoder LoRA).
+    `encoders` replaces model.text_encoders, e.g. with DDP-wrapped ones whose forward syncs
+    gradients across processes.
     """
+    encoders = encoders or model.text_encoders
     if model.arch != "sdxl":
-        encoder = model.text_encoders[0]
-        return encoder(input_ids[0].to(encoder.device))[0], None
+        encoder = encoders[0]
+        return encoder(input_ids[0].to(_device(encoder)))[0], None
     states, pooled = [], None
-    for encoder, ids in zip(model.text_encoders, input_ids):
-        out = encoder(ids.to(encoder.device), output_hidden_states=True)
+    for encoder, ids in zip(encoders, input_ids):
+        out = encoder(ids.to(_device(encoder)), output_hidden_states=True)
         if out[0].ndim == 2:  # CLIPTextModelWithProjection: text_embeds
             pooled = out[0]
         states.append(out.hidden_states[-2])
     return torch.cat(states, dim=-1), pooled
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
 
 
 def sdxl_add_time_ids(original_size: tuple[int, int], crop_top_left: tuple[int, int],
