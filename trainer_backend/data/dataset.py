@@ -119,11 +119,13 @@ class TrainDataset(torch.utils.data.Dataset):
         return crop_offset(resized, item.bucket, self._group(item).center_crop, crop01)
 
     @staticmethod
-    def _flipped_crop(item: ImageItem, crop: tuple[int, int], flip: bool) -> tuple[int, int]:
+    def _flipped_crop(item: ImageItem, crop: tuple[int, int], flip: bool, source: ImageItem | None = None
+                      ) -> tuple[int, int]:
         # SDXL's crop conditioning describes the crop in the image the model actually saw
         if not flip:
             return crop
-        resized = resize_size(item.width, item.height, item.bucket)
+        src = source or item
+        resized = resize_size(src.width, src.height, item.bucket)
         return crop[0], resized[0] - crop[1] - item.bucket[0]
 
     def render(self, item: ImageItem, crop: tuple[int, int], flip: bool, source: ImageItem | None = None
@@ -153,7 +155,8 @@ class TrainDataset(torch.utils.data.Dataset):
             use_crop = crop if k == item_idx else crop_offset(
                 resize_size(source.width, source.height, item.bucket), item.bucket, True, crop01)
             try:
-                return self.render(item, use_crop, flip, source), self._flipped_crop(item, use_crop, flip)
+                return (self.render(item, use_crop, flip, source),
+                        self._flipped_crop(item, use_crop, flip, source))
             except BadImage as e:
                 self._failed.add(k)
                 LOG.warning("%s: skipped during training: %s (a different image is used in its place)",

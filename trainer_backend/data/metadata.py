@@ -97,7 +97,12 @@ def json_files(location: Path, problems: list[tuple[Path, str]]) -> list[Path]:
         return [location]
     out, seen = [], set()
     for dirpath, dirnames, filenames in os.walk(location, followlinks=True):
-        st = os.stat(dirpath)
+        try:
+            st = os.stat(dirpath)
+        except OSError as e:
+            problems.append((Path(dirpath), f"unreadable folder ({e.strerror or e})"))
+            dirnames[:] = []
+            continue
         if (st.st_dev, st.st_ino) in seen:
             problems.append((Path(dirpath), "symlink loop (folder already visited)"))
             dirnames[:] = []

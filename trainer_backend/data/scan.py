@@ -95,11 +95,10 @@ def _report_captions(groups: list[Group], usable: list[_Candidate], log: ScanLog
     for index, paths in missing.items():
         group = groups[index]
         spec = group.spec
-        log.missing_captions[group.name] = [str(p) for p in paths]
+        log.missing_captions[index] = [str(p) for p in paths]
         used = sum(1 for c in usable if c.group == index)
         fallback = f"using '{group.class_tokens}'" if group.class_tokens else "training them with an empty caption"
-        folder = spec.root if group.name == spec.root.name else spec.root / group.name
-        log.warn(f"{folder}: {len(paths)} of {used} images have no {spec.caption_extension} caption; {fallback}")
+        log.warn(f"{group.folder}: {len(paths)} of {used} images have no {spec.caption_extension} caption; {fallback}")
 
 
 def _metadata_candidates(spec: SubsetSpec, group_index: int, opts: TagOptions, separator: str, log: ScanLog,

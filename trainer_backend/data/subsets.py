@@ -45,6 +45,11 @@ class Group:
     class_tokens: str
     files: list[Path] = field(default_factory=list)
 
+    @property
+    def folder(self) -> Path:
+        """The folder this group's images are in (the subset root, or its N_concept subfolder)."""
+        return self.spec.root if self.name == self.spec.root.name else self.spec.root / self.name
+
 
 def _pick(value, inherit, fallback):
     return fallback if value == inherit else value
@@ -77,8 +82,8 @@ def resolve_subsets(ds: Dataset) -> list[SubsetSpec]:
 
 
 def class_spec(ds: Dataset) -> SubsetSpec | None:
-    """Class (regularization) images: a folder scanned like a dataset folder, captioned with the
-    class prompt. Never flipped-off or shuffled differently from the main options."""
+    """Class (regularization) images: a folder scanned like a dataset folder (flat or N_concept),
+    captioned with the class prompt; crop and flip follow [dataset], captions are never shuffled."""
     if not ds.class_path:
         return None
     aug = CaptionAugment(separator=ds.caption_separator)

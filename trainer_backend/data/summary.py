@@ -31,7 +31,7 @@ class ScanLog:
         self.repairs: list[dict] = []
         self.repair_counts: Counter = Counter()
         self.caption_problems: list[dict] = []
-        self.missing_captions: dict[str, list[str]] = {}
+        self.missing_captions: dict[int, list[str]] = {}   # group index -> files
         self.filter_counts: Counter = Counter()
         self.records: dict[str, int] = {}
         self._lines: Counter = Counter()
@@ -86,11 +86,11 @@ def build_summary(cfg: TrainConfig, groups: list["Group"], items: list["ImageIte
     per_group = Counter(item.group for item in items)
     subsets = []
     for i, g in enumerate(groups):
-        entry = {"name": g.name, "path": str(g.spec.root if g.name == g.spec.root.name else g.spec.root / g.name),
+        entry = {"name": g.name, "path": str(g.folder),
                  "key": g.spec.key, "source": g.spec.source, "is_class": g.spec.is_class,
                  "repeats": g.repeats, "files": len(g.files), "images": per_group[i],
                  "samples": per_group[i] * g.repeats if not g.spec.is_class else 0,
-                 "missing_captions": len(log.missing_captions.get(g.name, [])),
+                 "missing_captions": len(log.missing_captions.get(i, [])),
                  "class_tokens": g.class_tokens}
         if g.name in log.records:
             entry["metadata_records"] = log.records[g.name]
@@ -116,7 +116,7 @@ def build_summary(cfg: TrainConfig, groups: list["Group"], items: list["ImageIte
         "validation_images": held_out,
         "subsets": subsets,
         "missing_captions": sum(len(v) for v in log.missing_captions.values()),
-        "missing_caption_files": log.missing_captions,
+        "missing_caption_files": {str(groups[i].folder): files for i, files in log.missing_captions.items()},
         "caption_problems": log.caption_problems,
         "skipped": log.skipped,
         "skipped_count": len(log.skipped),
