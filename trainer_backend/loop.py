@@ -22,7 +22,7 @@ from .config import TrainConfig
 from .loss import diffusion_loss
 from .methods.lora import TEXT_ENCODER_NAMES, adapter_state_dicts, setup_lora
 from .optim import build_lr_scheduler, build_optimizer
-from .run_setup import (load_base_model, load_data, make_accelerator, open_run, place_model,
+from .run_setup import (build_dataset, load_base_model, scan_data, make_accelerator, open_run, place_model,
                         register_adapter_hooks)
 from .stopping import StopSignals
 
@@ -42,8 +42,9 @@ def train(cfg: TrainConfig) -> int:
     run = open_run(cfg, accelerator)
     model = load_base_model(cfg, accelerator)
     weight_dtype = place_model(model, cfg, accelerator)
-    scan, dataset = load_data(cfg, model, accelerator, run)
+    scan = scan_data(cfg)
     plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
+    dataset = build_dataset(cfg, scan, plan.multi_repeats(), model, accelerator, run)
     total_steps = plan.multi.total_steps
     run.events.emit("plan", **plan.to_dict())
     LOG.info("plan: %d optimizer steps over %d epochs on %d process(es)", total_steps, plan.multi.epochs,

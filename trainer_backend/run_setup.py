@@ -82,12 +82,23 @@ def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
     return weight_dtype
 
 
-def load_data(cfg: TrainConfig, model, accelerator, run: Run):
-    """Scan the dataset and, when asked, cache latents (rank 0 first, the others reuse)."""
-    from .data import TrainDataset, latent_cache_dir, scan_dataset
+def scan_data(cfg: TrainConfig):
+    from .data import scan_dataset
     scan = scan_dataset(cfg)
     for warning in scan.warnings:
         LOG.warning(warning)
+    return scan
+
+
+def build_dataset(cfg: TrainConfig, scan, repeats: dict[str, int], model, accelerator, run: Run):
+    """The dataset with the plan's repeats (they differ from the folders' with
+    hardware.keep_steps_per_epoch on N processes); latents cached when asked
+    (rank 0 first, the others reuse its cache)."""
+    from .data import TrainDataset, latent_cache_dir
+    for group in scan.groups:
+        if group.name in repeats and repeats[group.name] != group.repeats:
+            LOG.info("subset %s: repeats %d -> %d (plan)", group.name, group.repeats, repeats[group.name])
+            group.repeats = repeats[group.name]
     dataset = TrainDataset(scan, cfg)
     if cfg.dataset.cache_latents:
         from .loss import encode_latents
@@ -100,7 +111,7 @@ def load_data(cfg: TrainConfig, model, accelerator, run: Run):
         vae_id = f"{model.source}|{cfg.model.vae}"
         with accelerator.main_process_first():
             dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id)
-    return scan, dataset
+    return dataset
 
 
 def register_adapter_hooks(accelerator, trainable) -> None:
