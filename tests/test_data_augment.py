@@ -110,3 +110,17 @@ def test_class_folder_that_does_not_exist_yet_is_a_warning(tmp_path):
     scan = scan_dataset(config({"path": str(tmp_path / "inst"), "class_path": str(tmp_path / "later")}))
     assert scan.counts.class_images == 0
     assert any("class image folder does not exist yet" in w for w in scan.warnings)
+
+
+def test_dataset_follows_the_counts_the_plan_gives_it(tmp_path):
+    from dataclasses import replace
+    for i in range(2):
+        write_image(tmp_path / "4_a" / f"{i}.png", seed=i)
+    write_image(tmp_path / "2_b" / "x.png", seed=5)
+    cfg = config({"path": str(tmp_path)})
+    scan = scan_dataset(cfg)
+    assert scan.counts.subsets == (("2_b", 1, 2), ("4_a", 2, 4))
+    halved = replace(scan.counts, subsets=(("2_b", 1, 1), ("4_a", 2, 2)))   # e.g. plan.multi_counts on 2 GPUs
+    ds = TrainDataset(scan, cfg, counts=halved)
+    assert len(ds) == halved.samples_per_epoch == 5
+    assert sorted(ds.sample_items) == sorted([0, 1, 1, 2, 2])

@@ -16,12 +16,13 @@ import torch
 from PIL import Image
 
 from ..config import TrainConfig
+from ..plan import DataCounts
 from .buckets import crop_offset, resize_size
 from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, split_text_outputs
 from .captions import augment_caption
 from .images import BadImage, load_rgb
 from .scan import DatasetScan, ImageItem
-from .summary import class_sample_items
+from .summary import class_sample_items, counted_groups
 
 LOG = logging.getLogger(__name__)
 
@@ -33,7 +34,10 @@ def to_tensor(img: Image.Image) -> torch.Tensor:
 
 
 class TrainDataset(torch.utils.data.Dataset):
-    def __init__(self, scan: DatasetScan, cfg: TrainConfig):
+    """Samples of one epoch. `counts` (default scan.counts) sets the repeats per subset and the
+    class samples; pass plan.multi_counts when the plan divides repeats across processes."""
+
+    def __init__(self, scan: DatasetScan, cfg: TrainConfig, counts: DataCounts | None = None):
         ds = cfg.dataset
         self.scan = scan
         self.items: list[ImageItem] = scan.items
@@ -43,11 +47,16 @@ class TrainDataset(torch.utils.data.Dataset):
         self.cache_both_flips = ds.cache_both_flips
         self.epoch = 0
         bucket_ids = {b: i for i, b in enumerate(scan.buckets)}
+        counts = counts or scan.counts
+        order = counted_groups(scan.groups, scan.items)
+        if [name for name, _, _ in counts.subsets] != [scan.groups[i].name for i in order]:
+            raise ValueError("TrainDataset: counts.subsets do not match the scan's subsets")
+        repeats = {group: r for group, (_, _, r) in zip(order, counts.subsets)}
         samples: list[int] = []
         for idx, item in enumerate(self.items):
             if not item.is_class:
-                samples += [idx] * scan.groups[item.group].repeats
-        samples += class_sample_items(self.items, scan.class_samples)
+                samples += [idx] * repeats[item.group]
+        samples += class_sample_items(self.items, counts.class_images)
         self.sample_items = samples                                   # dataset index -> item index
         self.sample_buckets = [bucket_ids[self.items[k].bucket] for k in samples]
         self.bucket_sizes = list(scan.buckets)                        # bucket id -> (w, h)

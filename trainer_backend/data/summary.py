@@ -136,8 +136,7 @@ def data_counts(groups: list["Group"], items: list["ImageItem"], class_samples: 
     """The numbers plan.make_plan needs: (name, images, repeats) per instance group, class samples
     per epoch, and samples per bucket (so batch counts respect "batches never mix buckets")."""
     per_group = Counter(item.group for item in items)
-    subsets = tuple((g.name, per_group[i], g.repeats) for i, g in enumerate(groups)
-                    if not g.spec.is_class and per_group[i])
+    subsets = tuple((groups[i].name, per_group[i], groups[i].repeats) for i in counted_groups(groups, items))
     repeats = {i: g.repeats for i, g in enumerate(groups)}
     per_bucket = Counter()
     for item in items:
@@ -147,6 +146,12 @@ def data_counts(groups: list["Group"], items: list["ImageItem"], class_samples: 
         per_bucket[items[k].bucket] += 1
     bucket_sizes = tuple(per_bucket[b] for b in used) if len(used) > 1 else None
     return DataCounts(subsets=subsets, class_images=class_samples, bucket_sizes=bucket_sizes)
+
+
+def counted_groups(groups: list["Group"], items: list["ImageItem"]) -> list[int]:
+    """Group indices in DataCounts.subsets order: instance groups with at least one usable image."""
+    used = {item.group for item in items}
+    return [i for i, g in enumerate(groups) if not g.spec.is_class and i in used]
 
 
 def class_sample_items(items: list["ImageItem"], class_samples: int) -> list[int]:
