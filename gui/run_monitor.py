@@ -59,10 +59,9 @@ def _tail_lines(path: Path, max_lines: int) -> str:
     lines = clean_log(data)
     if size > LOG_BYTES:
         lines = lines[1:]  # the first line was cut in the middle
-    lines = lines[-max_lines:]
     if lines and not lines[-1]:
         lines = lines[:-1]
-    return "\n".join(lines)
+    return "\n".join(lines[-max_lines:])
 
 
 def smooth(values: list[float], weight: float = SMOOTHING) -> list[float]:

@@ -15,6 +15,7 @@ from . import processes as procs
 
 TERMINAL = ("done", "stopped", "preempted", "error")
 RESUMABLE = ("stopped", "preempted", "interrupted")
+HEAD_BYTES = 128   # the file's first bytes identify it (a rewritten file is read from the start)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class EventTail:
         self.path = Path(path)
         self.offset = 0
         self.inode = None
+        self.head = b""
         self.snapshot = Snapshot()
         self.lock = threading.Lock()
 
@@ -87,11 +89,15 @@ class EventTail:
                 stat = self.path.stat()
             except OSError:
                 return self.snapshot
-            if stat.st_ino != self.inode or stat.st_size < self.offset:  # replaced or truncated
-                self.inode, self.offset, self.snapshot = stat.st_ino, 0, Snapshot()
-            if stat.st_size == self.offset:
+            if stat.st_size == self.offset and stat.st_ino == self.inode:
                 return self.snapshot
             with open(self.path, "rb") as fh:
+                head = fh.read(HEAD_BYTES)
+                common = min(len(head), len(self.head))
+                if stat.st_ino != self.inode or stat.st_size < self.offset or head[:common] != self.head[:common]:
+                    # replaced, truncated or rewritten: read it again from the start
+                    self.inode, self.offset, self.snapshot = stat.st_ino, 0, Snapshot()
+                self.head = head
                 fh.seek(self.offset)
                 chunk = fh.read()
             end = chunk.rfind(b"\n") + 1  # a half-written last line waits for the next call

@@ -1,0 +1,146 @@
+"""The training form is derived from the schema: every field once, in its section's tab, with
+the schema's default, choices and help; values convert both ways; validation errors land on
+the field they name; and the GUI process never imports torch."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer_backend.config import ConfigError, TrainConfig, all_fields, from_dict, sections, to_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def fields():
+    from gui.schema_form import form_fields
+    return form_fields()
+
+
+@pytest.fixture(scope="module")
+def app_config(tmp_path_factory):
+    """The rendered Blocks config of the real app (what the browser receives)."""
+    from gui.context import Settings, Studio
+    from gui.studio import build_app
+    tmp = tmp_path_factory.mktemp("gui-form")
+    studio = Studio.create(Settings(runs_dir=tmp / "runs", presets_dir=tmp / "presets"))
+    app = build_app(studio)
+    return studio, app.get_config_file()
+
+
+def test_every_schema_field_once_in_its_sections_tab(fields):
+    expected = [(m["section"], m["key"]) for m in all_fields()]
+    assert [(f.section, f.key) for f in fields] == expected
+    for f in fields:
+        assert f.tab == sections()[f.section].TAB
+
+
+def test_each_field_is_rendered_with_schema_default_choices_and_help(fields, app_config):
+    studio, config = app_config
+    by_id = {c["props"].get("elem_id"): c for c in config["components"] if c.get("props", {}).get("elem_id")}
+    initial = to_dict(studio.initial()[1])
+    for f in fields:
+        comp = by_id.get(f.elem_id)
+        assert comp is not None, f"{f.dotted} has no widget"
+        props = comp["props"]
+        assert f.help.split(";")[0][:30] in (props.get("info") or ""), f"{f.dotted}: help text missing"
+        expected_type = {"bool": "checkbox", "choice": "dropdown", "int": "number", "float": "number"}.get(
+            f.type, "textbox")
+        assert comp["type"] == expected_type, f"{f.dotted}: {comp['type']}"
+        if f.type == "choice":
+            assert [c[1] for c in props["choices"]] == list(f.choices)
+        if f.type in ("int", "float", "bool", "choice") or (f.type == "str" and not f.secret):
+            assert props["value"] == initial[f.section][f.key], f"{f.dotted} does not show its value"
+        if f.secret:
+            assert props.get("type") == "password"
+        # an error line sits under every field, hidden until validation names the field
+        err = by_id.get(f"err-{f.section}-{f.key}")
+        assert err is not None and err["props"]["visible"] is False
+
+
+def test_page_opens_with_the_demo_preset(app_config):
+    studio, config = app_config
+    label, cfg = studio.initial()
+    assert label == "demo-sd1-lora (built-in)"
+    assert cfg.model.path == "builtin:tiny-sd1"
+    dropdown = next(c for c in config["components"] if c["props"].get("elem_id") == "preset-select")
+    assert dropdown["props"]["value"] == label
+
+
+def test_advanced_fields_are_inside_collapsed_accordions(fields, app_config):
+    _, config = app_config
+    comps = {c["id"]: c for c in config["components"]}
+    parents: dict[int, int] = {}
+
+    def walk(node, parent=None):
+        if parent is not None:
+            parents[node["id"]] = parent
+        for child in node.get("children", []):
+            walk(child, node["id"])
+    walk(config["layout"])
+    by_elem = {c["props"].get("elem_id"): c["id"] for c in config["components"]}
+
+    def in_closed_accordion(cid):
+        while cid in parents:
+            cid = parents[cid]
+            if comps.get(cid, {}).get("type") == "accordion":
+                return comps[cid]["props"].get("open") is False
+        return False
+    for f in fields:
+        assert in_closed_accordion(by_elem[f.elem_id]) == f.advanced, f.dotted
+
+
+def test_values_round_trip_through_the_widgets(fields):
+    from gui.schema_form import config_to_values, values_to_dict
+    cfg = from_dict({"dataset": {"path": "x", "subsets": [{"path": "/data/a", "repeats": 3, "flip": True}],
+                                 "replace_tags": {" ": "_"}, "ignore_tags": ["bad", "worse"]},
+                     "network": {"target_modules": ["to_q", "to_v"]}, "schedule": {"batch_size": 3}})
+    values = config_to_values(fields, cfg)
+    assert to_dict(from_dict(values_to_dict(fields, values))) == to_dict(cfg)
+
+
+def _values_with(fields, **changes):
+    from gui.schema_form import config_to_values
+    values = config_to_values(fields, TrainConfig())
+    for dotted, value in changes.items():
+        values[[f.dotted for f in fields].index(dotted.replace("__", "."))] = value
+    return values
+
+
+@pytest.mark.parametrize("dotted,value,expect", [
+    ("schedule__batch_size", 0, "must be ≥ 1"),
+    ("schedule__batch_size", 2.5, "whole number"),
+    ("optimizer__lr", None, "number is required"),
+    ("dataset__resolution", 100, "multiple"),
+    ("network__type", "dora", "must be one of"),
+    ("dataset__subsets", "[[subsets]]\npath = ", "not valid TOML"),
+])
+def test_validation_error_is_shown_next_to_the_field_it_names(fields, dotted, value, expect):
+    from gui.schema_form import error_field, validate_values
+    from gui.widgets import error_updates
+    cfg, error = validate_values(fields, _values_with(fields, **{dotted: value}))
+    assert cfg is None and isinstance(error, ConfigError)
+    assert expect in str(error)
+    target = error_field(fields, error)
+    assert target is not None and target.dotted == dotted.replace("__", ".")
+    updates = error_updates(fields, error)
+    shown = [f.dotted for f, u in zip(fields, updates) if u.get("visible")]
+    assert shown == [target.dotted]
+    assert expect in updates[fields.index(target)]["value"]
+
+
+def test_gui_never_imports_torch():
+    code = ("import sys, tempfile, pathlib\n"
+            "import gui.cli, gui.studio\n"
+            "from gui.context import Settings, Studio\n"
+            "from gui.studio import build_app\n"
+            "d = pathlib.Path(tempfile.mkdtemp())\n"
+            "build_app(Studio.create(Settings(runs_dir=d / 'runs', presets_dir=d / 'p')))\n"
+            "bad = sorted(m for m in ('torch', 'diffusers', 'transformers', 'accelerate', 'peft') if m in sys.modules)\n"
+            "print('IMPORTED', bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "IMPORTED []" in out.stdout, out.stdout
