@@ -1,6 +1,6 @@
 """Dataset pipeline throughput with latent caching off and on, tiny SD1, same data and sampler.
 
-    .venv/bin/python bench/data.py [--images 32] [--resolution 128] [--batch 4] [--train-step]
+    .venv/bin/python bench/data.py [--images 32] [--resolution 128] [--batch 4] [--rounds 1] [--train-step]
 
 Generates JPEG photos-sized images (default 768×512, so decoding and resizing cost what they
 cost on real data), then runs two epochs of what the trainer does per batch to get latents:
@@ -8,12 +8,15 @@ cost on real data), then runs two epochs of what the trainer does per batch to g
 - caching on: epoch 1 encodes every image once (both flips) and includes that cost; epoch 2
   reads the cached latents.
 `--train-step` adds the tiny UNet's forward and backward pass to every batch (the same work in
-both modes), which shows the effect on a whole training step. Prints samples/s per epoch and
-the ratio of epoch 2 cached to epoch 2 uncached (goal: >= 2x at 128 px).
+both modes), which shows the effect on a whole training step (the tiny UNet's backward pass
+dominates at 128 px, so expect little there). With --rounds > 1 the modes alternate and the
+medians are printed (shared machines are noisy). Prints samples/s per epoch and the ratio of
+epoch 2 cached to epoch 2 uncached (goal: >= 2x at 128 px).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -96,6 +99,7 @@ def main() -> None:
     ap.add_argument("--source-size", default="768x512", help="generated image size, WxH")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1, help="alternate off/on this many times; report medians")
     ap.add_argument("--flip", action="store_true", help="random flip (caching encodes both orientations)")
     ap.add_argument("--train-step", action="store_true", help="add the tiny UNet forward/backward per batch")
     args = ap.parse_args()
@@ -111,8 +115,11 @@ def main() -> None:
         print(f"tiny SD1, {args.images} images {width}x{height} JPEG -> {args.resolution}px, batch {args.batch}, "
               f"workers {args.workers}, flip {args.flip}, train step {args.train_step}, "
               f"{torch.get_num_threads()} threads")
-        off = run_epochs(cfg, model, False, args.train_step, args.batch, args.workers)
-        on = run_epochs(cfg, model, True, args.train_step, args.batch, args.workers)
+        runs: dict[bool, list[list[float]]] = {False: [], True: []}
+        for _ in range(args.rounds):
+            for cache in (False, True):
+                runs[cache].append(run_epochs(cfg, model, cache, args.train_step, args.batch, args.workers))
+        off, on = ([statistics.median(r[e] for r in runs[c]) for e in range(2)] for c in (False, True))
     print(f"{'':22}{'epoch 1':>12}{'epoch 2':>12}   (samples/s)")
     print(f"{'latent caching off':22}{off[0]:12.1f}{off[1]:12.1f}")
     print(f"{'latent caching on':22}{on[0]:12.1f}{on[1]:12.1f}")
