@@ -36,6 +36,9 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     assert any(k.endswith(".lora_down.weight") for k in keys) and any(k.endswith(".alpha") for k in keys)
     if arch == "sd1":
         assert any(k.startswith("lora_te_text_model_encoder_layers_") for k in keys)
+    if arch == "sdxl":  # kohya's SDXL LoRAs name UNet modules in the original (sgm) layout
+        assert any(k.startswith("lora_unet_input_blocks_") for k in keys)
+        assert not any(k.startswith("lora_unet_down_blocks_") for k in keys)
     assert meta["ss_network_dim"] == "4" and meta["ss_steps"] == "3"
     assert meta["ss_base_model_version"] == {"sd1": "sd_v1", "sd2": "sd_v2", "sdxl": "sdxl_base_v1-0"}[arch]
 

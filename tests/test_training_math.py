@@ -101,3 +101,17 @@ def test_export_round_trip_matches_peft_model(tmp_path, tiny_models):
     assert (got - expected).abs().max() <= 1e-5
     # the text-encoder LoRA loaded too
     assert any("lora" in n for n, _ in pipe.text_encoder.named_parameters())
+
+
+@pytest.mark.parametrize("arch", ["sd1", "sdxl"])
+def test_cached_text_encoder_outputs_train_the_same(tmp_path, tiny_models, arch):
+    """Caching the frozen text encoders' outputs changes speed, not the result."""
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    common = ["schedule.max_steps=2", "optimizer.name=sgd", "optimizer.lr=0.5", "network.dropout=0"]
+    plain, _ = run_training(tmp_path, tiny_models(arch), data, "plain", *common)
+    cached, _ = run_training(tmp_path, tiny_models(arch), data, "cached", *common,
+                             "dataset.cache_text_encoder_outputs=true")
+    assert "cached text-encoder outputs" in (cached / "train.log").read_text()
+    a, b = load_file(str(plain / "plain.safetensors")), load_file(str(cached / "cached.safetensors"))
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7), k

@@ -24,8 +24,19 @@ def _te_prefix(component: str, arch: str) -> str:
     return "lora_te"
 
 
-def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float, arch: str) -> dict[str, torch.Tensor]:
-    """peft adapter state dicts (per component) -> one kohya-format dict with `.alpha` keys."""
+def _sdxl_unet_module(module: str, unet_config: dict) -> str:
+    """diffusers UNet module path -> the original (sgm) path kohya's SDXL LoRAs use,
+    e.g. down_blocks.1.attentions.0.… -> input_blocks.4.1.…"""
+    from .models.ldm_keys import UNET_PREFIX, unet_to_ldm
+    (ldm_key,) = unet_to_ldm({module + ".weight": torch.empty(0)}, unet_config)
+    return ldm_key[len(UNET_PREFIX):-len(".weight")]
+
+
+def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float, arch: str,
+             unet_config: dict | None = None) -> dict[str, torch.Tensor]:
+    """peft adapter state dicts (per component) -> one kohya-format dict with `.alpha` keys.
+    SDXL UNet names follow kohya's SDXL layout (input/middle/output_blocks) when the UNet
+    config is given; SD1/SD2 kohya LoRAs use the diffusers module names."""
     out: dict[str, torch.Tensor] = {}
     for component, sd in state_dicts.items():
         for key, tensor in sd.items():
@@ -35,6 +46,8 @@ def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float, arch
             module = key[: -len(suffix) - 1]
             if component == "unet":
                 prefix = "lora_unet"
+                if arch == "sdxl" and unet_config is not None:
+                    module = _sdxl_unet_module(module, unet_config)
             else:
                 prefix = _te_prefix(component, arch)
                 if not module.startswith("text_model."):  # transformers 5 flattens CLIPTextModel
@@ -88,11 +101,11 @@ def kohya_metadata(cfg, arch: str, *, steps: int, epochs: int, num_images: int,
 
 
 def save_kohya_lora(path: Path, state_dicts: dict[str, dict[str, torch.Tensor]], *, alpha: float, arch: str,
-                    metadata: dict[str, str]) -> Path:
+                    metadata: dict[str, str], unet_config: dict | None = None) -> Path:
     """Write atomically (temp file + rename) so a crash never leaves a half file under the final name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_file(to_kohya(state_dicts, alpha, arch), str(tmp), metadata=metadata)
+    save_file(to_kohya(state_dicts, alpha, arch, unet_config), str(tmp), metadata=metadata)
     os.replace(tmp, path)
     return path

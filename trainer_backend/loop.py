@@ -44,7 +44,7 @@ def train(cfg: TrainConfig) -> int:
     weight_dtype = place_model(model, cfg, accelerator)
     scan = scan_data(cfg)
     plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
-    dataset = build_dataset(cfg, scan, plan.multi_repeats(), model, accelerator, run)
+    dataset = build_dataset(cfg, scan, plan.multi_counts, model, accelerator, run)
     total_steps = plan.multi.total_steps
     run.events.emit("plan", **plan.to_dict())
     LOG.info("plan: %d optimizer steps over %d epochs on %d process(es)", total_steps, plan.multi.epochs,
@@ -216,7 +216,8 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, modules, state: Trai
                               num_images=len(scan.items), tag_frequency=scan.summary.get("tag_frequency"),
                               started_at=run.started)
         path = save_kohya_lora(run.dir / f"{cfg.output.name}.safetensors", adapter_state_dicts(unwrapped),
-                               alpha=cfg.network.alpha, arch=model.arch, metadata=meta)
+                               alpha=cfg.network.alpha, arch=model.arch, metadata=meta,
+                               unet_config=dict(unwrapped["unet"].config))
         outputs.append(str(path))
         LOG.info("saved %s", path)
     accelerator.wait_for_everyone()

@@ -69,8 +69,11 @@ def diffusion_loss(model, unet, batch: dict, *, cfg, epoch: int, device, weight_
     scheduler = model.noise_scheduler
     noisy = scheduler.add_noise(latents, noise, timesteps)
 
-    input_ids = [ids.to(device) for ids in tokenize(model, list(batch["caption"]))]
-    hidden, pooled = encode_text(model, input_ids, text_encoders)
+    if "text" in batch:  # cached text-encoder outputs (frozen encoders, static captions)
+        hidden, pooled = batch["text"]["hidden"].to(device), batch["text"].get("pooled")
+    else:
+        input_ids = [ids.to(device) for ids in tokenize(model, list(batch["caption"]))]
+        hidden, pooled = encode_text(model, input_ids, text_encoders)
     added = None
     if model.arch == "sdxl":
         time_ids = torch.stack([sdxl_add_time_ids(tuple(o), tuple(c), tuple(t)) for o, c, t in zip(

@@ -90,16 +90,14 @@ def scan_data(cfg: TrainConfig):
     return scan
 
 
-def build_dataset(cfg: TrainConfig, scan, repeats: dict[str, int], model, accelerator, run: Run):
-    """The dataset with the plan's repeats (they differ from the folders' with
-    hardware.keep_steps_per_epoch on N processes); latents cached when asked
-    (rank 0 first, the others reuse its cache)."""
+def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
+    """The dataset with the plan's per-process counts (repeats differ from the folders' with
+    hardware.keep_steps_per_epoch on N processes); latents and text-encoder outputs cached
+    when asked (rank 0 first, the others reuse its cache)."""
     from .data import TrainDataset, latent_cache_dir
-    for group in scan.groups:
-        if group.name in repeats and repeats[group.name] != group.repeats:
-            LOG.info("subset %s: repeats %d -> %d (plan)", group.name, group.repeats, repeats[group.name])
-            group.repeats = repeats[group.name]
-    dataset = TrainDataset(scan, cfg)
+    dataset = TrainDataset(scan, cfg, counts=counts)
+    if cfg.dataset.cache_text_encoder_outputs:
+        cache_text_outputs(cfg, dataset, model)
     if cfg.dataset.cache_latents:
         from .loss import encode_latents
         vae = model.vae
@@ -112,6 +110,24 @@ def build_dataset(cfg: TrainConfig, scan, repeats: dict[str, int], model, accele
         with accelerator.main_process_first():
             dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id)
     return dataset
+
+
+def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
+    """Encode each caption once; only valid while the text encoders are frozen."""
+    if cfg.network.train_text_encoder:
+        LOG.warning("dataset.cache_text_encoder_outputs is ignored: the text encoders are being trained")
+        return
+    from .models.text import encode_text, tokenize
+
+    def encode(captions: list[str]) -> dict:
+        hidden, pooled = encode_text(model, tokenize(model, captions))
+        out = {"hidden": hidden.float().cpu()}
+        if pooled is not None:
+            out["pooled"] = pooled.float().cpu()
+        return out
+
+    if dataset.cache_text(encode, key=model.source):
+        LOG.info("cached text-encoder outputs for the dataset's captions")
 
 
 def register_adapter_hooks(accelerator, trainable) -> None:
