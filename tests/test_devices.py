@@ -1,0 +1,67 @@
+"""Device-agnostic backend: no hard-coded CUDA outside trainer_backend/devices.py, and the
+device helpers work with the device forced to the CPU."""
+import re
+from pathlib import Path
+
+import torch
+
+from trainer_backend import devices
+
+PACKAGE = Path(__file__).resolve().parent.parent / "trainer_backend"
+# Backend-specific spellings that must go through devices.py (or come from accelerate).
+STRAY = re.compile(r"""\.cuda\(|["']cuda(:\d+)?["']|torch\.cuda\b|torch\.mps\b|["']mps["']|\.to\(["']cuda""")
+
+
+def stray_device_literals(root: Path) -> list[str]:
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "devices.py" and path.parent == root:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if STRAY.search(code):
+                hits.append(f"{path.relative_to(root.parent)}:{number}: {line.strip()}")
+    return hits
+
+
+def test_no_hard_coded_cuda_in_the_backend():
+    hits = stray_device_literals(PACKAGE)
+    assert not hits, "device-specific code outside trainer_backend/devices.py:\n" + "\n".join(hits)
+
+
+def test_the_grep_catches_what_it_is_for(tmp_path):
+    pkg = tmp_path / "trainer_backend"
+    pkg.mkdir()
+    (pkg / "devices.py").write_text('x = torch.cuda.memory_allocated()\n')  # allowed here
+    (pkg / "ok.py").write_text('y = model.to(accelerator.device)  # not .cuda()\n')
+    (pkg / "bad.py").write_text('a = t.cuda()\nb = torch.device("cuda")\nc = torch.cuda.empty_cache()\n')
+    hits = stray_device_literals(pkg)
+    assert [h.split(":")[1] for h in hits] == ["1", "2", "3"] and all("bad.py" in h for h in hits)
+
+
+def test_forced_cpu_accelerator_and_helpers(tmp_path):
+    from trainer_backend.config import load_config
+    from trainer_backend.run_setup import make_accelerator
+    cfg = load_config(None, ["hardware.cpu=true", "precision.mixed=no", f"output.dir={tmp_path}"])
+    accelerator = make_accelerator(cfg)
+    assert accelerator.device.type == "cpu"
+    assert devices.device_kind(accelerator.device) == "cpu"
+    devices.synchronize(accelerator.device)
+    devices.empty_cache(accelerator.device)  # no-ops on the CPU, must not raise
+    stats = devices.memory_stats(accelerator.device)
+    assert stats.kind == "cpu" and stats.allocated > 0 and stats.total >= stats.allocated
+    assert "cpu:" in stats.describe()
+
+
+def test_cpu_peak_memory_sees_a_large_allocation():
+    dev = torch.device("cpu")
+    resettable = devices.reset_peak_memory(dev)
+    before = devices.peak_memory_bytes(dev)
+    size = 256 * 1024 * 1024
+    block = torch.ones(size // 4, dtype=torch.float32)  # touched pages: really resident
+    after = devices.peak_memory_bytes(dev)
+    del block
+    assert after - before >= size // 2, (before, after)
+    if resettable:  # Linux: the high-water mark can be brought back down after a reset
+        devices.reset_peak_memory(dev)
+        assert devices.peak_memory_bytes(dev) < after
