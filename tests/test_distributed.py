@@ -1,6 +1,8 @@
 """Two real CPU ranks (gloo) through `accelerate launch`: DDP equals one process with the
 combined batch, the run follows the plan exactly, and outputs are written once."""
 import json
+
+import pytest
 import subprocess
 import sys
 
@@ -22,9 +24,12 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path, tiny_models
     common = [f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=32",
               f"output.dir={tmp_path / 'runs'}", "precision.mixed=no", "network.rank=4", "network.alpha=4",
               "network.dropout=0", "network.train_text_encoder=true", "optimizer.name=sgd", "optimizer.lr=0.5",
-              "schedule.epochs=2", "hardware.cpu=true", "logging.tensorboard=false"]
+              "schedule.epochs=2", "hardware.cpu=true", "logging.tensorboard=false",
+              "optimizer.scheduler=linear", "optimizer.warmup_steps=2"]
 
-    one = validate_for_run(load_config(None, [*common, "output.name=one", "schedule.batch_size=2"]))
+    # the 2-process plan turns warmup 2 into 1 (same_samples); give the 1-process run the same
+    one = validate_for_run(load_config(None, [*common, "output.name=one", "schedule.batch_size=2",
+                                              "optimizer.warmup_steps=1"]))
     assert train(one) == 0
 
     cmd = [sys.executable, "-m", "trainer_backend", "launch"]
@@ -41,9 +46,17 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path, tiny_models
     assert total == 4  # 4 samples / (1 × 2 ranks) = 2 steps per epoch, 2 epochs
     assert len([e for e in events if e["event"] == "step"]) == total
     assert [e["event"] for e in events].count("done") == 1
+    # The LR schedule follows the plan's optimizer steps, not steps × processes: linear warmup
+    # over the plan's warmup steps (same_samples divides a warmup given in steps by N: 2 -> 1),
+    # then linear decay to 0 at the plan's last step. Each event holds the LR its step used.
+    warmup = plans[0]["multi"]["warmup_steps"]
+    assert warmup == 1
+    expected = [0.5 * s / warmup if s < warmup else 0.5 * (total - s) / (total - warmup) for s in range(total)]
+    lrs = [e["lr"] for e in events if e["event"] == "step"]
+    assert lrs == pytest.approx(expected), lrs
     assert sorted(p.name for p in run.glob("*.safetensors")) == ["two.safetensors"]
     log = (run / "train.log").read_text()
-    assert log.count("saved ") == 1, "the main process alone writes outputs and the log"
+    assert log.count(f"saved {run / 'two.safetensors'}") == 1, "the main process alone writes outputs and the log"
 
     a = load_file(str(tmp_path / "runs" / "one" / "one.safetensors"))
     b = load_file(str(run / "two.safetensors"))

@@ -17,14 +17,19 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import exitcodes
-from .checkpoints import (TrainState, clean_incomplete, find_resume, load_state, save_checkpoint)
+from .checkpointer import Checkpointer
+from .checkpoints import TrainState
 from .config import TrainConfig
-from .loss import diffusion_loss
-from .methods.lora import TEXT_ENCODER_NAMES, adapter_state_dicts, setup_lora
+from .class_images import prepare_class_images
+from .ema import make_ema
+from .loss import LossParts, diffusion_loss
+from .methods import TEXT_ENCODER_NAMES, save_outputs, setup_method
 from .optim import build_lr_scheduler, build_optimizer
 from .run_setup import (build_dataset, load_base_model, scan_data, make_accelerator, open_run, place_model,
                         register_adapter_hooks)
+from .sampling import SampleImages
 from .stopping import StopSignals
+from .tracking import start_tracking
 
 LOG = logging.getLogger("trainer")
 
@@ -40,8 +45,10 @@ def train(cfg: TrainConfig) -> int:
     accelerator = make_accelerator(cfg)
     set_seed(cfg.schedule.seed)
     run = open_run(cfg, accelerator)
+    start_tracking(cfg, accelerator, run)  # W&B (logging.tracker): follows the run's events
     model = load_base_model(cfg, accelerator)
     weight_dtype = place_model(model, cfg, accelerator)
+    cfg = prepare_class_images(cfg, model, accelerator, run, weight_dtype)  # DreamBooth: generate missing ones
     scan = scan_data(cfg)
     plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
     dataset = build_dataset(cfg, scan, plan.multi_counts, model, accelerator, run)
@@ -50,39 +57,48 @@ def train(cfg: TrainConfig) -> int:
     LOG.info("plan: %d optimizer steps over %d epochs on %d process(es)", total_steps, plan.multi.epochs,
              accelerator.num_processes)
 
-    trainable = setup_lora(model, cfg)
+    trainable = setup_method(model, cfg, scan.class_samples)
     optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
     register_adapter_hooks(accelerator, trainable)
     prepared = accelerator.prepare(*trainable.modules.values(), optimizer)
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
     accelerator.register_for_checkpointing(lr_scheduler)
+    ema = make_ema(cfg, trainable, accelerator)
     unet = modules["unet"]
     text_encoders = [modules.get(name, te) for name, te in zip(TEXT_ENCODER_NAMES, model.text_encoders)]
 
-    state = resume_if_possible(cfg, accelerator, run)
+    signals = StopSignals(run.dir, accelerator.is_main_process)
+    checkpointer = Checkpointer(cfg, accelerator, run, signals,  # triggers, retention, S3 sync, webhooks
+                                export=lambda file_name: save_outputs(cfg, accelerator, run, model, trainable, state,
+                                                                      scan, ema, file_name=file_name))
+    state = checkpointer.resume(plan=plan, scan=scan, optimizer=optimizer, lr_scheduler=lr_scheduler)
     sampler = make_sampler(cfg, dataset, accelerator)
-    signals = StopSignals(run.dir)
     progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
+    images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema)
+    images.maybe_sample(state, before_training=True)
     stop = False
     try:
         for epoch in range(state.epoch, plan.multi.epochs):
+            if state.global_step >= total_steps:  # resumed from the final checkpoint
+                break
             batches = sampler.batches(epoch)[state.batch_in_epoch:]
             dataset.set_epoch(epoch)
             loader = DataLoader(IndexedDataset(dataset), batch_sampler=batches, collate_fn=collate_with_index,
                                 num_workers=cfg.dataset.num_workers)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
-                group_loss = 0.0
+                group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
                 for i, batch in enumerate(group):
                     with sync_only_on_last(accelerator, modules.values(), i == len(group) - 1):
                         loss = diffusion_loss(model, unet, batch, cfg=cfg, epoch=epoch,
                                               device=accelerator.device, weight_dtype=weight_dtype,
-                                              text_encoders=text_encoders)
+                                              text_encoders=text_encoders, parts=parts)
                         accelerator.backward(loss / len(group))
                     group_loss += loss.detach() / len(group)
                 if cfg.optimizer.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(trainable.parameters(), cfg.optimizer.max_grad_norm)
+                lr_used = lr_scheduler.get_last_lr()[0]  # the LR this step trained with
                 optimizer.step()
                 lr_scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -90,16 +106,20 @@ def train(cfg: TrainConfig) -> int:
                 state.global_step += 1
                 state.batch_in_epoch += len(group)
                 state.samples_seen += plan.multi.effective_batch
+                ema.step(state.global_step)
                 mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
                 check_finite(mean_loss, cfg, state.global_step)
-                progress.step(state, epoch, mean_loss, lr_scheduler.get_last_lr()[0])
-                stop = maybe_checkpoint(cfg, accelerator, run, state, signals, epoch)
+                progress.step(state, epoch, mean_loss, lr_used, **parts.reduce(accelerator))
+                images.maybe_sample(state)
+                stop = checkpointer.after_step(state, epoch, mean_loss)
                 if stop or state.global_step >= total_steps:
                     break
             if stop:
                 break
             state.epoch, state.batch_in_epoch = epoch + 1, 0
             run.events.emit("epoch", epoch=epoch + 1, step=state.global_step)
+            images.maybe_sample(state, epoch_end=True)
+            checkpointer.at_epoch_end(state)
             if state.global_step >= total_steps:
                 break
     finally:
@@ -114,7 +134,8 @@ def train(cfg: TrainConfig) -> int:
         run.events.close()
         return exitcodes.STOPPED_SAVED
 
-    outputs = save_outputs(cfg, accelerator, run, model, modules, state, scan)
+    checkpointer.at_end(state)
+    outputs = save_outputs(cfg, accelerator, run, model, trainable, state, scan, ema)
     run.events.emit("done", step=state.global_step, outputs=outputs,
                     elapsed_s=round(time.time() - run.started, 1))
     run.events.close()
@@ -123,10 +144,9 @@ def train(cfg: TrainConfig) -> int:
 
 
 def make_sampler(cfg: TrainConfig, dataset, accelerator):
-    from .data.sampler import BucketBatchSampler
-    return BucketBatchSampler(dataset.sample_buckets, cfg.schedule.batch_size,
-                              num_processes=accelerator.num_processes, process_index=accelerator.process_index,
-                              seed=cfg.schedule.seed)
+    from .methods.dreambooth import batch_sampler  # pairs instance and class samples when there are both
+    return batch_sampler(dataset, cfg.schedule.batch_size, num_processes=accelerator.num_processes,
+                         process_index=accelerator.process_index, seed=cfg.schedule.seed)
 
 
 class IndexedDataset(torch.utils.data.Dataset):
@@ -178,52 +198,6 @@ def check_finite(loss: float, cfg: TrainConfig, step: int) -> None:
     raise TrainingDiverged(f"loss became {loss} at step {step}: {advice}")
 
 
-def resume_if_possible(cfg: TrainConfig, accelerator, run) -> TrainState:
-    if accelerator.is_main_process:
-        clean_incomplete(run.dir)
-    accelerator.wait_for_everyone()
-    path = find_resume(run.dir, cfg.checkpoints.resume)
-    if path is None:
-        LOG.info("starting fresh (no checkpoint to resume from)")
-        return TrainState()
-    accelerator.load_state(str(path))
-    state = load_state(path)
-    LOG.info("resumed from %s at step %d (epoch %d, batch %d)", path, state.global_step, state.epoch,
-             state.batch_in_epoch)
-    run.events.emit("resumed", step=state.global_step, path=str(path))
-    return state
-
-
-def maybe_checkpoint(cfg: TrainConfig, accelerator, run, state: TrainState, signals: StopSignals,
-                     epoch: int) -> bool:
-    """Save when scheduled or asked; returns True when the run must stop (state saved)."""
-    every = cfg.checkpoints.every_n_steps
-    stop, save_now = signals.agree(accelerator, signals.stop_requested, signals.take_save_request())
-    if stop or save_now or (every and state.global_step % every == 0):
-        state.epoch = epoch
-        path = save_checkpoint(accelerator, run.dir, state, cfg.checkpoints.keep_last)
-        run.events.emit("checkpoint", step=state.global_step, path=str(path))
-    return stop
-
-
-def save_outputs(cfg: TrainConfig, accelerator, run, model, modules, state: TrainState, scan) -> list[str]:
-    from .export import kohya_metadata, save_kohya_lora
-    accelerator.wait_for_everyone()
-    outputs: list[str] = []
-    if accelerator.is_main_process:
-        unwrapped = {name: accelerator.unwrap_model(m) for name, m in modules.items()}
-        meta = kohya_metadata(cfg, model.arch, steps=state.global_step, epochs=state.epoch,
-                              num_images=len(scan.items), tag_frequency=scan.summary.get("tag_frequency"),
-                              started_at=run.started)
-        path = save_kohya_lora(run.dir / f"{cfg.output.name}.safetensors", adapter_state_dicts(unwrapped),
-                               alpha=cfg.network.alpha, arch=model.arch, metadata=meta,
-                               unet_config=dict(unwrapped["unet"].config))
-        outputs.append(str(path))
-        LOG.info("saved %s", path)
-    accelerator.wait_for_everyone()
-    return outputs
-
-
 class Progress:
     """tqdm on the console, `step` events, TensorBoard scalars."""
 
@@ -233,7 +207,8 @@ class Progress:
         self.bar = tqdm(total=total, initial=start, desc="train", disable=not enabled, dynamic_ncols=True)
         self.t0, self.start = time.time(), start
 
-    def step(self, state: TrainState, epoch: int, loss: float, lr: float) -> None:
+    def step(self, state: TrainState, epoch: int, loss: float, lr: float, **parts: float) -> None:
+        """parts: extra loss terms for the event and TensorBoard (loss_instance, loss_prior)."""
         if not self.enabled:
             return
         done = state.global_step - self.start
@@ -243,8 +218,8 @@ class Progress:
         self.bar.update(1)
         if state.global_step % self.run.cfg.logging.log_every == 0 or state.global_step == self.total:
             self.run.events.emit("step", step=state.global_step, total_steps=self.total, epoch=epoch + 1,
-                                 loss=loss, lr=lr, it_per_s=round(rate, 4), eta_s=round(eta, 1))
-            self.run.events.scalars(state.global_step, loss=loss, lr=lr)
+                                 samples=state.samples_seen, loss=loss, lr=lr, it_per_s=round(rate, 4), eta_s=round(eta, 1), **parts)
+            self.run.events.scalars(state.global_step, loss=loss, lr=lr, **parts)
             LOG.debug("step %d loss %.5f lr %.3e", state.global_step, loss, lr)
 
     def close(self) -> None:
