@@ -1,1 +1,79 @@
-"""Training methods: what is trainable and how it is saved."""
+"""Training methods: what is trainable and how it is saved.
+
+Two axes (docs/methods.md): network.type says what is trained (lora | loha | lokr adapters, with
+network.dora / network.conv_rank for LoRA's DoRA and LoCon-style conv adapters, or full), and
+class images (dataset.class_path / dataset.num_class_images) turn on DreamBooth prior preservation.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..config import TrainConfig
+from .base import TEXT_ENCODER_NAMES, Trainable
+
+LOG = logging.getLogger("trainer")
+__all__ = ["TEXT_ENCODER_NAMES", "Trainable", "describe_method", "save_outputs", "setup_method"]
+
+
+def describe_method(cfg: TrainConfig, class_samples: int = 0) -> str:
+    """The method in the words kohya users know: LoRA, DreamBooth LoRA, DreamBooth, fine-tune."""
+    from .variants import variant_name
+    what = variant_name(cfg)
+    te = " and text encoder(s)" if cfg.network.train_text_encoder else ""
+    if cfg.network.type == "full":
+        base = "DreamBooth (full UNet" + te + ")" if class_samples else "fine-tune (full UNet" + te + ")"
+    else:
+        base = ("DreamBooth " if class_samples else "") + what + (" on UNet" + te if te else "")
+    prior = f", prior preservation with {class_samples} class samples/epoch, weight " \
+            f"{cfg.dataset.prior_loss_weight}" if class_samples else ""
+    return base + prior
+
+
+def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
+    """Freeze what is not trained, make what is trainable fp32, log the method (and, for adapter
+    variants without a kohya/webui format, say so in the run log)."""
+    from .variants import format_note
+    if cfg.network.type == "full":
+        from .full import setup_full
+        trainable = setup_full(model, cfg)
+    else:
+        from .lora import setup_lora
+        trainable = setup_lora(model, cfg)
+    count = sum(p.numel() for p in trainable.parameters())
+    LOG.info("method: %s; %s trainable parameters", describe_method(cfg, class_samples), f"{count:,}")
+    if cfg.network.type != "full":
+        LOG.info(format_note(cfg))
+    return trainable
+
+
+def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable, state, scan, ema=None,
+                 file_name: str = "") -> list[str]:
+    """Write the run's outputs on the main process (all processes call). file_name: an intermediate
+    export (see checkpointer.py) that leaves the model as it is. With ema.use_for_output, the EMA
+    weights are what is saved."""
+    import contextlib
+    from ..export import kohya_metadata
+    accelerator.wait_for_everyone()
+    outputs: list[str] = []
+    if accelerator.is_main_process:
+        use_ema = ema is not None and ema.active and cfg.ema.use_for_output
+        if use_ema and not file_name:
+            ema.copy_to_params()  # training is over: the EMA weights become the model's
+            LOG.info("output uses the EMA weights (ema.use_for_output)")
+        meta = kohya_metadata(cfg, model.arch, steps=state.global_step, epochs=state.epoch,
+                              num_images=len(scan.items), tag_frequency=scan.summary.get("tag_frequency"),
+                              started_at=run.started)
+        with ema.applied() if use_ema and file_name else contextlib.nullcontext():
+            if trainable.kind == "full":
+                from .full import save_full_outputs
+                meta = {k: v for k, v in meta.items() if not k.startswith(("ss_network", "modelspec"))}
+                paths = save_full_outputs(cfg, run.dir, model, trainable, meta, file_name=file_name)
+            else:
+                from .variants import save_adapter_output
+                path = run.dir / (file_name or f"{cfg.output.name}.safetensors")
+                paths = [save_adapter_output(cfg, path, model.arch, trainable, meta)]
+        outputs = [str(p) for p in paths]
+        for p in outputs:
+            LOG.info("saved %s", p)
+    accelerator.wait_for_everyone()
+    return outputs

@@ -1,30 +1,59 @@
-"""LoRA adapters through peft: which modules get them, their parameter groups, their state."""
+"""Adapters through peft: LoRA (optionally DoRA), LoHa and LoKr, on the UNet's attention (and
+convolutions, LoCon-style, when network.conv_rank > 0) and optionally the text encoders."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
 
 import torch
-from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig
+from .base import TEXT_ENCODER_NAMES, Trainable, fp32_param_groups
 
-TEXT_ENCODER_NAMES = ("text_encoder", "text_encoder_2")
-
-
-@dataclass
-class Trainable:
-    """The modules that hold trainable parameters, keyed by pipeline component name."""
-    modules: dict[str, torch.nn.Module]
-    param_groups: list[dict] = field(default_factory=list)
-
-    def parameters(self) -> list[torch.nn.Parameter]:
-        return [p for g in self.param_groups for p in g["params"]]
+__all__ = ["TEXT_ENCODER_NAMES", "Trainable", "adapter_config", "adapter_state_dicts", "alpha_for_module",
+           "setup_lora"]
 
 
-def _adapter_config(cfg: TrainConfig, targets: list[str]) -> LoraConfig:
-    return LoraConfig(r=cfg.network.rank, lora_alpha=cfg.network.alpha, lora_dropout=cfg.network.dropout,
-                      init_lora_weights="gaussian", target_modules=targets)
+def _targets(cfg: TrainConfig, component: str) -> tuple[list[str], list[str]]:
+    """(all target module names, the convolution ones among them) for a component."""
+    n = cfg.network
+    if component != "unet":
+        return list(n.text_encoder_target_modules), []
+    targets = list(n.target_modules)
+    conv = [t for t in n.conv_target_modules if t not in targets] if n.conv_rank > 0 else []
+    return targets + conv, conv
+
+
+def adapter_config(cfg: TrainConfig, component: str):
+    """The peft config of network.type for one component ("unet", "text_encoder", "text_encoder_2")."""
+    from peft import LoHaConfig, LoKrConfig, LoraConfig
+    n = cfg.network
+    targets, conv = _targets(cfg, component)
+    # exact (escaped) names: peft matches pattern keys as regexes against module-name suffixes
+    rank_pattern = {re.escape(t): n.conv_rank for t in conv}
+    alpha_pattern = {re.escape(t): n.conv_alpha for t in conv}
+    common = dict(r=n.rank, target_modules=targets, rank_pattern=rank_pattern, alpha_pattern=alpha_pattern)
+    if n.type == "lora":
+        return LoraConfig(lora_alpha=n.alpha, lora_dropout=n.dropout, init_lora_weights="gaussian",
+                          use_dora=n.dora, **common)
+    if n.dora:
+        raise ConfigError(f"network.dora: DoRA is a LoRA option; network.type is {n.type!r}")
+    if n.type == "loha":
+        return LoHaConfig(alpha=n.alpha, rank_dropout=n.dropout, **common)
+    if n.type == "lokr":
+        return LoKrConfig(alpha=n.alpha, rank_dropout=n.dropout, decompose_factor=n.lokr_factor, **common)
+    raise ConfigError(f"network.type: {n.type!r} is not an adapter type")
+
+
+def alpha_for_module(cfg: TrainConfig):
+    """(component, module path) -> alpha, as the kohya export writes it (conv adapters have their own)."""
+    _, conv = _targets(cfg, "unet")
+
+    def alpha(component: str, module: str) -> float:
+        if component == "unet" and any(module == t or module.endswith("." + t) for t in conv):
+            return cfg.network.conv_alpha
+        return cfg.network.alpha
+    return alpha
 
 
 def setup_lora(model, cfg: TrainConfig) -> Trainable:
@@ -32,20 +61,14 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
     and return the adapter parameters in fp32 grouped by learning rate."""
     for module in (model.unet, model.vae, *model.text_encoders):
         module.requires_grad_(False)
-    model.unet.add_adapter(_adapter_config(cfg, list(cfg.network.target_modules)))
+    model.unet.add_adapter(adapter_config(cfg, "unet"))
     modules: dict[str, torch.nn.Module] = {"unet": model.unet}
     if cfg.network.train_text_encoder:
         for name, encoder in zip(TEXT_ENCODER_NAMES, model.text_encoders):
-            encoder.add_adapter(_adapter_config(cfg, list(cfg.network.text_encoder_target_modules)))
+            encoder.add_adapter(adapter_config(cfg, name))
             modules[name] = encoder
-    groups = []
-    te_lr = cfg.network.text_encoder_lr or cfg.optimizer.lr
-    for name, module in modules.items():
-        params = [p for p in module.parameters() if p.requires_grad]
-        for p in params:  # master weights in fp32 even when the frozen base is half precision
-            p.data = p.data.float()
-        groups.append({"params": params, "lr": cfg.optimizer.lr if name == "unet" else te_lr, "name": name})
-    return Trainable(modules=modules, param_groups=groups)
+    groups = fp32_param_groups(modules, cfg.optimizer.lr, cfg.network.text_encoder_lr or cfg.optimizer.lr)
+    return Trainable(modules=modules, param_groups=groups, kind="adapter")
 
 
 def adapter_state_dicts(modules: dict[str, torch.nn.Module]) -> dict[str, dict[str, torch.Tensor]]:

@@ -1,0 +1,74 @@
+"""Full fine-tuning: the UNet (and the text encoders with network.train_text_encoder) are
+trained as fp32 master weights while frozen parts stay in the compute dtype; the result is a
+diffusers folder plus a single-file original-layout checkpoint."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..config import TrainConfig
+from .base import TEXT_ENCODER_NAMES, Trainable, fp32_param_groups
+
+LOG = logging.getLogger("trainer")
+SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def setup_full(model, cfg: TrainConfig) -> Trainable:
+    model.vae.requires_grad_(False)
+    modules: dict[str, torch.nn.Module] = {"unet": model.unet.requires_grad_(True)}
+    for name, encoder in zip(TEXT_ENCODER_NAMES, model.text_encoders):
+        encoder.requires_grad_(cfg.network.train_text_encoder)
+        if cfg.network.train_text_encoder:
+            modules[name] = encoder
+    groups = fp32_param_groups(modules, cfg.optimizer.lr, cfg.network.text_encoder_lr or cfg.optimizer.lr)
+    return Trainable(modules=modules, param_groups=groups, kind="full")
+
+
+def original_text_encoders(cfg: TrainConfig, model) -> list:
+    """The base model's text encoders in fp32, reloaded: the frozen copies used in training were
+    cast to the compute dtype, and the output must carry the original weights, not a rounded copy."""
+    src = Path(model.source)
+    if src.is_dir():
+        return [type(te).from_pretrained(str(src), subfolder=sub, local_files_only=True, dtype=torch.float32)
+                for te, sub in zip(model.text_encoders, TEXT_ENCODER_NAMES)]
+    from ..models.loader import load_model
+    return load_model(cfg.model.path, arch=cfg.model.arch, tokenizer=cfg.model.tokenizer).text_encoders
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def save_full_outputs(cfg: TrainConfig, run_dir: Path, model, trainable: Trainable, metadata: dict[str, str],
+                      file_name: str = "") -> list[Path]:
+    """Final: <name>-diffusers/ (from_pretrained) and <name>.safetensors (from_single_file, webui);
+    training is over, so the modules are cast to network.save_precision in place (no second copy).
+    Intermediate (file_name given): only that single file, from cast copies; the model is untouched."""
+    from ..models.loader import build_pipeline
+    from ..models.single_file import export_single_file
+    dtype = SAVE_DTYPES[cfg.network.save_precision]
+    encoders = list(model.text_encoders)
+    if not cfg.network.train_text_encoder and any(te.dtype != torch.float32 for te in encoders):
+        encoders = original_text_encoders(cfg, model)
+    out_model = dataclasses.replace(model, text_encoders=encoders)
+    if file_name:
+        single = export_single_file(out_model, Path(run_dir) / file_name, dtype=dtype, extra_metadata=metadata)
+        return [single]
+    for module in (out_model.unet, out_model.vae, *encoders):
+        module.to(dtype)
+    name = cfg.output.name
+    folder = Path(run_dir) / f"{name}-diffusers"
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_pipeline(out_model, scheduler="default").save_pretrained(str(tmp), safe_serialization=True)
+    _replace_dir(tmp, folder)
+    single = export_single_file(out_model, Path(run_dir) / f"{name}.safetensors", extra_metadata=metadata)
+    LOG.info("saved %s and %s (%s)", folder, single, cfg.network.save_precision)
+    return [single, folder]
