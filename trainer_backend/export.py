@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import save_file
@@ -32,9 +33,10 @@ def _sdxl_unet_module(module: str, unet_config: dict) -> str:
     return ldm_key[len(UNET_PREFIX):-len(".weight")]
 
 
-def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float, arch: str,
-             unet_config: dict | None = None) -> dict[str, torch.Tensor]:
+def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float | Callable[[str, str], float],
+             arch: str, unet_config: dict | None = None) -> dict[str, torch.Tensor]:
     """peft adapter state dicts (per component) -> one kohya-format dict with `.alpha` keys.
+    alpha: one value, or (component, peft module path) -> alpha (conv adapters have their own).
     SDXL UNet names follow kohya's SDXL layout (input/middle/output_blocks) when the UNet
     config is given; SD1/SD2 kohya LoRAs use the diffusers module names."""
     out: dict[str, torch.Tensor] = {}
@@ -43,7 +45,7 @@ def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float, arch
             suffix = next((s for s in _PEFT_TO_KOHYA if key.endswith(s)), None)
             if suffix is None:
                 raise ValueError(f"unexpected adapter key {key!r}: not a LoRA weight")
-            module = key[: -len(suffix) - 1]
+            module = peft_module = key[: -len(suffix) - 1]
             if component == "unet":
                 prefix = "lora_unet"
                 if arch == "sdxl" and unet_config is not None:
@@ -55,7 +57,8 @@ def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float, arch
             name = f"{prefix}_{module.replace('.', '_')}"
             out[f"{name}.{_PEFT_TO_KOHYA[suffix]}"] = tensor.contiguous()
             if suffix == "lora_A.weight":
-                out[f"{name}.alpha"] = torch.tensor(float(alpha))
+                value = alpha(component, peft_module) if callable(alpha) else alpha
+                out[f"{name}.alpha"] = torch.tensor(float(value))
     return out
 
 
@@ -100,7 +103,8 @@ def kohya_metadata(cfg, arch: str, *, steps: int, epochs: int, num_images: int,
     return meta
 
 
-def save_kohya_lora(path: Path, state_dicts: dict[str, dict[str, torch.Tensor]], *, alpha: float, arch: str,
+def save_kohya_lora(path: Path, state_dicts: dict[str, dict[str, torch.Tensor]], *,
+                    alpha: float | Callable[[str, str], float], arch: str,
                     metadata: dict[str, str], unet_config: dict | None = None) -> Path:
     """Write atomically (temp file + rename) so a crash never leaves a half file under the final name."""
     path = Path(path)

@@ -48,8 +48,10 @@ def snr_weights(scheduler, timesteps: torch.Tensor, gamma: float, prediction_typ
 
 
 def diffusion_loss(model, unet, batch: dict, *, cfg, epoch: int, device, weight_dtype,
-                   text_encoders: list | None = None) -> torch.Tensor:
-    """Mean loss over the batch: noise the latents, predict, compare with the target."""
+                   text_encoders: list | None = None, parts: "LossParts | None" = None) -> torch.Tensor:
+    """Mean loss over the batch: noise the latents, predict, compare with the target.
+    Class (prior-preservation) samples are weighted by dataset.prior_loss_weight; `parts`, when
+    given, collects the instance and class (prior) losses separately for the step event."""
     indices = batch["index"].tolist()
     if "latents" in batch:
         latents = batch["latents"].to(device, torch.float32)
@@ -88,11 +90,39 @@ def diffusion_loss(model, unet, batch: dict, *, cfg, epoch: int, device, weight_
     per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
     if cfg.loss.min_snr_gamma > 0:
         per_sample = per_sample * snr_weights(scheduler, timesteps, cfg.loss.min_snr_gamma, model.prediction_type)
-    if "is_class" in batch and cfg_prior_weight(cfg) != 1.0:
-        weights = torch.where(batch["is_class"].to(device), cfg_prior_weight(cfg), 1.0)
+    if parts is not None and "is_class" in batch:
+        parts.add(per_sample.detach(), batch["is_class"])
+    if "is_class" in batch and cfg.dataset.prior_loss_weight != 1.0:
+        weights = torch.where(batch["is_class"].to(device), cfg.dataset.prior_loss_weight, 1.0)
         per_sample = per_sample * weights
     return per_sample.mean()
 
 
-def cfg_prior_weight(cfg) -> float:
-    return float(getattr(cfg.dataset, "prior_loss_weight", 1.0))
+class LossParts:
+    """Per-sample losses of one optimizer step, summed by kind: instance samples and class
+    (prior-preservation) samples, the latter before dataset.prior_loss_weight. `reduce` averages
+    each over all processes: {"loss_instance": ..., "loss_prior": ...} (a part with no sample this
+    step is left out). Disabled (reduce returns {}) when the run has no class samples."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.totals = torch.zeros(4, dtype=torch.float64)  # instance sum, count, class sum, count
+
+    def add(self, per_sample: torch.Tensor, is_class: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        losses, is_class = per_sample.detach().double().cpu(), is_class.cpu().bool()
+        self.totals += torch.stack([losses[~is_class].sum(), (~is_class).sum().double(),
+                                    losses[is_class].sum(), is_class.sum().double()])
+
+    def reduce(self, accelerator) -> dict[str, float]:
+        if not self.enabled:
+            return {}
+        totals = self.totals
+        if accelerator.num_processes > 1:
+            totals = accelerator.reduce(totals.to(accelerator.device), reduction="sum").cpu()
+        out = {}
+        for name, (total, count) in (("loss_instance", totals[:2]), ("loss_prior", totals[2:])):
+            if count > 0:
+                out[name] = float(total / count)
+        return out
