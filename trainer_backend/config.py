@@ -104,6 +104,16 @@ class Dataset(Section):
     class_prompt: str = F("", "Caption for every class image; empty = their caption files or folder names.")
     class_samples: int = F(0, "Class samples per epoch; 0 = as many as the instance samples (class images are "
                               "cycled if there are fewer).", ge=0)
+    num_class_images: int = F(0, "DreamBooth prior preservation: class images wanted. When class_path holds fewer "
+                                 "(or is empty), the missing ones are generated with the base model from "
+                                 "class_prompt before training, into a cache outside the dataset, and reused by "
+                                 "later runs. 0 = never generate.", ge=0, le=100000)
+    prior_loss_weight: float = F(1.0, "Weight of the prior-preservation loss (the class samples' loss).", ge=0.0,
+                                 le=100.0)
+    class_negative_prompt: str = F("", "Negative prompt used when generating class images.", advanced=True)
+    class_generation_steps: int = F(30, "Sampling steps per generated class image.", ge=1, le=1000, advanced=True)
+    class_guidance_scale: float = F(7.5, "CFG scale for generated class images.", ge=0.0, le=50.0, advanced=True)
+    class_generation_batch_size: int = F(4, "Class images generated per batch.", ge=1, le=256, advanced=True)
     bucketing: bool = F(False, "Aspect-ratio bucketing: batches of same-shaped images near resolution² in area, "
                                "instead of square crops.")
     bucket_min_side: int = F(0, "Smallest bucket side; images whose shorter side is smaller are skipped. "
@@ -162,7 +172,9 @@ class Dataset(Section):
 class Network(Section):
     """What is trained."""
     TAB: ClassVar[str] = "Network"
-    type: Literal["lora", "loha", "lokr", "full"] = F("lora", "lora/loha/lokr adapters, or full fine-tuning.")
+    type: Literal["lora", "loha", "lokr", "full"] = F(
+        "lora", "lora / loha / lokr adapters (peft), or full fine-tuning of the UNet (and the text encoders with "
+                "train_text_encoder). With class images this is DreamBooth (see docs/methods.md).")
     rank: int = F(16, "Adapter rank (dim).", ge=1, le=1024)
     alpha: float = F(16.0, "Adapter alpha; the update is scaled by alpha/rank.", gt=0)
     dropout: float = F(0.0, "Dropout on the adapter's input.", ge=0.0, lt=1.0, advanced=True)
@@ -173,6 +185,18 @@ class Network(Section):
                                advanced=True)
     text_encoder_target_modules: list[str] = F(["q_proj", "k_proj", "v_proj", "out_proj"],
                                                "Text-encoder module names that get adapters.", advanced=True)
+    dora: bool = F(False, "LoRA only: weight-decomposed LoRA (DoRA). Saved in diffusers format (no kohya/webui "
+                          "DoRA format is written).")
+    conv_rank: int = F(0, "Also put adapters on the UNet's convolutions (LoCon-style) with this rank; 0 = off.",
+                       ge=0, le=1024)
+    conv_alpha: float = F(1.0, "Alpha of the convolution adapters.", gt=0)
+    conv_target_modules: list[str] = F(["conv1", "conv2", "conv_shortcut", "downsamplers.0.conv",
+                                        "upsamplers.0.conv"], "UNet convolution names that get adapters when "
+                                       "conv_rank > 0.", advanced=True)
+    lokr_factor: int = F(-1, "LoKr: Kronecker factor of the weight's dimensions; -1 = as square as possible.",
+                         ge=-1, le=1024, advanced=True)
+    save_precision: Literal["fp32", "fp16", "bf16"] = F(
+        "fp16", "Full fine-tune: precision of the saved diffusers folder and single-file checkpoint.")
 
 
 class Optimizer(Section):
@@ -282,6 +306,41 @@ class Checkpoints(Section):
     resume: str = F("auto", "auto (latest valid checkpoint), none, or a checkpoint path.")
 
 
+class Ema(Section):
+    """Exponential moving average of the trained weights (full fine-tune or adapters)."""
+    TAB: ClassVar[str] = "Network"
+    enabled: bool = F(False, "Keep an EMA copy of the trainable weights.")
+    decay: float = F(0.999, "EMA decay per optimizer step (0.999 averages over roughly the last 1000 steps).",
+                     gt=0.0, lt=1.0)
+    every_n_steps: int = F(1, "Update the EMA every N optimizer steps (decay^N per update, so the average spans "
+                              "the same steps; saves time when the EMA is on the CPU).", ge=1, le=100000)
+    device: Literal["cpu", "accelerator"] = F("cpu", "cpu: EMA weights in system RAM (saves GPU memory); "
+                                                     "accelerator: next to the weights (faster updates).")
+    use_for_samples: bool = F(True, "Generate sample images with the EMA weights.")
+    use_for_output: bool = F(True, "Save the EMA weights as the final output (checkpoints always hold both).")
+
+
+class Samples(Section):
+    """Sample images during training."""
+    TAB: ClassVar[str] = "Samples"
+    prompts: str = F("", "One prompt per line. Options after the prompt, kohya style: --n negative prompt, "
+                         "--w width, --h height, --d seed, --s steps, --l CFG scale. Lines starting with # are "
+                         "ignored.", widget="textarea")
+    prompt_file: str = F("", "Text file with more prompts, same format (used after samples.prompts).",
+                         widget="path")
+    every_n_steps: int = F(0, "Sample every N optimizer steps; 0 = off.", ge=0)
+    every_n_epochs: int = F(0, "Sample at the end of every N-th epoch; 0 = off.", ge=0)
+    before_first_step: bool = F(False, "Also sample once before training starts (the untrained model).")
+    width: int = F(0, "Default width; 0 = dataset.resolution.", ge=0, le=4096, multiple_of=8)
+    height: int = F(0, "Default height; 0 = dataset.resolution.", ge=0, le=4096, multiple_of=8)
+    steps: int = F(20, "Default sampling steps.", ge=1, le=1000)
+    cfg_scale: float = F(7.0, "Default classifier-free guidance scale.", ge=0.0, le=50.0)
+    seed: int = F(1234, "Seed of the first prompt; prompt i uses seed + i unless its line sets --d.", ge=0)
+    negative_prompt: str = F("", "Default negative prompt.")
+    scheduler: Literal["euler", "euler_a", "ddim", "dpmpp_2m", "pndm", "unipc", "ddpm", "default"] = F(
+        "euler", "Sampler; default = the model's own scheduler.", advanced=True)
+
+
 class Logging(Section):
     """Console, TensorBoard and events."""
     TAB: ClassVar[str] = "Logging"
@@ -303,6 +362,8 @@ class TrainConfig(BaseModel):
     precision: Precision = Field(default_factory=Precision)
     hardware: Hardware = Field(default_factory=Hardware)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    ema: Ema = Field(default_factory=Ema)
+    samples: Samples = Field(default_factory=Samples)
     logging: Logging = Field(default_factory=Logging)
 
     @property

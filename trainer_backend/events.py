@@ -59,6 +59,11 @@ class RunEvents:
             for name, value in values.items():
                 self._tb.add_scalar(name, value, step)
 
+    def image(self, tag: str, image_hwc, step: int) -> None:
+        """An RGB image (H, W, 3 uint8 array) to TensorBoard, e.g. sample images."""
+        if self._tb is not None:
+            self._tb.add_image(tag, image_hwc, step, dataformats="HWC")
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.flush()

@@ -131,26 +131,20 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
 
 
 def register_adapter_hooks(accelerator, trainable) -> None:
-    """Checkpoints hold only the trainable (adapter) weights, not the frozen base model."""
-    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+    """Checkpoints hold only the trainable weights (the adapters, or the trained modules of a full
+    fine-tune), never the frozen base; the method's Trainable says what goes in which file."""
     from safetensors.torch import load_file, save_file
 
-    names = list(trainable.modules)
-
     def save_hook(models, weights, output_dir):
-        for name, m in zip(names, models):
-            sd = {k: v.contiguous() for k, v in get_peft_model_state_dict(accelerator.unwrap_model(m)).items()}
-            save_file(sd, str(Path(output_dir) / f"adapter_{name}.safetensors"))
+        if accelerator.is_local_main_process:  # every rank holds the same weights: one writer per node
+            for name in trainable.modules:
+                save_file(trainable.state_dict(name), str(Path(output_dir) / trainable.checkpoint_file(name)))
         weights.clear()
 
     def load_hook(models, input_dir):
-        loaded = list(models)
         models.clear()
-        for name, m in zip(names, loaded):
-            sd = load_file(str(Path(input_dir) / f"adapter_{name}.safetensors"))
-            set_peft_model_state_dict(accelerator.unwrap_model(m), sd)
-        for p in trainable.parameters():  # diffusers #6552: keep trainable params fp32 after a load
-            p.data = p.data.float()
+        for name in trainable.modules:
+            trainable.load_state_dict(name, load_file(str(Path(input_dir) / trainable.checkpoint_file(name))))
 
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
