@@ -35,7 +35,7 @@ class PresetPanel:
 
 
 def build_preset_panel(studio: Studio, initial_label: str | None) -> PresetPanel:
-    with gr.Group(elem_id="preset-bar"):
+    with gr.Column(elem_id="preset-bar"):
         with gr.Row(equal_height=False, elem_classes=["preset-row"]):
             dropdown = gr.Dropdown(choices=studio.store.labels(), value=initial_label, label="Preset",
                                    elem_id="preset-select", scale=3, allow_custom_value=False)

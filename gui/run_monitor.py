@@ -121,7 +121,7 @@ def progress_numbers(snap: Snapshot, alive: bool, started: float | None, now: fl
     if not total and isinstance(snap.plan.get("multi"), dict):
         total = snap.plan["multi"].get("total_steps", 0)
     start = started if started is not None else snap.first_time
-    end = now if alive else (snap.last_time or now)
+    end = now if alive else (snap.last_time or start)
     eta = _number(last.get("eta_s"))
     if eta is not None and alive and isinstance(last.get("time"), (int, float)):
         eta = max(0.0, eta - (now - last["time"]))

@@ -4,6 +4,7 @@ so a refreshed browser or a restarted GUI sees the same thing."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from . import processes as procs
 
 TERMINAL = ("done", "stopped", "preempted", "error")
 RESUMABLE = ("stopped", "preempted", "interrupted")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 HEAD_BYTES = 128   # the file's first bytes identify it (a rewritten file is read from the start)
 
 
@@ -195,6 +197,11 @@ def last_error_line(run_dir: Path) -> str:
     for line in reversed(lines):
         if line.startswith("error:"):
             return line[len("error:"):].strip()
+    # a crash before the trainer could report it: the exception line of the traceback
+    # (the launcher's own CalledProcessError only says that the trainer failed)
+    for line in reversed(lines):
+        if EXCEPTION_LINE.match(line) and not line.startswith("subprocess.CalledProcessError"):
+            return line.strip()
     return ""
 
 

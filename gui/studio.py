@@ -19,7 +19,7 @@ TITLE = "SD Training Studio"
 CSS = """
 .preset-row { align-items: flex-end !important; }
 .preset-row button { margin-bottom: 6px; }
-.field-error { color: #c0392b; font-weight: 600; margin-top: -6px; }
+.field-error, .field-error * { color: #c0392b !important; font-weight: 600; }
 .field-error p { margin: 0; }
 .section-title h4 { margin: 10px 0 0 0; }
 .toml-field textarea, .run-log textarea { font-family: ui-monospace, SFMono-Regular, Menlo, monospace;

@@ -40,7 +40,7 @@ def _inspector(ui: dict) -> None:
 def _gpus(ui: dict) -> None:
     gr.Markdown("#### Detected GPUs")
     ui["gpus_md"] = gr.Markdown(gpus_markdown(), elem_id="gpus-detected")
-    gr.Markdown("#### Step plan: 1 GPU vs this run")
+    gr.Markdown("#### Step plan: what Start will run, next to the same config on 1 GPU")
     ui["plan_md"] = gr.Markdown("The plan appears when the dataset has been inspected.", elem_id="plan-table")
 
 

@@ -204,3 +204,18 @@ def test_progress_counts_down_the_eta_between_events():
                                       it_per_s=1.0, eta_s=15.0, time=1000.0)])
     numbers = progress_numbers(snap, alive=True, started=990.0, now=1005.0)
     assert numbers["fraction"] == 0.25 and numbers["eta"] == 10.0 and numbers["elapsed"] == 15.0
+
+
+def test_a_crash_before_any_event_shows_the_exception(tmp_path):
+    run = make_run(tmp_path, "crashed")
+    (run / "console.log").write_text(
+        "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+        "ImportError: cannot import name 'thing' from 'trainer_backend.checkpoints'\n"
+        "Traceback (most recent call last):\n"
+        "subprocess.CalledProcessError: Command '[...]' returned non-zero exit status 1.\n")
+    procs.write_exit(run, 1)
+    state = run_status(run)
+    assert state.status == "error" and "ImportError: cannot import name 'thing'" in state.text
+    # the log shown for a failed run ends with the console (where the traceback is)
+    (run / "train.log").write_text("10:00:00 INFO starting\n")
+    assert "ImportError" in log_tail(run, with_console=True)

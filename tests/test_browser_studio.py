@@ -1,0 +1,236 @@
+"""The studio in a real browser (Playwright driving Debian's chromium, headless).
+
+Training page: the demo preset is loaded, the plan follows the GPU count, a preset saves and
+loads back, validation shows next to the field. Run (slow): Start the demo, see log lines and
+loss points, Stop -> "state saved", restart the GUI -> the run is listed as resumable.
+Screenshots go to tests/artifacts/."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed")
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python app.py` as a user starts it, on a free port, with its own runs/presets folders."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.runs = tmp / "runs"
+        self.presets = tmp / "presets"
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self) -> "Server":
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}/"
+        log = open(self.tmp / f"app-{port}.log", "w")
+        self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--runs-dir", str(self.runs),
+                                      "--presets-dir", str(self.presets), "--stop-timeout", "60"],
+                                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            assert self.proc.poll() is None, (self.tmp / f"app-{port}.log").read_text()
+            try:
+                urllib.request.urlopen(self.url, timeout=2)
+                return self
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError("the studio did not start serving in 120 s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill_trainers(self) -> None:
+        """Test teardown: the trainer runs in its own session and outlives the GUI by design."""
+        for record in self.runs.glob("*/process.json"):
+            pgid = json.loads(record.read_text()).get("pgid")
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (OSError, TypeError):
+                pass
+
+
+@pytest.fixture()
+def server(tmp_path):
+    srv = Server(tmp_path).start()
+    yield srv
+    srv.stop()
+    srv.kill_trainers()
+
+
+@pytest.fixture()
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def open_page(browser, url: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(30_000)
+    page.goto(url)
+    page.wait_for_selector("#field-model-path", timeout=90_000)
+    return page
+
+
+def field_input(page, section: str, key: str):
+    return page.locator(f"#field-{section}-{key}").locator("input, textarea").first
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def wait_text(page, selector: str, pattern: str, timeout_s: float) -> str:
+    """Poll an element's text until it matches (the page refreshes itself on a timer)."""
+    deadline = time.time() + timeout_s
+    text = ""
+    while time.time() < deadline:
+        loc = page.locator(selector)
+        if loc.count():
+            # inner_text keeps table cells apart; hidden tabs only have textContent
+            text = loc.first.inner_text() if loc.first.is_visible() else (loc.first.text_content() or "")
+            if re.search(pattern, text):
+                return text
+        time.sleep(0.5)
+    raise AssertionError(f"{selector}: {pattern!r} did not appear in {timeout_s} s; last text: {text[-500:]!r}")
+
+
+def plan_rows(text: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("\t") if c.strip()]
+        if len(cells) == 3:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def choose_preset(page, label: str) -> None:
+    page.locator("#preset-select input").first.click()
+    page.get_by_role("option", name=label, exact=True).click()
+    page.wait_for_function(f"() => document.querySelector('#preset-select input').value === {label!r}",
+                           timeout=10_000)
+
+
+def test_training_page_demo_plan_presets_and_validation(server, browser):
+    page = open_page(browser, server.url)
+    assert field_input(page, "model", "path").input_value() == "builtin:tiny-sd1"
+    assert "demo-sd1-lora" in page.locator("#preset-select input").first.input_value()
+    shot(page, "studio-training")
+
+    # the plan follows the GPU count
+    page.get_by_role("tab", name="GPUs").click()
+    one = wait_text(page, "#plan-table", r"total optimizer steps", 60)
+    assert "2 GPUs" not in one
+    gpus = field_input(page, "hardware", "num_processes")
+    gpus.fill("2")
+    gpus.press("Tab")
+    two = wait_text(page, "#plan-table", r"2 GPUs", 30)
+    rows = plan_rows(two)
+    single_steps, multi_steps = (int(v.replace(",", "").split()[0]) for v in rows["optimizer steps per epoch"])
+    assert multi_steps < single_steps, two
+    assert re.search(r"instead of", two)          # the automatic adjustment, in words
+    shot(page, "studio-plan-2-gpus")
+
+    # save a preset, change the form, load the preset back
+    page.locator("#preset-name input, #preset-name textarea").first.fill("browser preset")
+    page.click("#preset-save-as")
+    wait_text(page, "#preset-message", r"Saved \*?\*?browser preset|Saved browser preset", 20)
+    saved = server.presets / "browser preset.toml"
+    assert saved.exists() and "num_processes = 2" in saved.read_text()
+    gpus.fill("1")
+    gpus.press("Tab")
+    wait_text(page, "#plan-table", r"this run", 30)
+    choose_preset(page, "demo-sd1-lora (built-in)")
+    choose_preset(page, "browser preset")
+    page.click("#preset-load")
+    wait_text(page, "#preset-message", r"Loaded", 20)
+    page.wait_for_function(
+        "() => document.querySelector('#field-hardware-num_processes input').value === '2'", timeout=20_000)
+    wait_text(page, "#plan-table", r"2 GPUs", 30)
+
+    # a bad value: the message appears under the field it names
+    page.get_by_role("tab", name="Optimizer & schedule").click()
+    batch = field_input(page, "schedule", "batch_size")
+    batch.fill("0")
+    batch.press("Tab")
+    err = wait_text(page, "#err-schedule-batch_size", r"must be ≥ 1", 20)
+    assert "schedule.batch_size" in err
+    shot(page, "studio-validation")
+    batch.fill("2")
+    batch.press("Tab")
+    page.wait_for_selector("#err-schedule-batch_size", state="hidden", timeout=20_000)
+
+
+@pytest.mark.slow
+def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
+    page = open_page(browser, server.url)
+    page.get_by_role("tab", name="GPUs").click()
+    plan = wait_text(page, "#plan-table", r"total optimizer steps", 60)   # what Start will run
+    page.click("#start-training")
+    wait_text(page, "#run-header", r"demo-sd1-lora", 30)
+    # live log and at least two loss points
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        caption = page.locator("#run-chart-caption").inner_text()
+        m = re.match(r"(\d+) loss points", caption)
+        if m and int(m.group(1)) >= 2:
+            break
+        progress = page.locator("#run-progress").inner_text()
+        assert "error" not in progress, f"the demo run failed: {progress}\n{page.locator('#run-log textarea').input_value()[-3000:]}"
+        time.sleep(1)
+    else:
+        raise AssertionError(f"no loss points; page says {page.locator('#run-progress').inner_text()!r}")
+    log = page.locator("#run-log textarea").input_value()
+    assert "INFO" in log and len(log.splitlines()) >= 2
+    assert page.locator("#run-loss canvas, #run-loss svg").count() > 0
+    shot(page, "studio-run-live")
+
+    page.click("#run-stop")
+    wait_text(page, "#run-message", r"stopping, saving state", 20)
+    stopped = wait_text(page, "#run-progress", r"state saved", 180)
+    shot(page, "studio-run-stopped")
+    wait_text(page, "#run-progress", r"resumable", 60)        # the process has exited
+    assert "error" not in stopped.lower()
+
+    # a restarted GUI finds the run in its folder and offers to resume it
+    server.stop()
+    server.start()
+    page = open_page(browser, server.url)
+    page.get_by_role("tab", name="Runs").click()
+    table = wait_text(page, "#runs-table", r"demo-sd1-lora", 30)
+    assert "resumable" in table, table
+    shot(page, "studio-runs-after-restart")
+    page.get_by_role("tab", name="Run").click()
+    wait_text(page, "#run-progress", r"resumable", 30)
