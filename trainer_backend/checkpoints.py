@@ -1,8 +1,10 @@
-"""Atomic checkpoints of the complete training state, retention, and finding one to resume.
+"""Checkpoint folders on disk: the trainer state, atomic writes, manifests, listing and pruning.
 
 A checkpoint is written into `checkpoints/.tmp-step-XXXXXXXX`, fsynced, completed by
-`manifest.json` (files, sizes, sha256, step) written last, then renamed to
-`checkpoints/step-XXXXXXXX`. A folder without a valid manifest is never resumed from.
+`manifest.json` (files, sizes, sha256, step, metrics) written last, then renamed to
+`checkpoints/step-XXXXXXXX`. A folder without a valid manifest is never resumed from and is
+removed by `clean_incomplete`. Pruning renames a folder away before deleting it, so a
+half-deleted checkpoint is never mistaken for a complete one.
 """
 from __future__ import annotations
 
@@ -11,33 +13,57 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 LOG = logging.getLogger("trainer")
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.json"
+FORMAT = 1
+PREFIX = "step-"
+TRANSIENT = (".tmp-", ".deleting-", ".old-", ".download-")
 
 
 @dataclass
 class TrainState:
-    """Where the run is: enough to continue with the same next batch."""
+    """Where the run is: enough to continue with the same next batch, plus what resume checks."""
     global_step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0        # batches of this process already consumed in `epoch`
     samples_seen: int = 0
-    config_hash: str = ""
-    safe_options: dict = field(default_factory=dict)
+    run_id: str = ""               # stable across resumes (webhook payloads, remote layout checks)
+    num_processes: int = 1
+    config: dict = field(default_factory=dict)      # the run's config (secrets stripped) when saved
+    dataset_fingerprint: str = ""  # see resume.dataset_fingerprint
+    plan: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainState":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, permissions…); the previous one is intact."""
 
 
 def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}"
+    return f"{PREFIX}{step:08d}"
 
 
-def _sha256(path: Path) -> str:
+def step_of(path: Path | str) -> int:
+    return int(Path(path).name[len(PREFIX):])
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -45,107 +71,184 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_tree(folder: Path) -> None:
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(folder, os.O_RDONLY)
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def write_manifest(folder: Path, step: int) -> dict:
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            _fsync_path(path)
+    _fsync_path(folder)
+
+
+def write_manifest(folder: Path, step: int, metrics: dict | None = None, trigger: str = "") -> dict:
+    """List every file with its size and sha256, then write manifest.json (fsynced) last."""
     files = {}
     for path in sorted(folder.rglob("*")):
         if path.is_file() and path.name != MANIFEST:
-            rel = path.relative_to(folder).as_posix()
-            files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    manifest = {"step": step, "files": files}
+            files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    manifest = {"format": FORMAT, "step": step, "created": round(time.time(), 3), "trigger": trigger,
+                "metrics": metrics or {}, "files": files}
     tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(manifest, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, folder / MANIFEST)
+    _fsync_path(folder)
     return manifest
+
+
+def read_manifest(folder: Path) -> dict | None:
+    try:
+        manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+        return manifest if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict) else None
+    except (OSError, ValueError):
+        return None
 
 
 def is_valid(folder: Path, verify_hashes: bool = False) -> bool:
     """Complete when the manifest exists and every listed file has its size (and hash)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return False
+    name = Path(folder).name
+    if name.startswith(PREFIX) and name[len(PREFIX):].isdigit() and manifest.get("step") != step_of(folder):
+        return False
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
         for rel, meta in manifest["files"].items():
-            path = folder / rel
+            path = Path(folder) / rel
             if path.stat().st_size != meta["size"]:
                 return False
-            if verify_hashes and _sha256(path) != meta["sha256"]:
+            if verify_hashes and sha256_file(path) != meta["sha256"]:
                 return False
         return True
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError):
         return False
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Valid checkpoints, oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = checkpoints_dir(run_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.glob("step-*") if p.is_dir() and is_valid(p)]
-    return sorted(found, key=lambda p: p.name)
+    found = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX):].isdigit() and is_valid(p)]
+    return sorted(found, key=step_of)
 
 
-def clean_incomplete(run_dir: Path) -> None:
-    root = Path(run_dir) / "checkpoints"
+def clean_incomplete(run_dir: Path) -> list[Path]:
+    """Remove temporary folders and checkpoints without a valid manifest (after a crash)."""
+    root = checkpoints_dir(run_dir)
+    removed = []
     if not root.is_dir():
-        return
-    for p in root.iterdir():
-        if p.is_dir() and (p.name.startswith(".tmp-") or not is_valid(p)):
-            LOG.warning("removing incomplete checkpoint %s", p)
+        return removed
+    for p in sorted(root.iterdir()):
+        if not p.is_dir():
+            continue
+        if p.name.startswith(TRANSIENT) or (p.name.startswith(PREFIX) and not is_valid(p)):
+            LOG.warning("removing incomplete checkpoint folder %s", p)
             shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
-def save_checkpoint(accelerator, run_dir: Path, state: TrainState, keep_last: int) -> Path:
+def delete_checkpoint(path: Path) -> None:
+    """Rename away first: a folder is either complete under its name or gone."""
+    doomed = path.parent / f".deleting-{path.name}"
+    try:
+        os.replace(path, doomed)
+    except OSError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def prune(run_dir: Path, keep_steps: set[int]) -> list[int]:
+    """Delete the valid checkpoints whose step is not in keep_steps; returns the deleted steps."""
+    deleted = []
+    for path in list_checkpoints(run_dir):
+        if step_of(path) not in keep_steps:
+            delete_checkpoint(path)
+            deleted.append(step_of(path))
+    return deleted
+
+
+def checkpoint_infos(run_dir: Path) -> list[tuple[int, dict]]:
+    """(step, metrics) of each valid checkpoint, for the retention policy."""
+    out = []
+    for path in list_checkpoints(run_dir):
+        manifest = read_manifest(path) or {}
+        out.append((step_of(path), manifest.get("metrics") or {}))
+    return out
+
+
+def _any_rank_failed(accelerator, failed: bool) -> bool:
+    if accelerator.num_processes == 1:
+        return failed
+    import torch
+    flag = torch.tensor([1.0 if failed else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
+
+
+def save_checkpoint(accelerator, run_dir: Path, state: TrainState, metrics: dict | None = None,
+                    trigger: str = "") -> Path:
     """Every process calls this (accelerate saves each rank's RNG state); the main process
-    finalises the folder and prunes old ones."""
-    root = Path(run_dir) / "checkpoints"
-    final = root / checkpoint_name(state.global_step)
-    tmp = root / f".tmp-{checkpoint_name(state.global_step)}"
+    finalises the folder. On an OSError (disk full…) on any rank, the temporary folder is
+    removed and every rank raises CheckpointWriteError: the previous checkpoint stays valid."""
+    root = checkpoints_dir(run_dir)
+    name = checkpoint_name(state.global_step)
+    final, tmp = root / name, root / f".tmp-{name}"
+    error: BaseException | None = None
+    # Three phases, each followed by the same all-reduce on every rank, so a failure on any
+    # rank takes every rank down the same branch (no rank left waiting in a barrier).
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(state.to_json())
-        _fsync_tree(tmp)
-        write_manifest(tmp, state.global_step)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        prune(run_dir, keep_last)
-    accelerator.wait_for_everyone()
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError as e:
+            error = e
+    failed = _any_rank_failed(accelerator, error is not None)
+    if not failed:
+        try:
+            accelerator.save_state(str(tmp))
+        except Exception as e:  # torch.save/safetensors report a full disk as RuntimeError & co
+            error = e
+        failed = _any_rank_failed(accelerator, error is not None)
+    if not failed:
+        if accelerator.is_main_process:
+            try:
+                _finalise(tmp, final, state, metrics, trigger)
+            except Exception as e:
+                error = e
+        failed = _any_rank_failed(accelerator, error is not None)
+    if failed:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = [p for p in list_checkpoints(run_dir) if p != final]
+        kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+        reason = f"{type(error).__name__}: {error}" if error else "another process failed to write its part"
+        raise CheckpointWriteError(f"could not write checkpoint {final} ({reason}); {kept}. "
+                                   "Free disk space (or fix the folder's permissions) and start the run again "
+                                   "to resume.")
     return final
 
 
-def prune(run_dir: Path, keep_last: int) -> None:
-    for old in list_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def find_resume(run_dir: Path, resume: str) -> Path | None:
-    """`auto`: the latest valid local checkpoint (or None); `none`; or an explicit folder."""
-    if resume == "none":
-        return None
-    if resume == "auto":
-        found = list_checkpoints(run_dir)
-        return found[-1] if found else None
-    path = Path(resume)
-    if not is_valid(path):
-        from .config import ConfigError
-        raise ConfigError(f"checkpoints.resume: {path} is not a complete checkpoint (no valid manifest.json)")
-    return path
+def _finalise(tmp: Path, final: Path, state: TrainState, metrics: dict | None, trigger: str) -> None:
+    """Trainer state, fsync, manifest last, then the rename that makes the checkpoint exist."""
+    (tmp / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
+    _fsync_tree(tmp)
+    write_manifest(tmp, state.global_step, metrics, trigger)
+    old = final.parent / f".old-{final.name}"
+    if final.exists():  # only after a crash between two saves of one step
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_path(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_state(path: Path) -> TrainState:
-    return TrainState(**json.loads((Path(path) / STATE_FILE).read_text()))
+    return TrainState.from_dict(json.loads((Path(path) / STATE_FILE).read_text(encoding="utf-8")))

@@ -9,11 +9,40 @@ import json
 import logging
 import math
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 LOG = logging.getLogger("trainer")
+
+
+class EventSink(Protocol):
+    """Receives every event record of a run (cloud uploads, webhooks). `handle` must not block;
+    `close` may wait up to its own bounded time (it runs when the run's RunEvents closes)."""
+    def handle(self, record: dict) -> None: ...
+    def close(self) -> None: ...
+
+
+_SINKS: dict[Path, list[EventSink]] = {}
+_SINKS_LOCK = threading.Lock()
+
+
+def attach_sink(run_dir: Path, sink: EventSink) -> None:
+    """Route the events of the run in run_dir to sink too (main process; in order of attachment)."""
+    with _SINKS_LOCK:
+        _SINKS.setdefault(Path(run_dir).resolve(), []).append(sink)
+
+
+def close_sinks(run_dir: Path) -> None:
+    """Close and detach the run's sinks, in the order they were attached."""
+    with _SINKS_LOCK:
+        sinks = _SINKS.pop(Path(run_dir).resolve(), [])
+    for sink in sinks:
+        try:
+            sink.close()
+        except Exception:  # a broken sink must not hide the run's own outcome
+            LOG.exception("closing %s failed", type(sink).__name__)
 
 
 def _jsonable(value: Any) -> Any:
@@ -35,6 +64,8 @@ class RunEvents:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self._file = None
+        self._lock = threading.Lock()  # background uploaders emit too
+        self._sink_key = self.run_dir.resolve()
         self._tb = None
         if not enabled:
             return
@@ -51,8 +82,17 @@ class RunEvents:
         if not self.enabled:
             return
         record = {"event": event, "time": round(time.time(), 3), **_jsonable(fields)}
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._file.flush()
+        with self._lock:
+            if self._file is not None:
+                self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                self._file.flush()
+        with _SINKS_LOCK:
+            sinks = list(_SINKS.get(self._sink_key, []))
+        for sink in sinks:
+            try:
+                sink.handle(record)
+            except Exception:
+                LOG.exception("event sink %s failed", type(sink).__name__)
 
     def scalars(self, step: int, **values: float) -> None:
         if self._tb is not None:
@@ -65,13 +105,17 @@ class RunEvents:
             self._tb.add_image(tag, image_hwc, step, dataformats="HWC")
 
     def close(self) -> None:
+        """Close the sinks first (they may still emit, e.g. the last `upload` events), then the files."""
+        if self.enabled:
+            close_sinks(self.run_dir)
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()
             self._tb = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
 
 def setup_logging(run_dir: Path | None, main_process: bool) -> None:

@@ -84,8 +84,11 @@ def train(cfg: TrainConfig) -> int:
                 break
             batches = sampler.batches(epoch)[state.batch_in_epoch:]
             dataset.set_epoch(epoch)
+            # a private generator: creating the iterator must not draw from the global RNG, whose
+            # state (adapter dropout) a resume restores as it was at the checkpoint
             loader = DataLoader(IndexedDataset(dataset), batch_sampler=batches, collate_fn=collate_with_index,
-                                num_workers=cfg.dataset.num_workers)
+                                num_workers=cfg.dataset.num_workers,
+                                generator=torch.Generator().manual_seed(cfg.schedule.seed + epoch))
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
                 group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)

@@ -1,27 +1,40 @@
 """Graceful stop and "save now" requests from signals or control files.
 
-SIGTERM/SIGINT: finish the current optimizer step, save, exit STOPPED_SAVED. A second one
-exits at once. SIGUSR1 or <run>/control/save_now: save a checkpoint and go on.
+SIGTERM/SIGINT: finish the current optimizer step, save, exit STOPPED_SAVED (75). A second
+one exits at once (exit 130) — but repeats within `REPEAT_WINDOW_S` of the first count as the
+same request: a launcher that forwards the signal it got (torchrun/accelerate forward
+SIGTERM/SIGINT to every rank) or a shutdown that signals every process would otherwise turn
+one request into "exit without saving".
+SIGUSR1 or <run>/control/save_now: save a checkpoint and go on.
 <run>/control/stop (written by the GUI before its SIGTERM) marks the stop as user-requested
 ("stopped") rather than a preemption ("preempted").
+
+Multi-process runs: each rank has its own flags (a signal may reach one rank only, or reach
+them at different steps); `agree` sums them over all ranks after every optimizer step, so all
+ranks stop or save at the same step. Control files are read by the main process only.
 """
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
 
 LOG = logging.getLogger("trainer")
+REPEAT_WINDOW_S = 1.0
+EXIT_IMMEDIATE = 130
 
 
 class StopSignals:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, is_main: bool = True):
         self.control = Path(run_dir) / "control"
+        self.is_main = is_main
         self.stop_requested = False
         self.save_requested = False
+        self._first_signal_at = 0.0
         self._previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._on_stop)
@@ -29,28 +42,35 @@ class StopSignals:
             self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_save)
 
     def _on_stop(self, signum, frame):
+        now = time.monotonic()
         if self.stop_requested:
-            LOG.error("second stop signal: exiting now without saving")
-            os._exit(130)
+            if now - self._first_signal_at < REPEAT_WINDOW_S:
+                return  # the same request arriving twice (forwarded by a launcher)
+            os.write(2, b"second stop signal: exiting now without saving\n")
+            os._exit(EXIT_IMMEDIATE)
         self.stop_requested = True
-        LOG.warning("stop requested (signal %s): finishing this step and saving", signum)
+        self._first_signal_at = now
+        # logging from a signal handler can deadlock on the handler's lock: write directly
+        os.write(2, f"stop requested (signal {signum}): finishing this step and saving\n".encode())
 
     def _on_save(self, signum, frame):
         self.save_requested = True
 
     def take_save_request(self) -> bool:
-        flag = self.control / "save_now"
-        requested = self.save_requested or flag.exists()
-        if flag.exists():
-            flag.unlink(missing_ok=True)
-        self.save_requested = False
+        """A pending save request (signal, or the control file on the main process), consumed."""
+        requested, self.save_requested = self.save_requested, False
+        if self.is_main:
+            flag = self.control / "save_now"
+            if flag.exists():
+                flag.unlink(missing_ok=True)
+                requested = True
         return requested
 
     def user_requested(self) -> bool:
         return (self.control / "stop").exists()
 
     def agree(self, accelerator, *flags: bool) -> list[bool]:
-        """All ranks see the same flags (any rank's request counts), so they stop together."""
+        """All ranks see the same flags (any rank's request counts), so they act together."""
         if accelerator.num_processes == 1:
             return list(flags)
         t = torch.tensor([float(f) for f in flags], device=accelerator.device)
@@ -60,3 +80,4 @@ class StopSignals:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous = {}
