@@ -109,15 +109,16 @@ def preserved_rng() -> None:
 
 @contextlib.contextmanager
 def eval_mode(modules: list[torch.nn.Module]):
-    """Eval mode (no adapter dropout) for sampling; each module's previous mode afterwards."""
-    modes = [(m, m.training) for m in modules]
+    """Eval mode (no adapter dropout) for sampling; afterwards every submodule gets its own previous
+    mode back (they can differ: peft's dropout layers train inside a model loaded in eval mode)."""
+    modes = [(sub, sub.training) for m in modules for sub in m.modules()]
     try:
         for m in modules:
             m.eval()
         yield
     finally:
-        for m, training in modes:
-            m.train(training)
+        for sub, training in modes:
+            sub.training = training
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
