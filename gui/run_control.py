@@ -99,9 +99,10 @@ class RunManager:
                         f"Stop it first, or choose other GPUs in hardware.gpu_ids.")
         return ""
 
-    def start(self, cfg: TrainConfig, resume: bool = False) -> Path:
+    def start(self, cfg: TrainConfig, resume: bool = False, secret_env: dict[str, str] | None = None) -> Path:
         """Validate, write the run directory's config/command/process files and start the trainer.
-        Raises ConfigError (naming a field) or StartRefused."""
+        `secret_env` (secret name -> value, typed in the page) reaches the process environment
+        only. Raises ConfigError (naming a field) or StartRefused."""
         from trainer_backend.launch import build_launch_argv, build_launch_env, write_strategy_files
         from trainer_backend.validate import validate_for_run
 
@@ -125,7 +126,7 @@ class RunManager:
             save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
             write_strategy_files(cfg, run_dir)
             argv = build_launch_argv(cfg, config_path, python=self.python)
-            env = {**os.environ, **build_launch_env(cfg), "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, **(secret_env or {}), **build_launch_env(cfg), "PYTHONUNBUFFERED": "1"}
             (run_dir / "command.txt").write_text(json.dumps(argv), encoding="utf-8")
             procs.clear_control(run_dir)
             (run_dir / procs.EXIT_FILE).unlink(missing_ok=True)
@@ -139,10 +140,8 @@ class RunManager:
         forget(run_dir)
         return run_dir
 
-    def resume(self, run_dir: Path, secrets: dict[str, object] | None = None) -> Path:
-        """Start a stopped/interrupted run again from its own config (checkpoints.resume=auto).
-        Secret values are not in config.toml; `secrets` (dotted key -> value, from the form)
-        puts them back for the new process's environment."""
+    def resume(self, run_dir: Path, secret_env: dict[str, str] | None = None) -> Path:
+        """Start a stopped/interrupted run again from its own config (checkpoints.resume=auto)."""
         run_dir = Path(run_dir)
         state = run_status(run_dir)
         if state.alive:
@@ -150,13 +149,9 @@ class RunManager:
         if not (run_dir / "config.toml").is_file():
             raise StartRefused(f"run '{run_dir.name}' has no config.toml to resume from")
         data = to_dict(load_config(run_dir / "config.toml"))
-        for dotted, value in (secrets or {}).items():
-            section, key = dotted.split(".", 1)
-            if value:
-                data[section][key] = value
         if data["checkpoints"]["resume"] == "none":
             data["checkpoints"]["resume"] = "auto"
-        return self.start(from_dict(data), resume=True)
+        return self.start(from_dict(data), resume=True, secret_env=secret_env)
 
     # ------------------------------------------------------------------ controlling
     def _live_record(self, run_dir: Path) -> dict:

@@ -12,6 +12,7 @@ from . import run_monitor as rm
 from .context import Studio
 from .run_control import StartRefused, run_started_at
 from .run_state import run_status, snapshot
+from .secrets_panel import env_from_rows
 from .system_monitor import system_markdown
 
 CONFIRM_WINDOW_S = 10.0
@@ -101,7 +102,7 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
     return updates, now
 
 
-def build_run_page(studio: Studio, secret_inputs: list) -> list:
+def build_run_page(studio: Studio, secret_boxes: list) -> list:
     """Returns the timer's components so the app can start it on load."""
     header = gr.Markdown("", elem_id="run-header")
     with gr.Row(equal_height=True):
@@ -156,14 +157,13 @@ def build_run_page(studio: Studio, secret_inputs: list) -> list:
 
     def do_resume(run_dir, *secret_values):
         from trainer_backend.config import ConfigError
-        secrets = {f.dotted: v for f, v in zip([f for f in studio.fields if f.secret], secret_values)}
         try:
-            started = studio.manager.resume(run_dir, secrets)
+            started = studio.manager.resume(run_dir, env_from_rows(list(secret_values)))
         except ConfigError as e:
             return f"⚠️ Cannot resume: {e}"
         return f"Resuming **{started.name}** from its last checkpoint…"
 
-    resume.click(control(do_resume), inputs=secret_inputs, outputs=message, concurrency_id="run-control")
+    resume.click(control(do_resume), inputs=secret_boxes, outputs=message, concurrency_id="run-control")
 
     def do_kill(run_dir, armed_at):
         if not armed_at or time.time() - armed_at > CONFIRM_WINDOW_S:

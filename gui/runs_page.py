@@ -15,6 +15,7 @@ from .run_control import StartRefused, run_started_at
 from .run_page import build_run_view, view_updates
 from .run_state import run_status, snapshot
 from .schema_form import config_to_values
+from .secrets_panel import env_from_rows
 
 CONFIRM_WINDOW_S = 10.0
 COLUMNS = ["run", "status", "started", "steps", "final loss", "outputs"]
@@ -41,19 +42,19 @@ def run_choices(studio: Studio) -> list[tuple[str, str]]:
 
 
 def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tabs: gr.Tabs,
-                    secret_inputs: list) -> gr.Timer:
+                    secret_boxes: list) -> gr.Timer:
     with gr.Row(equal_height=True):
-        refresh = gr.Button("Refresh", elem_id="runs-refresh", scale=1)
+        refresh = gr.Button("Refresh", elem_id="runs-refresh", scale=0, min_width=120, size="md")
         gr.Markdown(f"Runs folder: `{studio.manager.runs_dir}`", elem_id="runs-folder")
     table = gr.Dataframe(value=runs_table(studio), headers=COLUMNS, interactive=False, elem_id="runs-table",
                          wrap=True, max_height=320)
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=False, elem_classes=["preset-row"]):
         selector = gr.Dropdown(choices=run_choices(studio), value=None, label="Open a run", scale=3,
                                elem_id="runs-select")
-        load_cfg = gr.Button("Load this config", elem_id="runs-load-config", scale=1)
-        follow = gr.Button("Show on the Run page", elem_id="runs-follow", scale=1)
-        resume = gr.Button("⟳ Resume", elem_id="runs-resume", scale=1)
-        delete = gr.Button("Delete run", variant="stop", elem_id="runs-delete", scale=1)
+        load_cfg = gr.Button("Load this config", elem_id="runs-load-config", scale=1, size="md")
+        follow = gr.Button("Show on the Run page", elem_id="runs-follow", scale=1, size="md")
+        resume = gr.Button("⟳ Resume", elem_id="runs-resume", scale=1, size="md")
+        delete = gr.Button("Delete run", variant="stop", elem_id="runs-delete", scale=1, size="md")
     message = gr.Markdown("", elem_id="runs-message")
     view = build_run_view("runs")
     with gr.Accordion("config.toml", open=False):
@@ -64,7 +65,10 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
 
     def show(selected, seen_value):
         table_value = runs_table(studio)
-        chooser = gr.update(choices=run_choices(studio))
+        choices = run_choices(studio)
+        if not selected and choices:
+            selected = choices[0][1]          # open the newest run until the user picks another
+        chooser = gr.update(choices=choices, value=selected)
         if not selected or not Path(selected).is_dir():
             return [table_value, chooser, *[gr.skip()] * len(view.components()), gr.skip(), seen_value]
         updates, now = view_updates(studio, Path(selected), seen_value or {})
@@ -106,14 +110,13 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
     def on_resume(selected, *secret_values):
         if not selected:
             return "Choose a run first.", gr.skip()
-        secrets = {f.dotted: v for f, v in zip([f for f in studio.fields if f.secret], secret_values)}
         try:
-            run_dir = studio.manager.resume(Path(selected), secrets)
+            run_dir = studio.manager.resume(Path(selected), env_from_rows(list(secret_values)))
         except (StartRefused, ConfigError) as e:
             return f"⚠️ {e}", gr.skip()
         return f"Resuming **{run_dir.name}**…", gr.Tabs(selected="run")
 
-    resume.click(on_resume, inputs=[selector, *secret_inputs], outputs=[message, main_tabs],
+    resume.click(on_resume, inputs=[selector, *secret_boxes], outputs=[message, main_tabs],
                  concurrency_id="run-control")
 
     def on_delete(selected, armed_value):

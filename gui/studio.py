@@ -47,7 +47,6 @@ def start_from_toml(studio: Studio, config_toml: str) -> str:
 
 def build_app(studio: Studio) -> gr.Blocks:
     label, values = studio.initial_values()
-    secret_idx = [i for i, f in enumerate(studio.fields) if f.secret]
     with gr.Blocks(title=TITLE, analytics_enabled=False) as app:
         gr.Markdown(f"## {TITLE}  \nLoRA, DreamBooth and full fine-tuning of Stable Diffusion 1/2/XL. "
                     "The demo preset trains a tiny model on the CPU in about a minute: press **Start training**.",
@@ -59,15 +58,14 @@ def build_app(studio: Studio) -> gr.Blocks:
 
             def after_load(event):
                 """Values were set programmatically: validate, re-plan, re-preview."""
-                event.then(page.refresh, inputs=[*page.form.inputs, page.inspected],
+                event.then(page.refresh, inputs=page.refresh_inputs,
                            outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
-            secret_inputs = [page.form.inputs[i] for i in secret_idx]
             with gr.Tab("Run", id="run", elem_id="page-run"):
-                build_run_page(studio, secret_inputs)
+                build_run_page(studio, page.secret_boxes)
             with gr.Tab("Runs", id="runs", elem_id="page-runs"):
-                build_runs_page(studio, page.form.inputs, after_load, main_tabs, secret_inputs)
+                build_runs_page(studio, page.form.inputs, after_load, main_tabs, page.secret_boxes)
         wire_preset_panel(panel, studio, page.form.inputs, after_load)
-        app.load(page.refresh, inputs=[*page.form.inputs, page.inspected],
+        app.load(page.refresh, inputs=page.refresh_inputs,
                  outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
 
         def start_toml(config_toml: str) -> str:

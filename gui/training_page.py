@@ -11,6 +11,7 @@ from . import dataset_view as dv
 from .context import Studio
 from .run_control import StartRefused
 from .schema_form import error_field, validate_values
+from .secrets_panel import build_secrets_panel, env_from_rows, status_markdown
 from .system_monitor import gpus_markdown
 from .widgets import FormWidgets, error_updates, render_form, tab_id
 
@@ -20,9 +21,14 @@ class TrainingPage:
     form: FormWidgets
     message: gr.Markdown            # page-level messages (Start, presets)
     refresh_outputs: list           # what `refresh` updates (after the error lines)
-    refresh: callable               # (*values, inspected_signature) -> updates
+    refresh: callable               # (*values, *secret_boxes, inspected_signature) -> updates
     inspected: gr.State
     start_button: gr.Button
+    secret_boxes: list              # (name, value) textboxes, flat
+
+    @property
+    def refresh_inputs(self) -> list:
+        return [*self.form.inputs, *self.secret_boxes, self.inspected]
 
 
 def _inspector(ui: dict) -> None:
@@ -58,6 +64,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
     form = render_form(studio.fields, initial_values,
                        extras={"Dataset": lambda: _inspector(ui), "GPUs": lambda: _gpus(ui)},
                        extra_tabs=[("Command preview", lambda: _preview(ui))])
+    secret_boxes, secret_status = build_secrets_panel()
     with gr.Row(equal_height=True):
         start = gr.Button("▶ Start training", variant="primary", elem_id="start-training", scale=1)
         message = gr.Markdown("", elem_id="training-message")
@@ -66,24 +73,26 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     def refresh(*args):
         """Validate, inspect the dataset (cached), recompute the plan and the command preview."""
-        values, seen = list(args[:-1]), args[-1]
+        n = len(fields)
+        values, typed, seen = list(args[:n]), env_from_rows(list(args[n:-1])), args[-1]
         cfg, error = validate_values(fields, values)
         placed = error_updates(fields, error)
-        keep = [gr.skip()] * 8
+        keep = [gr.skip()] * 9
         if error is not None:
             unplaced = "" if error_field(fields, error) else f"⚠️ {error}"
             return [*placed, unplaced, *keep, seen]
         shell, argv, toml = studio.command_preview(cfg)
+        secrets = status_markdown(cfg, typed)
         try:
             inspection = dv.inspect_dataset(cfg, python=studio.settings.python, cwd=studio.manager.cwd)
         except ConfigError as e:
             placed = error_updates(fields, e)
             msg = "" if error_field(fields, e) else f"⚠️ {e}"
             return [*placed, msg, "The plan needs a dataset that can be scanned.", shell, argv, toml,
-                    f"⚠️ {e}", gr.skip(), gr.skip(), gr.skip(), ""]
+                    f"⚠️ {e}", gr.skip(), gr.skip(), gr.skip(), secrets, ""]
         except Exception as e:  # timeouts, a broken backend: say so, keep the page usable
             return [*placed, f"⚠️ dataset inspector failed: {e}", gr.skip(), shell, argv, toml,
-                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), seen]
+                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), secrets, seen]
         plan = dv.plan_markdown(cfg, inspection.counts)
         signature = dv._signature(cfg)
         if signature == seen:
@@ -92,24 +101,24 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             summary = inspection.summary
             inspector = [dv.summary_markdown(summary), dv.buckets_frame(summary), dv.tags_frame(summary),
                          dv.thumbnails(summary)]
-        return [*placed, "", plan, shell, argv, toml, *inspector, signature]
+        return [*placed, "", plan, shell, argv, toml, *inspector, secrets, signature]
 
     outputs = [message, ui["plan_md"], ui["cmd_shell"], ui["cmd_argv"], ui["cmd_toml"],
-               ui["inspect_md"], ui["buckets"], ui["tags"], ui["thumbs"], inspected]
+               ui["inspect_md"], ui["buckets"], ui["tags"], ui["thumbs"], secret_status, inspected]
     triggers = []
-    for widget in form.inputs:
+    for widget in [*form.inputs, *secret_boxes]:
         if isinstance(widget, gr.Textbox):
             triggers += [widget.blur, widget.submit]
         else:
             triggers.append(widget.change)
-    gr.on(triggers, refresh, inputs=[*form.inputs, inspected], outputs=[*form.errors, *outputs],
+    gr.on(triggers, refresh, inputs=[*form.inputs, *secret_boxes, inspected], outputs=[*form.errors, *outputs],
           trigger_mode="always_last", show_progress="hidden")
 
-    def on_start(*values):
-        cfg, error = validate_values(fields, values)
+    def on_start(*args):
+        cfg, error = validate_values(fields, list(args[:len(fields)]))
         if error is None:
             try:
-                run_dir = studio.manager.start(cfg)
+                run_dir = studio.manager.start(cfg, secret_env=env_from_rows(list(args[len(fields):])))
             except ConfigError as e:
                 error = e
             except StartRefused as e:
@@ -122,10 +131,10 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         return [*error_updates(fields, error), f"⚠️ Not started: {error}{hint}",
                 gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip()]
 
-    start.click(on_start, inputs=form.inputs, outputs=[*form.errors, message, form.tabs, main_tabs],
+    start.click(on_start, inputs=[*form.inputs, *secret_boxes], outputs=[*form.errors, message, form.tabs, main_tabs],
                 concurrency_limit=1, concurrency_id="run-control")
     return TrainingPage(form=form, message=message, refresh_outputs=outputs, refresh=refresh,
-                        inspected=inspected, start_button=start)
+                        inspected=inspected, start_button=start, secret_boxes=secret_boxes)
 
 
 def config_from_values(studio: Studio, values: list) -> TrainConfig:

@@ -198,6 +198,7 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     page = open_page(browser, server.url)
     page.get_by_role("tab", name="GPUs").click()
     plan = wait_text(page, "#plan-table", r"total optimizer steps", 60)   # what Start will run
+    planned_steps = plan_rows(plan)["total optimizer steps"][1].replace(",", "")
     page.click("#start-training")
     wait_text(page, "#run-header", r"demo-sd1-lora", 30)
     # live log and at least two loss points
@@ -212,6 +213,7 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
         time.sleep(1)
     else:
         raise AssertionError(f"no loss points; page says {page.locator('#run-progress').inner_text()!r}")
+    assert f"/ {planned_steps}" in page.locator("#run-progress").inner_text()   # the plan is what runs
     log = page.locator("#run-log textarea").input_value()
     assert "INFO" in log and len(log.splitlines()) >= 2
     assert page.locator("#run-loss canvas, #run-loss svg").count() > 0
@@ -228,9 +230,9 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     server.stop()
     server.start()
     page = open_page(browser, server.url)
-    page.get_by_role("tab", name="Runs").click()
+    page.get_by_role("tab", name="Runs", exact=True).click()
     table = wait_text(page, "#runs-table", r"demo-sd1-lora", 30)
     assert "resumable" in table, table
     shot(page, "studio-runs-after-restart")
-    page.get_by_role("tab", name="Run").click()
+    page.get_by_role("tab", name="Run", exact=True).click()
     wait_text(page, "#run-progress", r"resumable", 30)

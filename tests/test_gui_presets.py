@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_backend.config import TrainConfig, from_dict, sparse_dict, to_dict
+from trainer_backend.config import TrainConfig, sparse_dict, to_dict
 
 from gui.presets import BUILTIN_DIR, PresetError, PresetStore, sanitize_name
 from gui.schema_form import form_fields
@@ -96,17 +96,3 @@ def test_broken_preset_reports_the_key(store):
     (store.user_dir / "bad.toml").write_text("version = 1\n[schedule]\nbatch_sise = 2\n")
     with pytest.raises(PresetError, match=r"schedule\.batch_sise.*batch_size"):
         store.load("bad")
-
-
-def test_secrets_are_never_written_to_presets(store):
-    secret_fields = [f for f in form_fields() if f.secret]
-    if not secret_fields:
-        pytest.skip("the schema has no secret fields yet")
-    data = to_dict(TrainConfig())
-    for i, f in enumerate(secret_fields):
-        data[f.section][f.key] = f"SECRET-VALUE-{i}-xyz"
-    preset = store.save("with-secrets", from_dict(data))
-    text = preset.path.read_text()
-    assert "SECRET-VALUE" not in text
-    for f in secret_fields:
-        assert f.key not in tomllib.loads(text).get(f.section, {})

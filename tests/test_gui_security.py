@@ -44,20 +44,69 @@ def test_auth_from_argument_or_file(tmp_path):
             parse_auth(bad)
 
 
-def test_secrets_stay_out_of_presets_config_argv_and_command(tmp_path):
-    """Secret fields typed in the form reach the process environment only."""
+def test_secret_names_come_from_the_config():
+    from trainer_backend.config import from_dict
+    from gui.secrets_panel import env_from_rows, secret_names, status_markdown
+    cfg = from_dict({"webhooks": {"targets": [{"url": "http://127.0.0.1:1/hook", "auth_secret": "HOOK_TOKEN"}]},
+                     "logging": {"wandb_key_name": "MY_WANDB"}})
+    names = dict(secret_names(cfg))
+    assert names["webhooks.targets.0.auth_secret"] == "HOOK_TOKEN"
+    assert names["logging.wandb_key_name"] == "MY_WANDB"
+    assert names["cloud.secret_key_name"] == "AWS_SECRET_ACCESS_KEY"
+    typed = env_from_rows(["HOOK_TOKEN", "abc", "bad name!", "x", "", "y", "EMPTY", ""])
+    assert typed == {"HOOK_TOKEN": "abc"}
+    table = status_markdown(cfg, typed)
+    assert "`HOOK_TOKEN` | `webhooks.targets.0.auth_secret` | typed here" in table
+    assert "abc" not in table
+
+
+def test_secret_typed_in_the_gui_reaches_the_trainer_and_no_file(tmp_path):
+    """A real demo run whose webhook needs a token typed in the page: the local webhook server
+    receives it (so it reached the process environment), and no file of the run contains it."""
+    import http.server
+    import threading
+    import time
+
     from trainer_backend.config import from_dict, to_dict
     from gui.context import Settings, Studio
-    from gui.schema_form import form_fields
-    secret_fields = [f for f in form_fields() if f.secret]
-    if not secret_fields:
-        pytest.skip("the schema has no secret fields yet")
+
+    received: list[str] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(self.headers.get("Authorization", ""))
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    secret = "Bearer s3cr3t-typed-in-the-gui-4711"
     studio = Studio.create(Settings(runs_dir=tmp_path / "runs", presets_dir=tmp_path / "presets"))
     data = to_dict(studio.load_preset("demo-sd1-lora (built-in)"))
-    for i, f in enumerate(secret_fields):
-        data[f.section][f.key] = f"TOPSECRET{i}abc"
+    data["schedule"]["max_steps"] = 2
+    data["webhooks"]["targets"] = [{"url": f"http://127.0.0.1:{server.server_port}/hook",
+                                    "auth_secret": "STUDIO_HOOK_TOKEN", "events": ["start", "done"]}]
     cfg = from_dict(data)
-    shell, argv, toml = studio.command_preview(cfg)
-    assert "TOPSECRET" not in shell + argv + toml
-    studio.store.save("s", cfg)
-    assert "TOPSECRET" not in (tmp_path / "presets" / "s.toml").read_text()
+    try:
+        run_dir = studio.manager.start(cfg, secret_env={"STUDIO_HOOK_TOKEN": secret})
+        deadline = time.time() + 300
+        while time.time() < deadline and (run_dir / "process.json").exists():
+            studio.manager.reap()
+            if (run_dir / "exit.json").exists():
+                break
+            time.sleep(0.5)
+        assert (run_dir / "exit.json").exists(), "the demo run did not finish"
+        studio.store.save("after-run", cfg)
+    finally:
+        server.shutdown()
+    assert secret in received, (received, (run_dir / "console.log").read_text()[-2000:])
+    files = [p for p in run_dir.rglob("*") if p.is_file()] + list((tmp_path / "presets").glob("*.toml"))
+    assert any(p.name == "config.toml" for p in files) and any(p.name == "command.txt" for p in files)
+    for path in files:
+        assert secret.encode() not in path.read_bytes(), f"the secret leaked into {path}"
+        assert b"s3cr3t" not in path.read_bytes(), f"the secret leaked into {path}"
+    assert "STUDIO_HOOK_TOKEN" not in os.environ            # the studio's own environment is untouched
