@@ -172,9 +172,10 @@ class Dataset(Section):
 class Network(Section):
     """What is trained."""
     TAB: ClassVar[str] = "Network"
-    type: Literal["lora", "loha", "lokr", "full"] = F(
+    type: Literal["lora", "loha", "lokr", "full", "vae"] = F(
         "lora", "lora / loha / lokr adapters (peft), or full fine-tuning of the UNet (and the text encoders with "
-                "train_text_encoder). With class images this is DreamBooth (see docs/methods.md).")
+                "train_text_encoder). With class images this is DreamBooth (see docs/methods.md). vae: fine-tune "
+                "the autoencoder on the dataset's images (see [vae]).")
     rank: int = F(16, "Adapter rank (dim).", ge=1, le=1024)
     alpha: float = F(16.0, "Adapter alpha; the update is scaled by alpha/rank.", gt=0)
     dropout: float = F(0.0, "Dropout on the adapter's input.", ge=0.0, lt=1.0, advanced=True)
@@ -242,6 +243,19 @@ class Precision(Section):
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
     attention: Literal["sdpa", "default"] = F("sdpa", "Attention kernel: PyTorch SDPA or the plain one.",
                                                advanced=True)
+    full_bf16: bool = F(False, "Keep the trained weights themselves in bf16, with no fp32 master copy (weights, "
+                               "gradients and optimizer state take about half the memory; what made full fine-tunes "
+                               "and DreamBooth fit on 24 GB cards). Needs mixed = bf16. Meant for network.type = "
+                               "full; see half_weights_rounding.", advanced=True)
+    full_fp16: bool = F(False, "Like full_bf16 in fp16 (needs mixed = fp16). fp16's narrow range overflows more "
+                               "easily than bf16: prefer full_bf16 where the GPU supports bf16.", advanced=True)
+    half_weights_rounding: Literal["stochastic", "kahan", "nearest"] = F(
+        "stochastic", "With full_bf16/full_fp16 and the adamw or sgd optimizer: how each update is written into "
+                      "the half-precision weights. stochastic: randomly rounded up or down in proportion, so small "
+                      "updates survive on average (no extra memory); kahan: a compensation buffer keeps the rounding "
+                      "error (2 more bytes per weight, the most exact); nearest: plain rounding (updates below the "
+                      "weight's precision are lost).", advanced=True)
+
 
 
 class Hardware(Section):
@@ -341,11 +355,55 @@ class Samples(Section):
         "euler", "Sampler; default = the model's own scheduler.", advanced=True)
 
 
+class Validation(Section):
+    """Validation loss on held-out images at fixed timesteps and noise, comparable across evaluations
+    (off by default; costs nothing when off). The images: validation.path, else the ones held out by
+    validation.fraction or dataset.validation_every_nth."""
+    TAB: ClassVar[str] = "Samples"
+    every_n_steps: int = F(0, "Compute the validation loss every N optimizer steps; 0 = off.", ge=0)
+    every_n_epochs: int = F(0, "Compute the validation loss at the end of every N-th epoch; 0 = off.", ge=0)
+    path: str = F("", "A separate folder of validation images with captions; empty = hold images out of the "
+                      "dataset (fraction or dataset.validation_every_nth).", widget="path")
+    fraction: float = F(0.0, "Hold out this fraction of the dataset's images (spread evenly, in sorted order) for "
+                             "validation; 0 = off.", ge=0.0, lt=1.0)
+    timesteps: int = F(4, "Fixed timesteps per image, evenly spread over the training range: more gives a "
+                          "steadier loss at proportional cost.", ge=1, le=100, advanced=True)
+    batch_size: int = F(0, "Validation batch size; 0 = schedule.batch_size.", ge=0, le=4096, advanced=True)
+
+
+class Vae(Section):
+    """Autoencoder (VAE) fine-tuning, with network.type = vae: reconstruct the dataset's images."""
+    TAB: ClassVar[str] = "Network"
+    loss: Literal["l1", "mse"] = F("l1", "Reconstruction loss on pixels: l1 keeps edges sharper, mse penalises "
+                                         "large errors more (no perceptual loss: it needs pretrained weights).")
+    kl_weight: float = F(1e-6, "Weight of the KL term that keeps the latents close to a unit Gaussian (encoder "
+                               "training only).", ge=0.0, le=1.0)
+    decoder_only: bool = F(True, "Train only the decoder. The encoder, and so the latent space, stays as it was: "
+                                 "LoRAs and checkpoints trained on the base VAE's latents keep working.")
+    precision: Literal["fp32", "bf16", "fp16"] = F(
+        "fp32", "Training precision (precision.mixed does not apply). fp32 is the safe default; fp16 is refused: "
+                "the VAE's activations overflow fp16 and the loss turns NaN.")
+    save_precision: Literal["fp32", "fp16", "bf16"] = F("fp32", "Precision of the saved VAE folder and file.")
+
+
 class Logging(Section):
     """Console, TensorBoard and events."""
     TAB: ClassVar[str] = "Logging"
     log_every: int = F(1, "Write a step event every N optimizer steps.", ge=1, advanced=True)
     tensorboard: bool = F(True, "Write TensorBoard scalars to <run>/tb.")
+    tracker: Literal["none", "wandb"] = F(
+        "none", "Experiment tracker besides TensorBoard: wandb = Weights & Biases through accelerate (needs the "
+                "wandb package; loss, LR, epoch, samples, validation loss and the config without secrets).")
+    wandb_project: str = F("", "W&B project; empty = sd-studio.", pattern=r"^[A-Za-z0-9._ -]*$")
+    wandb_run_name: str = F("", "W&B run name; empty = output.name.")
+    wandb_entity: str = F("", "W&B entity (user or team); empty = your default entity.", advanced=True)
+    wandb_mode: Literal["online", "offline"] = F(
+        "online", "online: stream to W&B (needs an API key); offline: write the run under <run>/wandb and upload "
+                  "it later with `wandb sync`.")
+    wandb_key_name: str = F("WANDB_API_KEY", "Name of the secret (environment variable or cloud.secrets_file line) "
+                                             "holding the W&B API key; the key itself never goes in the config.",
+                            pattern=r"^[A-Za-z0-9_.-]+$", advanced=True)
+
 
 
 class TrainConfig(BaseModel):
@@ -364,6 +422,8 @@ class TrainConfig(BaseModel):
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     ema: Ema = Field(default_factory=Ema)
     samples: Samples = Field(default_factory=Samples)
+    validation: Validation = Field(default_factory=Validation)
+    vae: Vae = Field(default_factory=Vae)
     logging: Logging = Field(default_factory=Logging)
 
     @property

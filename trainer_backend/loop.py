@@ -30,6 +30,7 @@ from .run_setup import (build_dataset, load_base_model, scan_data, make_accelera
 from .sampling import SampleImages
 from .stopping import StopSignals
 from .tracking import start_tracking
+from .validation import make_validator
 
 LOG = logging.getLogger("trainer")
 
@@ -77,6 +78,7 @@ def train(cfg: TrainConfig) -> int:
     progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
     images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema)
     images.maybe_sample(state, before_training=True)
+    validator = make_validator(cfg, model, accelerator, run, weight_dtype, unet, text_encoders)  # off: no-op
     stop = False
     try:
         for epoch in range(state.epoch, plan.multi.epochs):
@@ -114,6 +116,7 @@ def train(cfg: TrainConfig) -> int:
                 check_finite(mean_loss, cfg, state.global_step)
                 progress.step(state, epoch, mean_loss, lr_used, **parts.reduce(accelerator))
                 images.maybe_sample(state)
+                validator.maybe_run(state)
                 stop = checkpointer.after_step(state, epoch, mean_loss)
                 if stop or state.global_step >= total_steps:
                     break
@@ -122,6 +125,7 @@ def train(cfg: TrainConfig) -> int:
             state.epoch, state.batch_in_epoch = epoch + 1, 0
             run.events.emit("epoch", epoch=epoch + 1, step=state.global_step)
             images.maybe_sample(state, epoch_end=True)
+            validator.maybe_run(state, epoch_end=True)
             checkpointer.at_epoch_end(state)
             if state.global_step >= total_steps:
                 break

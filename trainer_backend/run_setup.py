@@ -26,8 +26,9 @@ def make_accelerator(cfg: TrainConfig):
     # hardware.collective_timeout_s (slow caching on rank 0) and the hardware.ddp_* options
     kwargs = [InitProcessGroupKwargs(**process_group_kwargs(cfg)), DistributedDataParallelKwargs(**ddp_kwargs(cfg))]
     # Accumulation is done by the loop itself (see loop.py), so accelerate steps every call.
+    from .tracking import log_with
     return Accelerator(mixed_precision=cfg.precision.mixed, gradient_accumulation_steps=1,
-                       cpu=cfg.hardware.cpu, kwargs_handlers=kwargs,
+                       cpu=cfg.hardware.cpu, kwargs_handlers=kwargs, log_with=log_with(cfg),
                        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
 
 

@@ -120,12 +120,26 @@ def _metadata_candidates(spec: SubsetSpec, group_index: int, opts: TagOptions, s
     return out, len(records)
 
 
-def _split(candidates: list[_Candidate], every_nth: int, split: str) -> tuple[list[_Candidate], list[_Candidate]]:
-    if not every_nth:
+def held_out_positions(n: int, every_nth: int, fraction: float = 0.0) -> set[int]:
+    """Positions held out for validation: every Nth (1-based), else round(n × fraction) positions
+    (at least 1, never all) spread evenly over the sorted list."""
+    if every_nth:
+        return {i for i in range(n) if (i + 1) % every_nth == 0}
+    if fraction <= 0 or n < 2:
+        return set()
+    count = min(n - 1, max(1, round(n * fraction)))
+    return {int((j + 0.5) * n / count) for j in range(count)}
+
+
+def _split(candidates: list[_Candidate], every_nth: int, split: str,
+           fraction: float = 0.0) -> tuple[list[_Candidate], list[_Candidate]]:
+    held_at = held_out_positions(len(candidates), every_nth, fraction)
+    if not held_at:
         return candidates, []
-    train = [c for i, c in enumerate(candidates) if (i + 1) % every_nth]
-    held = [c for i, c in enumerate(candidates) if (i + 1) % every_nth == 0]
+    train = [c for i, c in enumerate(candidates) if i not in held_at]
+    held = [c for i, c in enumerate(candidates) if i in held_at]
     return (held, train) if split == "validation" else (train, held)
+
 
 
 def _check(c: _Candidate, spec: BucketSpec, buckets: list[Size], max_pixels: int, background: str,
@@ -189,7 +203,7 @@ def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
         log.skip(path, reason, kind)
 
     instance = [c for c in candidates if not c.is_class]
-    kept, held = _split(instance, ds.validation_every_nth, split)
+    kept, held = _split(instance, ds.validation_every_nth, split, cfg.validation.fraction)
     todo = kept + [c for c in candidates if c.is_class]
     max_pixels = int(ds.max_image_megapixels * 1e6)
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
