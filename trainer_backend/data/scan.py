@@ -141,7 +141,6 @@ def _split(candidates: list[_Candidate], every_nth: int, split: str,
     return (held, train) if split == "validation" else (train, held)
 
 
-
 def _check(c: _Candidate, spec: BucketSpec, buckets: list[Size], max_pixels: int, background: str,
            verify: bool) -> tuple[ImageItem | None, BadImage | None, tuple[str, ...]]:
     try:
