@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
 
 LOG = logging.getLogger("trainer")
 EMA_FILE = "ema.safetensors"
@@ -141,13 +141,10 @@ class NoEMA:
 
 
 def make_ema(cfg: TrainConfig, trainable, accelerator) -> EMA | NoEMA:
-    """The run's EMA, saved into and restored from checkpoints through accelerate's state hooks."""
+    """The run's EMA, saved into and restored from checkpoints through accelerate's state hooks
+    (methods.checks refuses sharded strategies, where the main process lacks whole weights)."""
     if not cfg.ema.enabled:
         return NoEMA()
-    if cfg.hardware.strategy == "fsdp" or (cfg.hardware.strategy == "deepspeed" and
-                                           cfg.hardware.deepspeed_zero_stage == 3):
-        raise ConfigError("ema.enabled: needs whole (unsharded) weights on the main process; not available with "
-                          "FSDP or DeepSpeed ZeRO-3 (use hardware.strategy = ddp or ZeRO-1/2)")
     ema = EMA(trainable.named_parameters(), cfg.ema.decay, cfg.ema.every_n_steps, cfg.ema.device,
               active=accelerator.is_main_process)
     accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: ema.save(output_dir))

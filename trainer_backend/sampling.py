@@ -140,13 +140,17 @@ class SampleImages:
         self.cfg, self.run, self.model, self.accelerator = cfg, run, model, accelerator
         self.weight_dtype, self.ema = weight_dtype, ema
         self.prompts = load_prompts(cfg)
-        s = cfg.samples
-        if not self.prompts and (s.every_n_steps or s.every_n_epochs or s.before_first_step):
-            raise ConfigError("samples.prompts: no prompts, but sampling is scheduled (samples.every_n_steps, "
-                              "every_n_epochs or before_first_step); add prompts or samples.prompt_file")
+        self.check_schedule(cfg, self.prompts)
         self.dir = Path(run.dir) / "samples"
         self.control = Path(run.dir) / "control" / "sample_now"
         self.last_step = -1
+
+    @staticmethod
+    def check_schedule(cfg: TrainConfig, prompts: list[SamplePrompt]) -> None:
+        s = cfg.samples
+        if not prompts and (s.every_n_steps or s.every_n_epochs or s.before_first_step):
+            raise ConfigError("samples.prompts: no prompts, but sampling is scheduled (samples.every_n_steps, "
+                              "every_n_epochs or before_first_step); add prompts or samples.prompt_file")
 
     def due(self, step: int, *, epoch: int | None = None, before_training: bool = False) -> bool:
         s = self.cfg.samples

@@ -32,7 +32,9 @@ def describe_method(cfg: TrainConfig, class_samples: int = 0) -> str:
 def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
     """Freeze what is not trained, make what is trainable fp32, log the method (and, for adapter
     variants without a kohya/webui format, say so in the run log)."""
+    from .checks import check_method_config
     from .variants import format_note
+    check_method_config(cfg)
     if cfg.network.type == "full":
         from .full import setup_full
         trainable = setup_full(model, cfg)

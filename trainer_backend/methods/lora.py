@@ -36,8 +36,6 @@ def adapter_config(cfg: TrainConfig, component: str):
     if n.type == "lora":
         return LoraConfig(lora_alpha=n.alpha, lora_dropout=n.dropout, init_lora_weights="gaussian",
                           use_dora=n.dora, **common)
-    if n.dora:
-        raise ConfigError(f"network.dora: DoRA is a LoRA option; network.type is {n.type!r}")
     if n.type == "loha":
         return LoHaConfig(alpha=n.alpha, rank_dropout=n.dropout, **common)
     if n.type == "lokr":

@@ -6,9 +6,10 @@
   `unet.<module>.hada_w1_a`, `unet.<module>.lokr_w1`, ...) with the peft config in the
   `lora_adapter_metadata` header, the same layout `save_lora_weights` writes. This build writes
   no kohya/webui (LyCORIS) file for them: diffusers' SD loaders drop kohya `dora_scale` keys, and
-  the LyCORIS LoHa/LoKr layouts could not be checked against webui here. DoRA files load with
-  `pipe.load_lora_weights(path)`; LoHa/LoKr files with `load_adapter_file(pipe, path)` below
-  (diffusers' `add_adapter` + peft's `set_peft_model_state_dict`), which also loads the others.
+  the LyCORIS LoHa/LoKr layouts could not be checked against webui here. `load_adapter_file(pipe,
+  path)` below (diffusers' `add_adapter` + peft's `set_peft_model_state_dict`) loads every variant;
+  diffusers' own `pipe.load_lora_weights(path)` reads DoRA UNet adapters, but (diffusers 0.42 /
+  transformers 5) not DoRA text-encoder adapters, nor LoHa/LoKr on SD UNets.
 """
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def has_kohya_format(cfg: TrainConfig) -> bool:
 
 def variant_name(cfg: TrainConfig) -> str:
     n = cfg.network
-    name = {"lora": "DoRA" if n.dora else "LoRA", "loha": "LoHa", "lokr": "LoKr", "full": "full fine-tune"}[n.type]
-    return name + (f" + conv adapters (rank {n.conv_rank})" if n.type != "full" and n.conv_rank else "")
+    names = {"lora": "DoRA" if n.dora else "LoRA", "loha": "LoHa", "lokr": "LoKr", "full": "full fine-tune"}
+    conv = n.type in ("lora", "loha", "lokr") and n.conv_rank
+    return names.get(n.type, n.type) + (f" + conv adapters (rank {n.conv_rank})" if conv else "")
 
 
 def format_note(cfg: TrainConfig) -> str:
@@ -41,8 +43,9 @@ def format_note(cfg: TrainConfig) -> str:
     if has_kohya_format(cfg):
         return (f"{variant_name(cfg)}: output in kohya/webui format (webui, ComfyUI, kohya scripts, "
                 f"diffusers load_lora_weights)")
-    loader = "diffusers pipe.load_lora_weights(path)" if cfg.network.type == "lora" else \
-        "trainer_backend.methods.variants.load_adapter_file(pipe, path) (diffusers add_adapter + peft)"
+    loader = "trainer_backend.methods.variants.load_adapter_file(pipe, path) (diffusers add_adapter + peft)"
+    if cfg.network.type == "lora" and not cfg.network.train_text_encoder:
+        loader += " or diffusers' pipe.load_lora_weights(path)"
     return (f"{variant_name(cfg)}: no kohya/webui key format is written for this variant; the output is in "
             f"diffusers' peft layout, load it with {loader}")
 
