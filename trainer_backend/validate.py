@@ -42,6 +42,8 @@ def validate_for_run(cfg: TrainConfig) -> TrainConfig:
     if cfg.loss.timestep_min >= cfg.loss.timestep_max:
         raise ConfigError(f"loss.timestep_min: must be below loss.timestep_max ({cfg.loss.timestep_max}), "
                           f"got {cfg.loss.timestep_min}")
+    from .methods.checks import check_method_config  # method, EMA, DreamBooth and sample options
+    check_method_config(cfg)
     try:
         from .launch import validate_hardware
     except ImportError:
