@@ -117,6 +117,13 @@ class Zygote:
         self.proc.wait(timeout=30)
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The trainer processes' environment. One OpenMP thread: on this shared 2-core machine two
+    threads spin against the other engineers' load (a 32 px step: 0.1 s with one, up to 4 s
+    with two), and every run of a bitwise comparison must use the same thread count."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
 # ----------------------------------------------------------------------------- configs and runs
 
 def write_config(path: Path, model_dir: Path, data_dir: Path, runs_dir: Path, name: str,
@@ -213,7 +220,7 @@ _SHARED: dict = {}
 
 def shared_zygote() -> Zygote:
     if "zygote" not in _SHARED:
-        _SHARED["zygote"] = Zygote({**os.environ, "PYTHONUNBUFFERED": "1"})
+        _SHARED["zygote"] = Zygote(child_env())
         atexit.register(_SHARED["zygote"].close)
     return _SHARED["zygote"]
 

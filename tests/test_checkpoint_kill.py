@@ -14,11 +14,12 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from checkpoint_harness import (PY, ROOT, assert_bitwise_equal, fast_inputs, lora_tensors, read_events,  # noqa: F401
-                                reference_run, valid_steps, wait_for_event, write_config, zygote)
+                                child_env, reference_run, valid_steps, wait_for_event, write_config, zygote)
 from trainer_backend.checkpoints import checkpoints_dir, read_manifest
 from trainer_backend.retention import RetentionPolicy, retained_steps
 
@@ -58,12 +59,11 @@ def _kill_and_resume(zygote, tmp_path, config, run_dir, kills: int, seed: int):
         if done_kills == kills:
             assert child.wait() == 0, log.read_text()[-3000:]
             return
-        target = min(TOTAL - 1, start["step"] + rng.randint(1, 3))
+        target = min(TOTAL - 3, start["step"] + rng.randint(1, 2))
         ev = wait_for_event(run_dir, child, lambda e: e["event"] == "step" and e["step"] >= target, since)
         assert ev is not None, log.read_text()[-3000:]
-        if rng.random() < 0.5:  # also land inside the step or the checkpoint write that follows
-            import time
-            time.sleep(rng.uniform(0.0, 0.4))
+        if rng.random() < 0.7:  # also land inside the checkpoint write or the step that follow
+            time.sleep(rng.uniform(0.0, 0.15))
         child.signal(signal.SIGKILL)
         assert child.wait() == -signal.SIGKILL
         done_kills += 1
@@ -103,7 +103,7 @@ def test_many_sigkills_with_plain_subprocesses(reference_run, fast_inputs, tmp_p
         def spawn(self, cfg, log):
             out = open(log, "ab")
             proc = subprocess.Popen([PY, "-m", "trainer_backend", "train", "--config", str(cfg)], cwd=ROOT,
-                                    stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+                                    stdout=out, stderr=subprocess.STDOUT, env=child_env())
             proc.signal, proc.wait_rc = proc.send_signal, proc.wait
 
             class C:

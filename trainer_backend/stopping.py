@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .exitcodes import STOPPED_SAVED
+
 LOG = logging.getLogger("trainer")
 REPEAT_WINDOW_S = 1.0
 EXIT_IMMEDIATE = 130
@@ -81,3 +83,34 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+def _events(run_dir: Path) -> list[str]:
+    try:
+        return (Path(run_dir) / "events.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+
+
+def event_line_count(run_dir: Path) -> int:
+    """Lines in the run's events.jsonl now (a launch looks only at what it adds)."""
+    return len(_events(run_dir))
+
+
+def launched_exit_code(code: int, run_dir: Path, events_before: int) -> int:
+    """`accelerate launch` (and torchrun) exit 1 whenever a rank exits non-zero, so a rank's
+    "stopped, state saved" (75) arrives as 1: restore it when this launch's events end with
+    `stopped` or `preempted`."""
+    if code in (0, STOPPED_SAVED):
+        return code
+    import json
+    for line in reversed(_events(run_dir)[events_before:]):
+        try:
+            kind = json.loads(line).get("event")
+        except ValueError:
+            continue
+        if kind in ("stopped", "preempted"):
+            return STOPPED_SAVED
+        if kind in ("done", "error"):
+            break
+    return code
