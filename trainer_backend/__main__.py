@@ -130,7 +130,10 @@ def _launch(cfg, args) -> int:
         print(json.dumps(argv))
         return exitcodes.OK
     (Path(run_dir) / "command.txt").write_text(json.dumps(argv))
-    return subprocess.call(argv, env={**os.environ, **build_launch_env(cfg)})
+    from .stopping import launched_exit_code, event_line_count
+    before = event_line_count(run_dir)
+    code = subprocess.call(argv, env={**os.environ, **build_launch_env(cfg)})
+    return launched_exit_code(code, run_dir, before)  # accelerate reports a rank's 75 as 1
 
 
 if __name__ == "__main__":

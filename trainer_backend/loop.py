@@ -138,7 +138,8 @@ def train(cfg: TrainConfig) -> int:
         run.events.emit(kind, step=state.global_step, epoch=state.epoch)
         LOG.warning("%s at step %d; state saved. Resume by starting the same config again.", kind,
                     state.global_step)
-        run.events.close()
+        run.events.close()  # waits (bounded) for the last checkpoint's upload
+        accelerator.wait_for_everyone()  # a rank exiting 75 first makes the launcher kill the uploading main
         return exitcodes.STOPPED_SAVED
 
     checkpointer.at_end(state)
