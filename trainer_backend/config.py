@@ -313,11 +313,81 @@ class Hardware(Section):
 
 
 class Checkpoints(Section):
-    """Saving and resuming."""
+    """Saving and resuming (see docs/checkpoints.md)."""
     TAB: ClassVar[str] = "Checkpoints & cloud"
     every_n_steps: int = F(0, "Save a checkpoint every N optimizer steps; 0 = off.", ge=0)
+    every_n_epochs: int = F(0, "Save a checkpoint every N epochs (at the epoch's end); 0 = off.", ge=0)
+    every_n_minutes: float = F(0.0, "Save a checkpoint when this many minutes passed since the last one; 0 = off.",
+                               ge=0.0)
     keep_last: int = F(3, "Checkpoints kept locally (older ones are pruned).", ge=1)
-    resume: str = F("auto", "auto (latest valid checkpoint), none, or a checkpoint path.")
+    keep_every_n_steps: int = F(0, "Also save at every multiple of N steps and keep those checkpoints forever "
+                                   "(e.g. 2000); 0 = off.", ge=0, advanced=True)
+    keep_best: int = F(0, "Also keep the N checkpoints with the lowest best_metric; 0 = off.", ge=0, advanced=True)
+    best_metric: Literal["loss", "validation_loss"] = F(
+        "loss", "Metric for keep_best (lower is better): loss = mean training loss since the previous checkpoint; "
+                "validation_loss = the latest [validation] loss (needs validation turned on).", advanced=True)
+    at_end: bool = F(True, "Save a final checkpoint, so a finished run can be continued with more epochs.",
+                     advanced=True)
+    export_at: Literal["none", "epochs", "checkpoints"] = F(
+        "none", "Also write the LoRA file named with the step (<name>-step00000100.safetensors): at the checkpoints "
+                "of every_n_epochs (epochs) or with every checkpoint (checkpoints).")
+    resume: str = F("auto", "auto (newest valid checkpoint, local or in [cloud], else a fresh start), none, or a "
+                            "checkpoint folder or s3://bucket/prefix/…/step-XXXXXXXX.")
+
+
+class Cloud(Section):
+    """S3-compatible storage (AWS S3, Cloudflare R2, MinIO, …): checkpoints, outputs and samples are copied to
+    s3://<bucket>/<prefix>/<output.name>/ in the background. Credentials come from the environment or
+    secrets_file, never from this config."""
+    TAB: ClassVar[str] = "Checkpoints & cloud"
+    bucket: str = F("", "Bucket name; empty = no cloud sync.", pattern=r"^[A-Za-z0-9._-]*$")
+    prefix: str = F("", "Key prefix inside the bucket (the run goes under <prefix>/<output.name>/).",
+                    pattern=r"^[A-Za-z0-9._/ -]*$")
+    endpoint_url: str = F("", "S3 endpoint for R2, MinIO, …; empty = AWS.", pattern=r"^(https?://\S+)?$")
+    region: str = F("", "Region; empty = the environment's default (R2 uses auto).")
+    upload_checkpoints: bool = F(True, "Upload every checkpoint (its manifest last).")
+    upload_outputs: bool = F(True, "Upload the outputs, exported LoRA files and the run's config, events and log.")
+    upload_samples: bool = F(True, "Upload sample images.")
+    keep_last: int = F(0, "Checkpoints kept in the bucket; 0 = as checkpoints.keep_last (keep_every_n_steps and "
+                          "keep_best apply too).", ge=0)
+    secrets_file: str = F("", "File (mode 0600) of NAME=value lines holding the credentials named here and in "
+                              "[webhooks]; the environment is searched first.", widget="path")
+    access_key_name: str = F("AWS_ACCESS_KEY_ID", "Name of the secret (environment variable or secrets_file line) "
+                                                 "holding the access key id.", advanced=True)
+    secret_key_name: str = F("AWS_SECRET_ACCESS_KEY", "Name of the secret holding the secret access key.",
+                             advanced=True)
+    addressing_style: Literal["auto", "path", "virtual"] = F(
+        "auto", "URL style; auto = path style when endpoint_url is set (MinIO, R2), virtual hosts on AWS.",
+        advanced=True)
+    multipart_mb: int = F(64, "Files above this size go up in parts of this size (multipart upload).", ge=5,
+                          le=5000, advanced=True)
+    timeout_s: int = F(60, "Seconds one S3 request may take before it is retried (with backoff).", ge=1, le=3600,
+                       advanced=True)
+    final_wait_s: int = F(600, "At the end of a run (or after a stop), wait at most this long for uploads.",
+                          ge=0, le=86400, advanced=True)
+
+
+class WebhookTarget(Section):
+    """One [[webhooks.targets]] entry."""
+    url: str = F("", "http(s) URL. Discord URLs carry their token: leave this empty and use url_secret.",
+                 pattern=r"^(https?://\S+)?$")
+    url_secret: str = F("", "Name of the secret (environment variable or cloud.secrets_file line) holding the URL.")
+    format: Literal["json", "discord"] = F("json", "json: the payload as JSON; discord: a Discord message (sample "
+                                                   "images attached).")
+    auth_secret: str = F("", "Name of the secret whose value is sent as the auth header (e.g. 'Bearer abc'); "
+                             "empty = none.")
+    auth_header: str = F("Authorization", "Header that carries auth_secret.", pattern=r"^[A-Za-z0-9-]+$")
+    events: list[Literal["start", "checkpoint", "sample", "epoch", "done", "error", "preempted", "stopped"]] = F(
+        ["start", "checkpoint", "sample", "epoch", "done", "error", "preempted", "stopped"], "Events sent.")
+
+
+class Webhooks(Section):
+    """HTTP notifications at start, checkpoints, samples, epochs and the end; never slow training down."""
+    TAB: ClassVar[str] = "Checkpoints & cloud"
+    targets: list[WebhookTarget] = F([], "Webhook URLs, each a [[webhooks.targets]] table with url or url_secret, "
+                                         "format, auth_secret, auth_header and events.")
+    timeout_s: float = F(5.0, "Seconds per request before it is abandoned.", gt=0.0, le=120.0, advanced=True)
+    retries: int = F(2, "Retries of a failed request (with backoff).", ge=0, le=10, advanced=True)
 
 
 class Ema(Section):
@@ -420,6 +490,8 @@ class TrainConfig(BaseModel):
     precision: Precision = Field(default_factory=Precision)
     hardware: Hardware = Field(default_factory=Hardware)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    cloud: Cloud = Field(default_factory=Cloud)
+    webhooks: Webhooks = Field(default_factory=Webhooks)
     ema: Ema = Field(default_factory=Ema)
     samples: Samples = Field(default_factory=Samples)
     validation: Validation = Field(default_factory=Validation)
