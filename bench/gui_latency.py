@@ -103,7 +103,7 @@ def time_gui(client, base: dict, runs: Path, name: str, timeout: float) -> float
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "presets" / "demo-sd1-lora.toml"))
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args()
     base = tomllib.loads(Path(args.config).read_text())

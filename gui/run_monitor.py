@@ -86,7 +86,8 @@ def _number(v) -> float | None:
 
 
 def loss_frame(snap: Snapshot) -> pd.DataFrame | None:
-    """Long-format frame (step, value, series) with the raw and the smoothed loss; None when
+    """Long-format frame (step, value, series): raw and smoothed training loss, and the
+    validation loss where it was computed; None when
     there is no point yet (gradio's LinePlot never draws lines after an empty colour frame)."""
     points = [(s["step"], _number(s.get("loss"))) for s in snap.steps if isinstance(s.get("step"), int)]
     points = [(step, loss) for step, loss in points if loss is not None]
@@ -94,8 +95,11 @@ def loss_frame(snap: Snapshot) -> pd.DataFrame | None:
         return None
     steps = [p[0] for p in points]
     raw = [p[1] for p in points]
-    return pd.DataFrame({"step": steps * 2, "value": raw + smooth(raw),
-                         "series": ["loss"] * len(raw) + ["loss (smoothed)"] * len(raw)})
+    val = [(v["step"], _number(v.get("loss"))) for v in snap.validations if isinstance(v.get("step"), int)]
+    val = [(step, loss) for step, loss in val if loss is not None]
+    return pd.DataFrame({"step": steps * 2 + [v[0] for v in val], "value": raw + smooth(raw) + [v[1] for v in val],
+                         "series": ["loss"] * len(raw) + ["loss (smoothed)"] * len(raw)
+                         + ["validation loss"] * len(val)})
 
 
 def lr_frame(snap: Snapshot) -> pd.DataFrame | None:

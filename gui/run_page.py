@@ -38,7 +38,8 @@ def build_run_view(prefix: str) -> RunView:
     with gr.Row():
         loss = gr.LinePlot(x="step", y="value", color="series", title="Loss", height=260, elem_id=f"{prefix}-loss",
                            x_title="step", y_title="loss", scale=3,
-                           color_map={"loss": "#a9b4d6", "loss (smoothed)": "#3949ab"})
+                           color_map={"loss": "#a9b4d6", "loss (smoothed)": "#3949ab",
+                                      "validation loss": "#e67e22"})
         lr = gr.LinePlot(x="step", y="lr", title="Learning rate", height=260, elem_id=f"{prefix}-lr", scale=2,
                          y_axis_format=".1e")
     caption = gr.Markdown("", elem_id=f"{prefix}-chart-caption")
@@ -102,8 +103,7 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
     return updates, now
 
 
-def build_run_page(studio: Studio, secret_boxes: list) -> list:
-    """Returns the timer's components so the app can start it on load."""
+def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
     header = gr.Markdown("", elem_id="run-header")
     with gr.Row(equal_height=True):
         stop = gr.Button("■ Stop (save state)", variant="stop", elem_id="run-stop")
@@ -136,9 +136,10 @@ def build_run_page(studio: Studio, secret_boxes: list) -> list:
         return [head, gr.update(visible=can_kill), str(log) if log else None, *updates,
                 system_markdown(studio.manager.runs_dir), now]
 
-    timer.tick(tick, inputs=[price, seen],
-               outputs=[header, kill, download, *view.components(), system, seen], show_progress="hidden",
-               concurrency_limit=None)
+    outputs = [header, kill, download, *view.components(), system, seen]
+    timer.tick(tick, inputs=[price, seen], outputs=outputs, show_progress="hidden", concurrency_limit=None)
+    # components of a hidden tab are drawn when it is shown: send everything again then
+    tab.select(lambda price_value: tick(price_value, {}), inputs=price, outputs=outputs, show_progress="hidden")
 
     def control(action):
         def handler(*args):
@@ -181,4 +182,3 @@ def build_run_page(studio: Studio, secret_boxes: list) -> list:
             return f"⚠️ {e}", None
 
     kill.click(kill_handler, inputs=armed, outputs=[message, armed], concurrency_id="run-control")
-    return [timer]

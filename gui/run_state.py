@@ -29,6 +29,7 @@ class Snapshot:
     checkpoints: list[dict] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
     uploads: list[dict] = field(default_factory=list)
+    validations: list[dict] = field(default_factory=list)  # validation loss events
     terminal: dict | None = None                          # the last done/stopped/preempted/error
     outputs: list[str] = field(default_factory=list)
     first_time: float | None = None
@@ -66,6 +67,8 @@ def fold_events(events: list[dict], snap: Snapshot | None = None) -> Snapshot:
             snap.samples.append(ev)
         elif kind == "upload":
             snap.uploads.append(ev)
+        elif kind == "validation":
+            snap.validations.append(ev)
         elif kind in TERMINAL:
             snap.terminal = ev
             if kind == "done":

@@ -42,7 +42,7 @@ def run_choices(studio: Studio) -> list[tuple[str, str]]:
 
 
 def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tabs: gr.Tabs,
-                    secret_boxes: list) -> gr.Timer:
+                    secret_boxes: list, tab: gr.Tab) -> None:
     with gr.Row(equal_height=True):
         refresh = gr.Button("Refresh", elem_id="runs-refresh", scale=0, min_width=120, size="md")
         gr.Markdown(f"Runs folder: `{studio.manager.runs_dir}`", elem_id="runs-folder")
@@ -80,6 +80,8 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
     selector.change(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden")
     refresh.click(show, inputs=[selector, seen], outputs=outputs)
     timer.tick(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden", concurrency_limit=None)
+    # components of a hidden tab are drawn when it is shown: send everything again then
+    tab.select(lambda selected: show(selected, {}), inputs=selector, outputs=outputs, show_progress="hidden")
 
     def on_load_config(selected, *current):
         if not selected:
@@ -134,4 +136,3 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
 
     delete.click(on_delete, inputs=[selector, armed], outputs=[message, armed, selector],
                  concurrency_id="run-control")
-    return timer

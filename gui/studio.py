@@ -60,10 +60,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                 """Values were set programmatically: validate, re-plan, re-preview."""
                 event.then(page.refresh, inputs=page.refresh_inputs,
                            outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
-            with gr.Tab("Run", id="run", elem_id="page-run"):
-                build_run_page(studio, page.secret_boxes)
-            with gr.Tab("Runs", id="runs", elem_id="page-runs"):
-                build_runs_page(studio, page.form.inputs, after_load, main_tabs, page.secret_boxes)
+            with gr.Tab("Run", id="run", elem_id="page-run") as run_tab:
+                build_run_page(studio, page.secret_boxes, run_tab)
+            with gr.Tab("Runs", id="runs", elem_id="page-runs") as runs_tab:
+                build_runs_page(studio, page.form.inputs, after_load, main_tabs, page.secret_boxes, runs_tab)
         wire_preset_panel(panel, studio, page.form.inputs, after_load)
         app.load(page.refresh, inputs=page.refresh_inputs,
                  outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")

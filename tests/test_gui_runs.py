@@ -197,6 +197,8 @@ def test_log_is_cleaned_and_loss_is_smoothed(tmp_path):
     frame = loss_frame(fold_events(steps(4)))
     assert sorted(set(frame["series"])) == ["loss", "loss (smoothed)"] and len(frame) == 8
     assert loss_frame(fold_events([])) is None
+    with_val = loss_frame(fold_events([*steps(4), ev("validation", step=4, loss=0.3, best=0.3)]))
+    assert with_val[with_val["series"] == "validation loss"]["value"].tolist() == [0.3]
 
 
 def test_progress_counts_down_the_eta_between_events():
