@@ -1,0 +1,258 @@
+"""VAE (autoencoder) fine-tuning, `network.type = "vae"`: teach the autoencoder to reconstruct the
+dataset's images (art styles the base VAE renders poorly, e.g. eyes in anime or furry art).
+
+    loop.train(cfg) -> train_vae(cfg)   when network.type == "vae"
+
+Objective: reconstruction loss on pixels (vae.loss: l1 or mse; no perceptual LPIPS term, which
+needs pretrained weights we cannot download) plus vae.kl_weight × KL(posterior ‖ N(0, I)),
+scaled as in the original LDM autoencoder (a per-pixel reconstruction loss, the KL summed over
+the latent, both divided by the pixels per image), so 1e-6 means what it meant there. With
+vae.decoder_only (the default) the encoder is frozen: the latent space stays the one every UNet
+and LoRA was trained on, and the KL term is constant, so it is skipped.
+
+Precision: fp32 by default; bf16 allowed; fp16 refused (the VAE's activations overflow fp16 and
+the loss turns NaN). Outputs: `<name>-vae/` (a diffusers AutoencoderKL folder) and
+`<name>-vae.safetensors` (the original single-file VAE layout webui/ComfyUI load); either can be
+given as `model.vae` to a later LoRA or fine-tune run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ConfigError, TrainConfig
+from .base import Trainable
+
+LOG = logging.getLogger("trainer")
+SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+MIXED = {"fp32": "no", "bf16": "bf16"}
+FP16_REFUSED = ("vae.precision: fp16 is refused for VAE training: the autoencoder's activations overflow fp16's "
+                "range (largest value 65504) and the loss turns NaN; use fp32 (the default) or bf16")
+
+
+def check_vae_config(cfg: TrainConfig) -> None:
+    if cfg.vae.precision == "fp16":
+        raise ConfigError(FP16_REFUSED)
+    if cfg.precision.full_bf16 or cfg.precision.full_fp16:
+        raise ConfigError("precision.full_bf16: half-precision weights are not used for VAE training "
+                          "(see vae.precision)")
+
+
+def vae_run_config(cfg: TrainConfig) -> TrainConfig:
+    """The config the VAE run trains with: vae.precision as the mixed precision, no latent or
+    text caches (the pixels are the input and the target)."""
+    c = cfg.model_copy(deep=True)
+    c.precision.mixed = MIXED[cfg.vae.precision]
+    if cfg.dataset.cache_latents or cfg.dataset.cache_text_encoder_outputs:
+        LOG.warning("dataset.cache_latents / cache_text_encoder_outputs are ignored: VAE training needs the pixels")
+    c.dataset.cache_latents = c.dataset.cache_text_encoder_outputs = False
+    return c
+
+
+class Reconstruction(torch.nn.Module):
+    """Encode, sample the posterior with the given noise, decode: one forward, so DDP sees (and
+    syncs) the gradients and accelerate's autocast applies."""
+
+    def __init__(self, vae):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, pixels: torch.Tensor, eps: torch.Tensor, encoder_frozen: bool):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not encoder_frozen):
+            posterior = self.vae.encode(pixels).latent_dist
+        latents = posterior.mean + posterior.std * eps.to(posterior.mean)
+        return self.vae.decode(latents).sample, posterior
+
+
+def reconstruction_loss(recon: torch.Tensor, pixels: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-pixel L1 or MSE, averaged (fp32)."""
+    fn = F.l1_loss if kind == "l1" else F.mse_loss
+    return fn(recon.float(), pixels.float())
+
+
+def kl_per_pixel(posterior, pixels: torch.Tensor) -> torch.Tensor:
+    """KL(posterior ‖ N(0, I)) summed over the latent, averaged over the batch, divided by the
+    pixel values per image (the LDM weighting, see the module docstring)."""
+    return posterior.kl().float().mean() / pixels[0].numel()
+
+
+def vae_loss(recon_model, batch: dict, *, cfg: TrainConfig, epoch: int, device) -> torch.Tensor:
+    from ..loss import sample_generator
+    pixels = batch["pixel_values"].to(device)
+    vae = getattr(recon_model, "module", recon_model).vae
+    f = 2 ** (len(vae.config.block_out_channels) - 1)
+    shape = (vae.config.latent_channels, pixels.shape[-2] // f, pixels.shape[-1] // f)
+    # per-sample noise seeded by (seed, epoch, index), as in loss.py: exact accumulation/DDP/resume
+    eps = torch.stack([torch.randn(shape, generator=sample_generator(cfg.schedule.seed, epoch, i))
+                       for i in batch["index"].tolist()]).to(device)
+    recon, posterior = recon_model(pixels, eps, cfg.vae.decoder_only)
+    loss = reconstruction_loss(recon, pixels, cfg.vae.loss)
+    if not cfg.vae.decoder_only and cfg.vae.kl_weight > 0:
+        loss = loss + cfg.vae.kl_weight * kl_per_pixel(posterior, pixels)
+    return loss
+
+
+def setup_vae(vae, cfg: TrainConfig) -> Trainable:
+    """The decoder (and post-quant conv), or the whole autoencoder, trainable in fp32."""
+    vae.requires_grad_(False)
+    trained = [vae.decoder, vae.post_quant_conv] if cfg.vae.decoder_only else [vae]
+    for module in trained:
+        if module is not None:
+            module.requires_grad_(True)
+    params = [p for p in vae.parameters() if p.requires_grad]
+    for p in params:
+        p.data = p.data.float()
+    model = Reconstruction(vae)
+    LOG.info("method: VAE fine-tune (%s); %s trainable parameters",
+             "decoder only" if cfg.vae.decoder_only else "encoder and decoder", f"{sum(p.numel() for p in params):,}")
+    return Trainable(modules={"vae": model}, param_groups=[{"params": params, "lr": cfg.optimizer.lr, "name": "vae"}],
+                     kind="full")
+
+
+def load_vae(cfg: TrainConfig):
+    """The VAE to fine-tune in fp32: model.vae when given, else the model's own (a diffusers
+    folder's vae/ is read alone; single files go through the full loader)."""
+    from diffusers import AutoencoderKL
+    from ..models.loader import load_model
+    from ..models.tiny import resolve_model_path
+    src = resolve_model_path(cfg.model.path) if cfg.model.path else None
+    if not cfg.model.vae and src is not None and (src / "vae" / "config.json").is_file():
+        return AutoencoderKL.from_pretrained(str(src), subfolder="vae", local_files_only=True, dtype=torch.float32)
+    return load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae, tokenizer=cfg.model.tokenizer).vae
+
+
+def vae_single_file_state(vae) -> dict[str, torch.Tensor]:
+    """The original (LDM) key layout of a standalone VAE file: encoder.down.0.block.0..., no prefix."""
+    from ..models.ldm_keys import VAE_PREFIX, vae_to_ldm
+    state = vae_to_ldm(vae.state_dict(), dict(vae.config))
+    return {k[len(VAE_PREFIX):]: v.contiguous() for k, v in state.items()}
+
+
+def save_vae_outputs(cfg: TrainConfig, run_dir: Path, vae, metadata: dict[str, str] | None = None) -> list[Path]:
+    """<name>-vae/ (AutoencoderKL.from_pretrained) and <name>-vae.safetensors (single file), in
+    vae.save_precision; training is over, so the VAE is cast in place."""
+    from safetensors.torch import save_file
+    vae.to(SAVE_DTYPES[cfg.vae.save_precision])
+    name = cfg.output.name
+    folder = Path(run_dir) / f"{name}-vae"
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    vae.save_pretrained(str(tmp), safe_serialization=True)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    single = Path(run_dir) / f"{name}-vae.safetensors"
+    partial = single.with_name(single.name + ".partial")
+    meta = {"format": "pt", "sd_studio_vae_config": json.dumps(dict(vae.config), default=str), **(metadata or {})}
+    save_file(vae_single_file_state(vae), str(partial), metadata=meta)
+    os.replace(partial, single)
+    LOG.info("saved %s and %s (%s)", folder, single, cfg.vae.save_precision)
+    return [single, folder]
+
+
+def train_vae(cfg: TrainConfig) -> int:
+    """The VAE run: the same run directory, events, checkpoints, stop signals and plan as a
+    diffusion run, with the reconstruction objective."""
+    from accelerate.utils import set_seed
+    from .. import exitcodes
+    from ..checkpointer import Checkpointer
+    from ..loop import (IndexedDataset, Progress, accumulation_groups, check_finite, collate_with_index,
+                        make_sampler, sync_only_on_last)
+    from ..optim import build_lr_scheduler, build_optimizer
+    from ..plan import plan_from_config
+    from ..run_setup import build_dataset, make_accelerator, open_run, register_adapter_hooks, scan_data
+    from ..stopping import StopSignals
+    from ..tracking import start_tracking
+    from torch.utils.data import DataLoader
+
+    check_vae_config(cfg)
+    cfg = vae_run_config(cfg)
+    accelerator = make_accelerator(cfg)
+    set_seed(cfg.schedule.seed)
+    run = open_run(cfg, accelerator)
+    start_tracking(cfg, accelerator, run)
+    with accelerator.main_process_first():
+        vae = load_vae(cfg)
+    vae.to(accelerator.device, dtype=torch.float32)
+    if cfg.precision.gradient_checkpointing:
+        vae.enable_gradient_checkpointing()
+    scan = scan_data(cfg)
+    plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
+    dataset = build_dataset(cfg, scan, plan.multi_counts, None, accelerator, run)
+    total_steps = plan.multi.total_steps
+    run.events.emit("plan", **plan.to_dict())
+
+    trainable = setup_vae(vae, cfg)
+    optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
+    lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
+    register_adapter_hooks(accelerator, trainable)
+    recon_model, optimizer = accelerator.prepare(trainable.modules["vae"], optimizer)
+    accelerator.register_for_checkpointing(lr_scheduler)
+    signals = StopSignals(run.dir, accelerator.is_main_process)
+    checkpointer = Checkpointer(cfg, accelerator, run, signals)
+    state = checkpointer.resume(plan=plan, scan=scan, optimizer=optimizer, lr_scheduler=lr_scheduler)
+    sampler = make_sampler(cfg, dataset, accelerator)
+    progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
+    stop = False
+    try:
+        for epoch in range(state.epoch, plan.multi.epochs):
+            if state.global_step >= total_steps:
+                break
+            dataset.set_epoch(epoch)
+            loader = DataLoader(IndexedDataset(dataset), batch_sampler=sampler.batches(epoch)[state.batch_in_epoch:],
+                                collate_fn=collate_with_index, num_workers=cfg.dataset.num_workers)
+            for group in accumulation_groups(loader, cfg.schedule.grad_accum):
+                group_loss = 0.0
+                for i, batch in enumerate(group):
+                    with sync_only_on_last(accelerator, [recon_model], i == len(group) - 1):
+                        loss = vae_loss(recon_model, batch, cfg=cfg, epoch=epoch, device=accelerator.device)
+                        accelerator.backward(loss / len(group))
+                    group_loss += loss.detach() / len(group)
+                if cfg.optimizer.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(trainable.parameters(), cfg.optimizer.max_grad_norm)
+                lr_used = lr_scheduler.get_last_lr()[0]
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                state.global_step += 1
+                state.batch_in_epoch += len(group)
+                state.samples_seen += plan.multi.effective_batch
+                mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
+                check_finite(mean_loss, cfg, state.global_step)
+                progress.step(state, epoch, mean_loss, lr_used)
+                stop = checkpointer.after_step(state, epoch, mean_loss)
+                if stop or state.global_step >= total_steps:
+                    break
+            if stop:
+                break
+            state.epoch, state.batch_in_epoch = epoch + 1, 0
+            run.events.emit("epoch", epoch=epoch + 1, step=state.global_step)
+            checkpointer.at_epoch_end(state)
+    finally:
+        signals.restore()
+        progress.close()
+    if stop:
+        kind = "stopped" if signals.user_requested() else "preempted"
+        run.events.emit(kind, step=state.global_step, epoch=state.epoch)
+        run.events.close()
+        accelerator.wait_for_everyone()
+        return exitcodes.STOPPED_SAVED
+
+    checkpointer.at_end(state)
+    accelerator.wait_for_everyone()
+    outputs: list[str] = []
+    if accelerator.is_main_process:
+        trained = accelerator.unwrap_model(recon_model).vae
+        outputs = [str(p) for p in save_vae_outputs(cfg, run.dir, trained, {"ss_steps": str(state.global_step)})]
+    accelerator.wait_for_everyone()
+    run.events.emit("done", step=state.global_step, outputs=outputs, elapsed_s=round(time.time() - run.started, 1))
+    run.events.close()
+    accelerator.end_training()
+    return exitcodes.OK
