@@ -42,6 +42,9 @@ class TrainingDiverged(RuntimeError):
 def train(cfg: TrainConfig) -> int:
     from accelerate.utils import set_seed
     from .plan import plan_from_config
+    if cfg.network.type == "vae":  # the autoencoder has its own objective and outputs
+        from .methods.vae import train_vae
+        return train_vae(cfg)
 
     accelerator = make_accelerator(cfg)
     set_seed(cfg.schedule.seed)
