@@ -13,11 +13,17 @@ from trainer_backend.validate import validate_for_run
 
 def train_run(tmp_path: Path, model_dir: Path, data: Path, name: str, *overrides: str):
     """Train with the given overrides; returns (run dir, events, cfg)."""
+    from accelerate.state import AcceleratorState
+    # accelerate's state is a per-process singleton: let this run choose its own mixed precision
+    AcceleratorState._reset_state(reset_partial_state=True)
     cfg = validate_for_run(load_config(None, [
         f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=32",
         f"output.dir={tmp_path / 'runs'}", f"output.name={name}", "precision.mixed=no",
         "network.rank=4", "network.alpha=4", "hardware.cpu=true", "logging.tensorboard=false", *overrides]))
-    assert train(cfg) == 0
+    try:
+        assert train(cfg) == 0
+    finally:  # and leave none behind for the next in-process run
+        AcceleratorState._reset_state(reset_partial_state=True)
     run = cfg.run_dir
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     return run, events, cfg
