@@ -80,6 +80,11 @@ class Studio:
         env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown_env.items())
         shell = (env_line + " " if env_line else "") + shlex.join(argv)
         notes = "".join(f"\n# note: {n}" for n in hardware_notes(cfg))
+        if cfg.hardware.num_machines > 1:
+            from trainer_backend.launch import node_commands
+            nodes = node_commands(cfg, config_path, python=self.settings.python)
+            notes += "".join(f"\n\n# machine_rank {rank}: run this on that machine\n{shlex.join(node)}"
+                             for rank, node in enumerate(nodes))
         return shell + notes, json.dumps(argv, indent=1), dumps_toml(to_dict(cfg))
 
 

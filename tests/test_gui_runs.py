@@ -221,3 +221,27 @@ def test_a_crash_before_any_event_shows_the_exception(tmp_path):
     # the log shown for a failed run ends with the console (where the traceback is)
     (run / "train.log").write_text("10:00:00 INFO starting\n")
     assert "ImportError" in log_tail(run, with_console=True)
+
+
+def test_sample_gallery_follows_sample_events(tmp_path):
+    from PIL import Image
+    from gui.run_monitor import sample_images
+    run = tmp_path / "run"
+    (run / "samples").mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        Image.new("RGB", (8, 8)).save(run / "samples" / f"{name}.png")
+    snap = fold_events([ev("sample", step=5, paths=[str(run / "samples" / "a.png")]),
+                        ev("sample", step=10, paths=["samples/b.png", "samples/c.png", "samples/missing.png"])])
+    images = sample_images(run, snap)
+    assert [Path(p).name for p, _ in images] == ["b.png", "c.png", "a.png"]     # newest first
+    assert images[0][1].startswith("step 10")
+
+
+def test_multi_node_preview_lists_every_machine(tmp_path):
+    from gui.context import Settings, Studio
+    studio = Studio.create(Settings(runs_dir=tmp_path / "runs", presets_dir=tmp_path / "p"))
+    cfg = from_dict({**DEMO, "hardware": {"num_machines": 2, "main_process_ip": "10.0.0.1", "num_processes": 2}})
+    shell, argv, toml = studio.command_preview(cfg)
+    assert "machine_rank 0" in shell and "machine_rank 1" in shell and "10.0.0.1" in shell
+    assert json.loads(argv)[-2:-1] == ["--config"] and json.loads(argv)[-1].endswith("my-lora/config.toml")
+    assert "[hardware]" in toml and "num_machines = 2" in toml
