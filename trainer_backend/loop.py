@@ -29,6 +29,7 @@ from .run_setup import (build_dataset, load_base_model, scan_data, make_accelera
                         register_adapter_hooks)
 from .sampling import SampleImages
 from .stopping import StopSignals
+from .half_weights import keep_half_weights
 from .tracking import start_tracking
 from .validation import make_validator
 
@@ -62,6 +63,7 @@ def train(cfg: TrainConfig) -> int:
              accelerator.num_processes)
 
     trainable = setup_method(model, cfg, scan.class_samples)
+    keep_half_weights(trainable, cfg, accelerator)  # precision.full_bf16/full_fp16 (no-op when off)
     optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
     register_adapter_hooks(accelerator, trainable)

@@ -6,6 +6,7 @@ import importlib.util
 import torch
 
 from .config import ConfigError, TrainConfig
+from .half_weights import half_weights_dtype
 
 _PACKAGES = {"adamw8bit": "bitsandbytes", "prodigy": "prodigyopt", "lion": "lion_pytorch"}
 
@@ -18,6 +19,14 @@ def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(f"optimizer.name: '{o.name}' needs the '{package}' package "
                           f"(.venv/bin/pip install {package}), or choose adamw")
+    if half_weights_dtype(cfg) and o.name in ("adamw", "sgd"):  # precision.full_bf16/full_fp16
+        from .optim_lowprec import HalfWeightsAdamW, HalfWeightsSGD
+        rounding, seed = cfg.precision.half_weights_rounding, cfg.schedule.seed
+        if o.name == "adamw":
+            return HalfWeightsAdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                    weight_decay=o.weight_decay, rounding=rounding, seed=seed)
+        return HalfWeightsSGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay, rounding=rounding,
+                              seed=seed)
     if o.name == "adamw":
         return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
     if o.name == "sgd":

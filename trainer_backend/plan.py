@@ -295,10 +295,13 @@ def plan_from_config(cfg: "TrainConfig", counts: DataCounts, num_processes: int 
     """The plan for a config; num_processes defaults to hardware.num_processes × num_machines."""
     hw, sched = cfg.hardware, cfg.schedule
     n = num_processes or hw.num_processes * getattr(hw, "num_machines", 1)
-    return make_plan(counts, batch_size=sched.batch_size, grad_accum=sched.grad_accum, epochs=sched.epochs,
+    plan = make_plan(counts, batch_size=sched.batch_size, grad_accum=sched.grad_accum, epochs=sched.epochs,
                      max_steps=sched.max_steps, num_processes=n, policy=hw.multi_gpu_policy,
                      keep_steps_per_epoch=getattr(hw, "keep_steps_per_epoch", False), lr=cfg.optimizer.lr,
                      lr_scaling=getattr(hw, "lr_scaling", "none"), warmup_steps=cfg.optimizer.warmup_steps)
+    from .half_weights import half_weights_warnings  # pure, like this module
+    plan.warnings = list(plan.warnings) + half_weights_warnings(cfg)
+    return plan
 
 
 def _fmt(value: Any) -> str:

@@ -20,6 +20,7 @@ class Trainable:
     modules: dict[str, torch.nn.Module]
     param_groups: list[dict] = field(default_factory=list)
     kind: Literal["adapter", "full"] = "adapter"
+    param_dtype: torch.dtype = torch.float32  # bf16/fp16 with precision.full_bf16/full_fp16
 
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for g in self.param_groups for p in g["params"]]
@@ -54,7 +55,7 @@ class Trainable:
         else:
             module.load_state_dict(state)
         for p in self.parameters():  # diffusers #6552: trainable params stay fp32 after a load
-            p.data = p.data.float()
+            p.data = p.data.to(self.param_dtype)  # (or the half dtype of precision.full_bf16/full_fp16)
 
 
 def fp32_param_groups(modules: dict[str, torch.nn.Module], unet_lr: float, text_encoder_lr: float) -> list[dict]:
