@@ -68,22 +68,20 @@ def generate_class_images(model, indices: list[int], folder: Path, cfg: TrainCon
     """Generate class images `indices` into folder (batched; each image from its own seed)."""
     from tqdm.auto import tqdm
     from .models.loader import build_pipeline
-    from .sampling import autocast, eval_mode, preserved_rng, save_png
+    from .sampling import eval_mode, generate, preserved_rng, save_png
     ds = cfg.dataset
     folder.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(indices), desc="class images", unit="img", disable=not progress)
     # the global RNG is left as it was: generating (or reusing) class images never changes training
-    with preserved_rng(), eval_mode([model.unet, *model.text_encoders]), torch.no_grad(), \
-            autocast(device, weight_dtype):
+    with preserved_rng(), eval_mode([model.unet, *model.text_encoders]), torch.no_grad():
         pipe = build_pipeline(model, SAMPLER)
         for start in range(0, len(indices), ds.class_generation_batch_size):
             chunk = indices[start:start + ds.class_generation_batch_size]
-            images = pipe(prompt=[ds.class_prompt] * len(chunk),
-                          negative_prompt=[ds.class_negative_prompt] * len(chunk) if ds.class_negative_prompt
-                          else None,
-                          width=ds.resolution, height=ds.resolution, num_inference_steps=ds.class_generation_steps,
-                          guidance_scale=ds.class_guidance_scale,
-                          generator=[torch.Generator("cpu").manual_seed(class_seed(i)) for i in chunk]).images
+            negative = [ds.class_negative_prompt] * len(chunk) if ds.class_negative_prompt else None
+            images = generate(pipe, device, weight_dtype, prompt=[ds.class_prompt] * len(chunk),
+                              negative_prompt=negative, width=ds.resolution, height=ds.resolution,
+                              num_inference_steps=ds.class_generation_steps, guidance_scale=ds.class_guidance_scale,
+                              generator=[torch.Generator("cpu").manual_seed(class_seed(i)) for i in chunk])
             for i, image in zip(chunk, images):
                 save_png(image, folder / class_image_name(i))
             bar.update(len(chunk))

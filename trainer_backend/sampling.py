@@ -127,6 +127,25 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> list:
+    """PIL images from a pipeline call: denoising under autocast in the compute dtype, decoding by
+    the fp32 VAE outside it (an fp16 VAE overflows, SDXL's above all)."""
+    with autocast(device, weight_dtype):
+        latents = pipe(output_type="latent", **call).images
+    vae = pipe.vae
+    cfg = vae.config
+    latents = latents.to(vae.dtype)
+    mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
+    if mean is not None and std is not None:  # as the SDXL pipeline decodes
+        shape = (1, -1, 1, 1)
+        latents = latents * torch.tensor(std).view(shape).to(latents) / cfg.scaling_factor + \
+            torch.tensor(mean).view(shape).to(latents)
+    else:
+        latents = latents / cfg.scaling_factor + (getattr(cfg, "shift_factor", None) or 0.0)
+    images = vae.decode(latents, return_dict=False)[0]
+    return pipe.image_processor.postprocess(images.float(), output_type="pil")
+
+
 def save_png(image, path: Path) -> None:
     tmp = path.with_name(path.name + ".partial")
     image.save(tmp, format="PNG")
@@ -190,13 +209,13 @@ class SampleImages:
         self.dir.mkdir(parents=True, exist_ok=True)
         paths: list[Path] = []
         with preserved_rng(), eval_mode([model.unet, *model.text_encoders]), \
-                (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad(), \
-                autocast(device, self.weight_dtype):
+                (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
             pipe = build_pipeline(model, self.cfg.samples.scheduler)
             for i, p in enumerate(self.prompts):
-                image = pipe(prompt=p.prompt, negative_prompt=p.negative or None, width=p.width, height=p.height,
-                             num_inference_steps=p.steps, guidance_scale=p.cfg_scale,
-                             generator=torch.Generator("cpu").manual_seed(p.seed)).images[0]
+                (image,) = generate(pipe, device, self.weight_dtype, prompt=p.prompt,
+                                    negative_prompt=p.negative or None, width=p.width, height=p.height,
+                                    num_inference_steps=p.steps, guidance_scale=p.cfg_scale,
+                                    generator=torch.Generator("cpu").manual_seed(p.seed))
                 path = self.dir / f"step-{step:08d}_p{i:02d}.png"
                 save_png(image, path)
                 self.run.events.image(f"samples/p{i:02d}", np.asarray(image), step)
