@@ -106,3 +106,14 @@ def test_cli_runs_as_module_with_exit_2():
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: schedule.epochs")
+
+
+def test_plan_and_inspect_need_only_the_dataset(capsys):
+    """The GUI inspects a dataset before a model is chosen."""
+    demo = ["--set", "dataset.path=assets/demo_dataset", "--set", "dataset.resolution=64"]
+    assert main(["inspect", *demo]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert out["counts"]["subsets"][0][1] == 8  # the demo's 8 images
+    assert main(["plan", *demo, "--num-processes", "2"]) == 0
+    assert "total optimizer steps" in capsys.readouterr().out

@@ -42,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from .validate import validate_for_run
-    return validate_for_run(load_config(args.config, args.overrides))
+    from .validate import validate_dataset_only, validate_for_run
+    cfg = load_config(args.config, args.overrides)
+    if args.command in ("plan", "inspect"):  # need only the dataset (the GUI inspects before a model is set)
+        return validate_dataset_only(cfg)
+    return validate_for_run(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,20 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def _check_dataset_path(cfg: TrainConfig) -> None:
+    if not cfg.dataset.path and not getattr(cfg.dataset, "subsets", None):
+        raise ConfigError("dataset.path: required (a folder of images with captions)")
+    if cfg.dataset.path and not Path(cfg.dataset.path).is_dir():
+        raise ConfigError(f"dataset.path: {cfg.dataset.path} is not a folder")
+
+
+def validate_dataset_only(cfg: TrainConfig) -> TrainConfig:
+    """For `plan` and `inspect`: only what scanning the dataset needs."""
+    cfg = resolve_paths(cfg)
+    _check_dataset_path(cfg)
+    return cfg
+
+
 def validate_for_run(cfg: TrainConfig) -> TrainConfig:
     """Raise ConfigError naming the key when a required path is missing."""
     cfg = resolve_paths(cfg)
@@ -35,10 +49,7 @@ def validate_for_run(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"model.path: {cfg.model.path} does not exist")
     if cfg.model.vae and not Path(cfg.model.vae).exists():
         raise ConfigError(f"model.vae: {cfg.model.vae} does not exist")
-    if not cfg.dataset.path:
-        raise ConfigError("dataset.path: required (a folder of images with captions)")
-    if not Path(cfg.dataset.path).is_dir():
-        raise ConfigError(f"dataset.path: {cfg.dataset.path} is not a folder")
+    _check_dataset_path(cfg)
     if cfg.loss.timestep_min >= cfg.loss.timestep_max:
         raise ConfigError(f"loss.timestep_min: must be below loss.timestep_max ({cfg.loss.timestep_max}), "
                           f"got {cfg.loss.timestep_min}")
