@@ -40,6 +40,8 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
         assert any(k.startswith("lora_unet_input_blocks_") for k in keys)
         assert not any(k.startswith("lora_unet_down_blocks_") for k in keys)
     assert meta["ss_network_dim"] == "4" and meta["ss_steps"] == "3"
+    freq = json.loads(meta["ss_tag_frequency"])  # per subset folder: tag -> count, as kohya writes it
+    assert sum(freq["data"].values()) == 3 and "a red square on a plain background" in freq["data"]
     assert meta["ss_base_model_version"] == {"sd1": "sd_v1", "sd2": "sd_v2", "sdxl": "sdxl_base_v1-0"}[arch]
 
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]

@@ -62,6 +62,21 @@ def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float | Cal
     return out
 
 
+def tag_frequency(scan) -> dict[str, dict[str, int]]:
+    """kohya's ss_tag_frequency: per subset folder, how often each caption tag occurs."""
+    freq: dict[str, dict[str, int]] = {}
+    for item in scan.items:
+        if getattr(item, "is_class", False):
+            continue
+        name = scan.groups[item.group].name if getattr(scan, "groups", None) else "dataset"
+        counts = freq.setdefault(name, {})
+        for tag in item.tags:
+            tag = tag.strip()
+            if tag:
+                counts[tag] = counts.get(tag, 0) + 1
+    return freq
+
+
 BASE_MODEL_VERSION = {"sd1": "sd_v1", "sd2": "sd_v2", "sdxl": "sdxl_base_v1-0"}
 
 

@@ -54,7 +54,7 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable
     export (see checkpointer.py) that leaves the model as it is. With ema.use_for_output, the EMA
     weights are what is saved."""
     import contextlib
-    from ..export import kohya_metadata
+    from ..export import kohya_metadata, tag_frequency
     accelerator.wait_for_everyone()
     outputs: list[str] = []
     if accelerator.is_main_process:
@@ -63,7 +63,7 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable
             ema.copy_to_params()  # training is over: the EMA weights become the model's
             LOG.info("output uses the EMA weights (ema.use_for_output)")
         meta = kohya_metadata(cfg, model.arch, steps=state.global_step, epochs=state.epoch,
-                              num_images=len(scan.items), tag_frequency=scan.summary.get("tag_frequency"),
+                              num_images=len(scan.items), tag_frequency=tag_frequency(scan),
                               started_at=run.started)
         with ema.applied() if use_ema and file_name else contextlib.nullcontext():
             if trainable.kind == "full":
