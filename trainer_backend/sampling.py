@@ -94,17 +94,16 @@ def load_prompts(cfg: TrainConfig) -> list[SamplePrompt]:
 
 @contextlib.contextmanager
 def preserved_rng() -> None:
-    """Save and restore python, numpy, torch and CUDA RNG states around a block."""
-    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    """Save and restore python, numpy, torch and accelerator (CUDA/ROCm/MPS/XPU) RNG states around a block."""
+    from .devices import accelerator_rng_state, set_accelerator_rng_state
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(), accelerator_rng_state())
     try:
         yield
     finally:
         random.setstate(states[0])
         np.random.set_state(states[1])
         torch.set_rng_state(states[2])
-        if states[3] is not None:
-            torch.cuda.set_rng_state_all(states[3])
+        set_accelerator_rng_state(states[3])
 
 
 @contextlib.contextmanager
