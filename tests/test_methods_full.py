@@ -48,3 +48,22 @@ def test_full_finetune_outputs_load_and_differ(tmp_path, tiny_models, arch, trai
         assert _max_diff(saved, loaded) == 0.0
         moved = _max_diff(saved, _fp16(original))
         assert (moved > 1e-4) if train_te else (moved == 0.0)
+
+
+def test_full_finetune_keeps_fp32_master_weights(tiny_models):
+    """Under bf16 mixed precision a full fine-tune's UNet and trained text encoder start from the
+    exact fp32 weights (no bf16 round trip); frozen encoders go to bf16."""
+    from types import SimpleNamespace
+    from trainer_backend.config import load_config
+    from trainer_backend.methods import setup_method
+    from trainer_backend.run_setup import place_model
+    model_dir = tiny_models("sdxl")
+    cfg = load_config(None, [f"model.path={model_dir}", "network.type=full", "precision.mixed=bf16",
+                             "network.train_text_encoder=false"])
+    model, base = load_model(str(model_dir)), load_model(str(model_dir))
+    place_model(model, cfg, SimpleNamespace(device=torch.device("cpu")))
+    trainable = setup_method(model, cfg)
+    assert {p.dtype for p in trainable.parameters()} == {torch.float32}
+    assert _max_diff(model.unet, base.unet) == 0.0
+    assert all(te.dtype == torch.bfloat16 for te in model.text_encoders)
+    assert all(not p.requires_grad for te in model.text_encoders for p in te.parameters())

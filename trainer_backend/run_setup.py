@@ -68,10 +68,12 @@ def load_base_model(cfg: TrainConfig, accelerator):
 def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
     """Frozen weights in the compute dtype on the device; the VAE stays fp32 (fp16 VAEs NaN)."""
     weight_dtype = WEIGHT_DTYPES[cfg.precision.mixed]
-    model.unet.to(accelerator.device, dtype=weight_dtype)
+    # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
+    trained = torch.float32 if cfg.network.type == "full" else weight_dtype
+    model.unet.to(accelerator.device, dtype=trained)
     model.vae.to(accelerator.device, dtype=torch.float32)
     for encoder in model.text_encoders:
-        encoder.to(accelerator.device, dtype=weight_dtype)
+        encoder.to(accelerator.device, dtype=trained if cfg.network.train_text_encoder else weight_dtype)
     if cfg.precision.attention == "default":
         from diffusers.models.attention_processor import AttnProcessor
         model.unet.set_attn_processor(AttnProcessor())
