@@ -257,7 +257,6 @@ class Precision(Section):
                       "weight's precision are lost).", advanced=True)
 
 
-
 class Hardware(Section):
     """GPUs and processes."""
     TAB: ClassVar[str] = "GPUs"
@@ -473,7 +472,6 @@ class Logging(Section):
     wandb_key_name: str = F("WANDB_API_KEY", "Name of the secret (environment variable or cloud.secrets_file line) "
                                              "holding the W&B API key; the key itself never goes in the config.",
                             pattern=r"^[A-Za-z0-9_.-]+$", advanced=True)
-
 
 
 class TrainConfig(BaseModel):
