@@ -51,7 +51,7 @@ def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Ru
         if not (run_dir / "command.txt").exists():  # the GUI/launcher writes the outer argv itself
             (run_dir / "command.txt").write_text(json.dumps(argv or sys.argv))
         (run_dir / "control").mkdir(exist_ok=True)
-        for stale in ("stop", "save_now"):
+        for stale in ("stop", "save_now", "sample_now"):
             (run_dir / "control" / stale).unlink(missing_ok=True)
     events = RunEvents(run_dir, enabled=main, tensorboard=cfg.logging.tensorboard)
     return Run(cfg=cfg, dir=run_dir, events=events, is_main=main, started=time.time())
