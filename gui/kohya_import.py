@@ -20,7 +20,9 @@ from .schema_form import form_fields
 
 SECRET_KEYS = {"wandb_api_key", "huggingface_token"}
 NETWORK_TYPES = {"standard": "lora", "lycoris/loha": "loha", "lycoris/lokr": "lokr"}
-APPROX_NETWORK = {"kohya locon": "lora", "locon": "lora", "lycoris/locon": "lora"}
+LOCON_TYPES = {"kohya locon", "locon", "lycoris/locon"}   # LoRA plus conv-layer adapters (conv_dim)
+SAMPLERS = {"euler": "euler", "euler_a": "euler_a", "k_euler": "euler", "k_euler_a": "euler_a", "ddim": "ddim",
+            "dpmsolver++": "dpmpp_2m", "k_dpm_2": "dpmpp_2m", "pndm": "pndm", "ddpm": "ddpm", "unipc": "unipc"}
 OPTIMIZERS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "prodigy": "prodigy", "lion": "lion",
               "adafactor": "adafactor", "sgd": "sgd"}
 APPROX_OPTIMIZERS = {"pagedadamw8bit": "adamw8bit", "pagedadamw": "adamw", "lion8bit": "lion",
@@ -112,6 +114,12 @@ DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "num_processes": ("hardware.num_processes", _int),
     "gpu_ids": ("hardware.gpu_ids", lambda v: str(v).replace(" ", "")),
     "save_every_n_steps": ("checkpoints.every_n_steps", _int),
+    "save_every_n_epochs": ("checkpoints.every_n_epochs", _int),
+    "prior_loss_weight": ("dataset.prior_loss_weight", _num),
+    "reg_data_dir": ("dataset.class_path", str),
+    "sample_every_n_steps": ("samples.every_n_steps", _int),
+    "sample_every_n_epochs": ("samples.every_n_epochs", _int),
+    "sample_prompts": ("samples.prompts", str),
     "output_dir": ("output.dir", str),
     "output_name": ("output.name", _name),
     "resume": ("checkpoints.resume", str),
@@ -119,7 +127,8 @@ DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
 # Keys handled by the special cases below (so they are not reported as unsupported).
 SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimizer_args", "lr_scheduler",
            "lr_warmup", "max_train_epochs", "unet_lr", "text_encoder_lr", "learning_rate_te",
-           "network_train_unet_only", "xformers", "noise_offset_type", "enable_bucket"}
+           "network_train_unet_only", "xformers", "noise_offset_type", "enable_bucket", "conv_dim", "conv_alpha",
+           "sample_sampler", "dora_wd"}
 
 
 class _Builder:
@@ -151,9 +160,14 @@ def _special_cases(src: dict, b: _Builder) -> None:
         low = lora_type.lower()
         if low in NETWORK_TYPES:
             b.put("LoRA_type", "network.type", NETWORK_TYPES[low])
-        elif low in APPROX_NETWORK:
+        elif low in LOCON_TYPES:
             b.put("LoRA_type", "network.type", "lora")
-            b.note(f"LoRA_type {lora_type!r} imported as plain LoRA: conv layers are not adapted")
+            if not _off(src.get("conv_dim")):
+                b.put("conv_dim", "network.conv_rank", _int(src["conv_dim"]))
+                if not _off(src.get("conv_alpha")):
+                    b.put("conv_alpha", "network.conv_alpha", _num(src["conv_alpha"]))
+            else:
+                b.note(f"LoRA_type {lora_type!r} without conv_dim: imported as plain LoRA")
         else:
             b.result.unsupported.append(("LoRA_type", lora_type))
     elif "network_dim" not in src:
@@ -170,6 +184,15 @@ def _special_cases(src: dict, b: _Builder) -> None:
         else:
             b.result.unsupported.append(("optimizer", src["optimizer"]))
     _optimizer_args(src.get("optimizer_args", ""), b)
+
+    if src.get("dora_wd"):
+        b.put("dora_wd", "network.dora", True)
+    sampler = str(src.get("sample_sampler", "")).strip().lower()
+    if sampler:
+        if sampler in SAMPLERS:
+            b.put("sample_sampler", "samples.scheduler", SAMPLERS[sampler])
+        else:
+            b.result.unsupported.append(("sample_sampler", src["sample_sampler"]))
 
     scheduler = str(src.get("lr_scheduler", "")).strip()
     if scheduler:

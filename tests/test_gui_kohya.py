@@ -100,3 +100,17 @@ def test_import_saves_a_preset_that_loads_back(tmp_path):
     assert "wb-secret" not in text
     loaded = store.load("from kohya")
     assert loaded.network.rank == 32 and loaded.dataset.path == "/data/img"
+
+
+def test_locon_dreambooth_and_sample_keys_are_mapped():
+    src = {"LoRA_type": "LyCORIS/LoCon", "network_dim": 16, "network_alpha": 8, "conv_dim": 4, "conv_alpha": 2,
+           "prior_loss_weight": "0.5", "reg_data_dir": "/data/reg", "sample_every_n_steps": 100,
+           "sample_every_n_epochs": 0, "sample_prompts": "a photo of sks dog --w 512 --h 512",
+           "sample_sampler": "euler_a", "save_every_n_epochs": 2}
+    result = import_kohya(src)
+    cfg = result.config()
+    assert (cfg.network.type, cfg.network.conv_rank, cfg.network.conv_alpha) == ("lora", 4, 2.0)
+    assert cfg.dataset.prior_loss_weight == 0.5 and cfg.dataset.class_path == "/data/reg"
+    assert cfg.samples.every_n_steps == 100 and cfg.samples.scheduler == "euler_a"
+    assert cfg.samples.prompts.startswith("a photo of sks dog") and cfg.checkpoints.every_n_epochs == 2
+    assert not result.unsupported, result.unsupported
