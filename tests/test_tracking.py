@@ -16,6 +16,16 @@ from trainer_backend.validate import validate_for_run
 SECRET = "wbkey-3f9c1e77a1b2c3d4e5f60718293a4b5c6d7e8f90"
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """accelerate's state is a per-process singleton that keeps the first run's mixed precision:
+    every in-process run here starts and ends without one."""
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def wandb_records(path: Path) -> list:
     """Records of an offline .wandb file: a 7-byte header, then LevelDB-log framing (32 KiB
     blocks, each chunk: crc32 u32, length u16, type u8) around protobuf Record messages."""
@@ -83,6 +93,7 @@ def clean_wandb_env(monkeypatch, tmp_path):
 
 
 def test_offline_wandb_run_has_the_logged_keys_and_no_secret(tmp_path, tiny_models, clean_wandb_env):
+    pytest.importorskip("wandb", reason="the wandb package (test extra) is not installed")
     from trainer_backend.loop import train
     secrets = tmp_path / "secrets.env"
     secrets.write_text(f"MY_WB_KEY={SECRET}\n")

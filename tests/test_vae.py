@@ -15,6 +15,16 @@ from trainer_backend.config import ConfigError, load_config
 from trainer_backend.validate import validate_for_run
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """accelerate's state is a per-process singleton that keeps the first run's mixed precision:
+    every in-process run here starts and ends without one."""
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def run_cfg(tmp_path, model_dir, data, name, *overrides):
     return validate_for_run(load_config(None, [
         f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=32", f"output.dir={tmp_path / 'runs'}",

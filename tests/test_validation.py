@@ -15,6 +15,16 @@ from trainer_backend.validate import validate_for_run
 from trainer_backend.validation import Validator, fixed_timesteps, validation_scan
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """accelerate's state is a per-process singleton that keeps the first run's mixed precision:
+    every in-process run here starts and ends without one."""
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def base_overrides(tmp_path, model_dir, data, name):
     return [f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=32",
             f"output.dir={tmp_path / 'runs'}", f"output.name={name}", "precision.mixed=no", "network.rank=4",
@@ -85,7 +95,9 @@ def test_validation_loss_drops_while_overfitting(tmp_path, tiny_models):
     cfg = validate_for_run(load_config(None, base_overrides(tmp_path, tiny_models("sd1"), data, "overfit") + [
         "schedule.max_steps=24", "optimizer.lr=1e-2", "schedule.batch_size=2", "optimizer.weight_decay=0",
         f"network.target_modules={targets}", "loss.timestep_min=700", f"validation.path={tmp_path / 'val'}",
-        "validation.every_n_steps=8", "validation.every_n_epochs=1000", "validation.timesteps=3"]))
+        "validation.every_n_steps=8", "validation.every_n_epochs=1000", "validation.timesteps=3",
+        "checkpoints.every_n_steps=8", "checkpoints.keep_last=1", "checkpoints.keep_best=1",
+        "checkpoints.best_metric=validation_loss"]))
     from trainer_backend.loop import train
     assert train(cfg) == 0
     events = [json.loads(line) for line in (cfg.run_dir / "events.jsonl").read_text().splitlines()]
@@ -95,3 +107,44 @@ def test_validation_loss_drops_while_overfitting(tmp_path, tiny_models):
     losses = [e["loss"] for e in vals]
     assert losses[-1] < 0.9 * losses[0], losses
     assert vals[-1]["best"] == min(losses)
+    # keep-best retention sees the validation loss of the step each checkpoint was saved at
+    from trainer_backend.checkpoints import checkpoint_infos
+    by_step = {e["step"]: e["loss"] for e in vals}
+    kept = checkpoint_infos(cfg.run_dir)
+    assert kept and all(metrics["validation_loss"] == by_step[step] for step, metrics in kept)
+    assert min(losses) in [metrics["validation_loss"] for _, metrics in kept]
+
+
+def test_two_ranks_give_the_one_process_value(tmp_path, tiny_models):
+    """Two gloo ranks share 3 validation images (one rank runs a zero-weighted padding batch);
+    the all-reduced loss equals a one-process evaluation of the run's exported LoRA."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from trainer_backend.models.loader import build_pipeline
+    from trainer_backend.run_setup import load_base_model, make_accelerator, open_run, place_model
+    root = Path(__file__).resolve().parent.parent
+    data = make_dataset(tmp_path / "data", n=4, size=32)
+    make_dataset(tmp_path / "val", n=3, size=32, seed=7)
+    common = base_overrides(tmp_path, tiny_models("sd1"), data, "two") + [
+        "schedule.max_steps=2", "optimizer.lr=1e-2", f"validation.path={tmp_path / 'val'}",
+        "validation.every_n_steps=1", "validation.batch_size=1", "hardware.num_processes=2"]  # 1 step on 2 ranks
+    cmd = [sys.executable, "-m", "trainer_backend", "launch"]
+    for item in common:
+        cmd += ["--set", item]
+    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    run_dir = tmp_path / "runs" / "two"
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    [val] = [e for e in events if e["event"] == "validation"]
+    assert val["step"] == 1 and val["images"] == 3
+
+    cfg = validate_for_run(load_config(run_dir / "config.toml", ["hardware.num_processes=1", "output.name=one"]))
+    accelerator = make_accelerator(cfg)
+    run = open_run(cfg, accelerator)
+    model = load_base_model(cfg, accelerator)
+    weight_dtype = place_model(model, cfg, accelerator)
+    build_pipeline(model).load_lora_weights(str(run_dir / "two.safetensors"))
+    one = Validator(cfg, model, accelerator, run, weight_dtype, model.unet, model.text_encoders).evaluate()
+    run.events.close()
+    assert one == pytest.approx(val["loss"], rel=1e-5)
