@@ -71,13 +71,19 @@ def test_vae_fine_tune_outputs_and_later_lora_run(tmp_path, tiny_models):
     base_vae = AutoencoderKL.from_pretrained(str(model_dir), subfolder="vae")
 
     cfg = run_cfg(tmp_path, model_dir, data, "vae", "network.type=vae", "schedule.max_steps=24",
-                  "schedule.batch_size=2", "optimizer.lr=2e-3", "optimizer.weight_decay=0")
+                  "schedule.batch_size=2", "optimizer.lr=2e-3", "optimizer.weight_decay=0",
+                  f"validation.path={data}", "validation.every_n_steps=12")
     assert cfg.vae.decoder_only and cfg.vae.precision == "fp32"  # the defaults under test
     assert train(cfg) == 0
     folder, single = cfg.run_dir / "vae-vae", cfg.run_dir / "vae-vae.safetensors"
     trained = AutoencoderKL.from_pretrained(str(folder))
     before, after = reconstruction_l1(base_vae, pixels), reconstruction_l1(trained, pixels)
     assert after < 0.8 * before, (before, after)
+    # validation: the same reconstruction measure, tracked during the run (vae.loss is l1)
+    events = [json.loads(line) for line in (cfg.run_dir / "events.jsonl").read_text().splitlines()]
+    vals = [e for e in events if e["event"] == "validation"]
+    assert [e["step"] for e in vals] == [12, 24] and all(e["loss"] < 0.8 * before for e in vals)
+    assert vals[1]["loss"] == pytest.approx(after, rel=1e-4)
     # decoder only: the encoder (the latent space LoRAs were trained on) is untouched
     for (name, a), b in zip(base_vae.encoder.state_dict().items(), trained.encoder.state_dict().values()):
         assert torch.equal(a, b), name

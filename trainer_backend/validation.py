@@ -95,6 +95,7 @@ class Validator:
         self.active = validation_enabled(cfg)
         self.history: list[tuple[int, float]] = []  # (step, loss)
         self._cache: dict[int, dict] = {}
+        self._cfg_at: dict[int, TrainConfig] = {}
         self.last_step = -1
         if not self.active:
             return
@@ -104,10 +105,15 @@ class Validator:
         once = DataCounts(subsets=tuple((name, images, 1) for name, images, _ in scan.counts.subsets))
         self.dataset = TrainDataset(scan, unaugmented(cfg), counts=once)
         self.dataset.set_epoch(0)
-        self.timesteps = fixed_timesteps(cfg.loss.timestep_min, cfg.loss.timestep_max, cfg.validation.timesteps)
         self.batches = self._batches(cfg.validation.batch_size or cfg.schedule.batch_size)
-        LOG.info("validation: %d images × %d fixed timesteps %s, every %s", len(self.dataset), len(self.timesteps),
-                 self.timesteps, self._schedule_words())
+        self.timesteps = self._timesteps()
+        LOG.info("validation: %d images%s, every %s", len(self.dataset),
+                 f" × {len(self.timesteps)} fixed timesteps {self.timesteps}" if self.timesteps else "",
+                 self._schedule_words())
+
+    def _timesteps(self) -> list[int]:
+        c = self.cfg
+        return fixed_timesteps(c.loss.timestep_min, c.loss.timestep_max, c.validation.timesteps)
 
     def _schedule_words(self) -> str:
         v = self.cfg.validation
@@ -157,13 +163,10 @@ class Validator:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over every (image, fixed timestep) pair; the same value on every rank."""
-        from .loop import collate_with_index
-        from .loss import diffusion_loss
         acc = self.accelerator
         n, rank = acc.num_processes, acc.process_index
         per_rank = math.ceil(len(self.batches) / n)
-        cfgs = [self._at_timestep(t) for t in self.timesteps]
-        modules = [self.unet, *(self.text_encoders or [])]
+        modules = self._modules()
         modes = [m.training for m in modules]
         for m in modules:
             m.eval()  # no dropout: the same weights give the same number
@@ -172,20 +175,32 @@ class Validator:
             for j in range(per_rank):
                 b = j * n + rank
                 weight = 1.0 if b < len(self.batches) else 0.0  # a padding forward keeps ranks in step
-                indices = self.batches[min(b, len(self.batches) - 1)]
-                batch = self._batch(b if weight else len(self.batches) - 1, indices, collate_with_index)
-                for k, tcfg in enumerate(cfgs):
-                    loss = diffusion_loss(self.model, self.unet, batch, cfg=tcfg, epoch=VALIDATION_EPOCH + k,
-                                          device=acc.device, weight_dtype=self.weight_dtype,
-                                          text_encoders=self.text_encoders)
-                    total += torch.tensor([loss.item() * len(indices) * weight, len(indices) * weight],
-                                          dtype=torch.float64)
+                number = min(b, len(self.batches) - 1)
+                loss_sum, count = self._score(number, self.batches[number])
+                total += torch.tensor([loss_sum * weight, count * weight], dtype=torch.float64)
         finally:
             for m, mode in zip(modules, modes):
                 m.train(mode)
         if n > 1:
             total = acc.reduce(total.to(acc.device), reduction="sum").cpu()
         return float(total[0] / total[1])
+
+    def _modules(self) -> list[torch.nn.Module]:
+        """What is put in eval mode (no dropout) during an evaluation."""
+        return [self.unet, *(self.text_encoders or [])]
+
+    def _score(self, number: int, indices: list[int]) -> tuple[float, int]:
+        """(sum of losses, count) of batch `number` over the fixed timesteps."""
+        from .loop import collate_with_index
+        from .loss import diffusion_loss
+        batch = self._batch(number, indices, collate_with_index)
+        loss_sum = 0.0
+        for k, t in enumerate(self.timesteps):
+            loss = diffusion_loss(self.model, self.unet, batch, cfg=self._at_timestep(t), epoch=VALIDATION_EPOCH + k,
+                                  device=self.accelerator.device, weight_dtype=self.weight_dtype,
+                                  text_encoders=self.text_encoders)
+            loss_sum += loss.item() * len(indices)
+        return loss_sum, len(indices) * len(self.timesteps)
 
     def _batch(self, number: int, indices: list[int], collate) -> dict:
         """Batch `number` with its latents (posterior mean) and, while the text encoders are frozen,
@@ -210,9 +225,11 @@ class Validator:
     def _at_timestep(self, t: int) -> TrainConfig:
         """The training config with its timestep range narrowed to [t, t + 1): loss.py then draws
         exactly t, and the rest of the objective (noise offset, min-SNR, prediction type) is the same."""
-        c = self.cfg.model_copy(deep=True)
-        c.loss.timestep_min, c.loss.timestep_max = t, t + 1
-        return c
+        if t not in self._cfg_at:
+            c = self.cfg.model_copy(deep=True)
+            c.loss.timestep_min, c.loss.timestep_max = t, t + 1
+            self._cfg_at[t] = c
+        return self._cfg_at[t]
 
 
 def make_validator(cfg: TrainConfig, model, accelerator, run, weight_dtype, unet, text_encoders) -> Validator:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ConfigError, TrainConfig
+from ..validation import Validator
 from .base import Trainable
 
 LOG = logging.getLogger("trainer")
@@ -97,6 +98,31 @@ def vae_loss(recon_model, batch: dict, *, cfg: TrainConfig, epoch: int, device) 
     if not cfg.vae.decoder_only and cfg.vae.kl_weight > 0:
         loss = loss + cfg.vae.kl_weight * kl_per_pixel(posterior, pixels)
     return loss
+
+
+class ReconstructionValidator(Validator):
+    """validation.* in a VAE run: the reconstruction loss (vae.loss) of the posterior mean (no
+    sampling noise, so evaluations compare) on the validation images, with the diffusion
+    validator's schedule, sharding, `validation` events and keep-best metric."""
+
+    def __init__(self, cfg: TrainConfig, accelerator, run, recon_model):
+        self.recon_model = recon_model
+        super().__init__(cfg, None, accelerator, run)
+
+    def _timesteps(self) -> list[int]:
+        return []
+
+    def _modules(self) -> list[torch.nn.Module]:
+        return [self.recon_model]
+
+    def _score(self, number: int, indices: list[int]) -> tuple[float, int]:
+        from ..loop import collate_with_index
+        pixels = collate_with_index([(i, self.dataset[i]) for i in indices])["pixel_values"]
+        pixels = pixels.to(self.accelerator.device)
+        vae = self.accelerator.unwrap_model(self.recon_model).vae
+        with self.accelerator.autocast():
+            recon = vae.decode(vae.encode(pixels).latent_dist.mean).sample
+        return reconstruction_loss(recon, pixels, self.cfg.vae.loss).item() * len(indices), len(indices)
 
 
 def setup_vae(vae, cfg: TrainConfig) -> Trainable:
@@ -200,6 +226,7 @@ def train_vae(cfg: TrainConfig) -> int:
     state = checkpointer.resume(plan=plan, scan=scan, optimizer=optimizer, lr_scheduler=lr_scheduler)
     sampler = make_sampler(cfg, dataset, accelerator)
     progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
+    validator = ReconstructionValidator(cfg, accelerator, run, recon_model)  # validation.*; off: no-op
     stop = False
     try:
         for epoch in range(state.epoch, plan.multi.epochs):
@@ -227,6 +254,7 @@ def train_vae(cfg: TrainConfig) -> int:
                 mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
                 check_finite(mean_loss, cfg, state.global_step)
                 progress.step(state, epoch, mean_loss, lr_used)
+                validator.maybe_run(state)
                 stop = checkpointer.after_step(state, epoch, mean_loss)
                 if stop or state.global_step >= total_steps:
                     break
@@ -234,6 +262,7 @@ def train_vae(cfg: TrainConfig) -> int:
                 break
             state.epoch, state.batch_in_epoch = epoch + 1, 0
             run.events.emit("epoch", epoch=epoch + 1, step=state.global_step)
+            validator.maybe_run(state, epoch_end=True)
             checkpointer.at_epoch_end(state)
     finally:
         signals.restore()
