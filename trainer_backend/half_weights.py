@@ -31,6 +31,21 @@ def check_half_weights(cfg: TrainConfig) -> None:
                           f"or \"fsdp\", or DeepSpeed's offload options instead")
 
 
+VAE_FP16_REFUSED = ("vae.precision: fp16 is refused for VAE training: the autoencoder's activations overflow fp16's "
+                    "range (largest value 65504) and the loss turns NaN; use fp32 (the default) or bf16")
+
+
+def check_precision_options(cfg: TrainConfig) -> None:
+    """The half-precision rules, checked before a run starts (validate_for_run, the GUI)."""
+    check_half_weights(cfg)
+    if cfg.network.type == "vae":
+        if cfg.vae.precision == "fp16":
+            raise ConfigError(VAE_FP16_REFUSED)
+        if half_weights_dtype(cfg):
+            raise ConfigError(f"precision.full_{half_weights_dtype(cfg)}: half-precision weights are not used for "
+                              f"VAE training (see vae.precision)")
+
+
 def half_weights_warnings(cfg: TrainConfig) -> list[str]:
     """The plan's note about the trade-off (empty when off)."""
     kind = half_weights_dtype(cfg)

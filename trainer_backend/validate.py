@@ -55,6 +55,8 @@ def validate_for_run(cfg: TrainConfig) -> TrainConfig:
                           f"got {cfg.loss.timestep_min}")
     from .methods.checks import check_method_config  # method, EMA, DreamBooth and sample options
     check_method_config(cfg)
+    from .half_weights import check_precision_options  # full_bf16/full_fp16, VAE fp16
+    check_precision_options(cfg)
     try:
         from .launch import validate_hardware
     except ImportError:

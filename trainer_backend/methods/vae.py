@@ -27,23 +27,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..config import ConfigError, TrainConfig
+from ..config import TrainConfig
 from ..validation import Validator
 from .base import Trainable
 
 LOG = logging.getLogger("trainer")
 SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIXED = {"fp32": "no", "bf16": "bf16"}
-FP16_REFUSED = ("vae.precision: fp16 is refused for VAE training: the autoencoder's activations overflow fp16's "
-                "range (largest value 65504) and the loss turns NaN; use fp32 (the default) or bf16")
-
-
 def check_vae_config(cfg: TrainConfig) -> None:
-    if cfg.vae.precision == "fp16":
-        raise ConfigError(FP16_REFUSED)
-    if cfg.precision.full_bf16 or cfg.precision.full_fp16:
-        raise ConfigError("precision.full_bf16: half-precision weights are not used for VAE training "
-                          "(see vae.precision)")
+    """vae.precision fp16 and full_bf16/full_fp16 are refused (half_weights.check_precision_options)."""
+    from ..half_weights import check_precision_options
+    check_precision_options(cfg)
 
 
 def vae_run_config(cfg: TrainConfig) -> TrainConfig:
