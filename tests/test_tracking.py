@@ -2,6 +2,7 @@
 config, and the API key (from a secrets file) appears in no file of the run; clear errors when
 wandb is missing or the user is not logged in."""
 import json
+import os
 import struct
 import sys
 import time
@@ -84,8 +85,10 @@ def logged_config(records) -> dict:
 
 @pytest.fixture
 def clean_wandb_env(monkeypatch, tmp_path):
-    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR", "WANDB_IDENTITY_TOKEN_FILE", "MY_WB_KEY"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR", "WANDB_IDENTITY_TOKEN_FILE", "MY_WB_KEY",
+                 "WANDB_SILENT"):
+        monkeypatch.setenv(name, "")  # recorded first, so the teardown also removes what the run sets
+        monkeypatch.delenv(name)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
@@ -137,7 +140,6 @@ def test_online_without_credentials_says_how_to_log_in(tmp_path, clean_wandb_env
     netrc = tmp_path / "netrc"
     netrc.write_text("machine api.wandb.ai login user password abc\n")
     netrc.chmod(0o600)
-    import os
     os.environ["NETRC"] = str(netrc)  # restored by the fixture's monkeypatch
     check_login(cfg, api_key(cfg))  # `wandb login` credentials count
 
