@@ -234,4 +234,9 @@ class Validator:
 
 def make_validator(cfg: TrainConfig, model, accelerator, run, weight_dtype, unet, text_encoders) -> Validator:
     """A Validator; with validation off it does nothing (and loads nothing)."""
+    if cfg.validation.fraction and cfg.dataset.validation_every_nth:
+        raise ConfigError("validation.fraction: set either validation.fraction or dataset.validation_every_nth")
+    if not validation_enabled(cfg) and (cfg.validation.fraction or cfg.dataset.validation_every_nth):
+        LOG.warning("validation: images are held out of training but never evaluated; set "
+                    "validation.every_n_steps or validation.every_n_epochs (or stop holding them out)")
     return Validator(cfg, model, accelerator, run, weight_dtype, unet, text_encoders)
