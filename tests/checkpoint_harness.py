@@ -96,9 +96,10 @@ class Zygote:
         return self.read()
 
     def spawn(self, config: Path, log: Path, env: dict[str, str] | None = None, fsize: int = 0) -> Child:
-        """Start `train --config config` in a forked child (stdout/stderr appended to log)."""
+        """Start `train --config config` in a forked child (stdout/stderr appended to log); env
+        replaces the zygote's environment when given."""
         reply = self.request({"op": "spawn", "argv": ["train", "--config", str(config)], "log": str(log),
-                              "env": {**self.env, **(env or {})}, "fsize": fsize})
+                              "env": self.env if env is None else env, "fsize": fsize})
         child = Child(self, reply["pid"], log)
         self.children.add(child)
         return child
@@ -249,3 +250,78 @@ def reference_run(zygote, fast_inputs, tmp_path_factory) -> dict:
         _SHARED["reference"] = {"lora": lora_tensors(run_dir / "reference.safetensors"),
                                 "steps": valid_steps(run_dir), "run_dir": run_dir, "config": config}
     return _SHARED["reference"]
+
+
+# ----------------------------------------------------------------------------- S3 (moto) and secrets
+
+ACCESS_KEY = "AKIAEXAMPLESECRET7Q2Z"              # distinctive values: the secrets tests grep for them
+SECRET_KEY = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYzzSECRET42"
+
+
+class MotoServer:
+    """moto's S3-compatible server on a free loopback port (a real HTTP endpoint, in memory)."""
+
+    def __init__(self, log: Path):
+        from conftest import free_port
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        exe = Path(PY).parent / "moto_server"
+        cmd = [str(exe)] if exe.exists() else [PY, "-m", "moto.server"]
+        self.log = open(log, "ab")
+        self.proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(self.port)], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.client().list_buckets()
+                break
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+        return boto3.client("s3", endpoint_url=self.url, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
+                            aws_secret_access_key=SECRET_KEY,
+                            config=Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1}))
+
+    def make_bucket(self, name: str) -> str:
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> dict[str, int]:
+        out = {}
+        for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            out.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+        return out
+
+    def pause(self) -> None:
+        """The endpoint stops answering (SIGSTOP): connections hang until the client times out."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        self.resume()
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def write_secrets_file(path: Path, **values: str) -> Path:
+    path.write_text("".join(f"{k}={v}\n" for k, v in values.items()), encoding="utf-8")
+    path.chmod(0o600)
+    return path
+
+
+def cloud_section(moto: MotoServer, bucket: str, secrets_file: Path, **extra) -> dict:
+    return {"bucket": bucket, "endpoint_url": moto.url, "region": "us-east-1", "prefix": "team/runs",
+            "secrets_file": str(secrets_file), "timeout_s": 2, **extra}
+
+
+def env_without_aws(**extra: str) -> dict[str, str]:
+    """The child environment minus any AWS_* variable: credentials come from the secrets file."""
+    return {**{k: v for k, v in child_env().items() if not k.startswith("AWS_")}, **extra}

@@ -29,16 +29,24 @@ class Checkpointer:
         if ck.export_at == "epochs" and not ck.every_n_epochs:
             raise ConfigError("checkpoints.export_at: 'epochs' exports with the checkpoints of every_n_epochs; "
                               "set checkpoints.every_n_epochs ≥ 1")
+        validation = getattr(cfg, "validation", None)
+        if ck.keep_best and ck.best_metric == "validation_loss" and not (
+                validation and (validation.every_n_steps or validation.every_n_epochs)):
+            raise ConfigError("checkpoints.best_metric: validation_loss needs validation.every_n_steps or "
+                              "validation.every_n_epochs")
         self.cfg, self.accelerator, self.run, self.signals, self.export = cfg, accelerator, run, signals, export
         self.policy = RetentionPolicy.from_config(ck)
         self.last_saved_step = -1
         self.last_save_time = time.monotonic()
         self._loss_sum, self._loss_count = 0.0, 0
         self.services = self.store = None
+        self.observed: dict[str, float] = {}  # metrics reported by events (validation_loss)
         if accelerator.is_main_process:
+            from .events import attach_sink
             from .services import start_services
             self.services = start_services(cfg, run)
             self.store = self.services.store
+            attach_sink(run.dir, _MetricSink(self.observed))
 
     # ------------------------------------------------------------------ start
     def resume(self, *, plan, scan, optimizer, lr_scheduler) -> TrainState:
@@ -119,7 +127,7 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ saving
     def _save(self, state: TrainState, trigger: str, export: bool) -> Path:
-        metrics = {"loss": self._loss_sum / self._loss_count} if self._loss_count else {}
+        metrics = {**self.observed, **({"loss": self._loss_sum / self._loss_count} if self._loss_count else {})}
         path = save_checkpoint(self.accelerator, self.run.dir, state, metrics=metrics, trigger=trigger)
         self._loss_sum, self._loss_count = 0.0, 0
         self.last_saved_step, self.last_save_time = state.global_step, time.monotonic()
@@ -146,6 +154,20 @@ class Checkpointer:
         keep = retained_steps(checkpoint_infos(self.run.dir), self.policy)
         for step in prune(self.run.dir, keep):
             LOG.info("pruned checkpoint step %d (checkpoints.keep_last=%d)", step, self.policy.keep_last)
+
+
+class _MetricSink:
+    """Keeps the latest validation loss (a `validation` event) for the checkpoint manifests."""
+
+    def __init__(self, observed: dict[str, float]):
+        self.observed = observed
+
+    def handle(self, record: dict) -> None:
+        if record.get("event") == "validation" and isinstance(record.get("loss"), (int, float)):
+            self.observed["validation_loss"] = float(record["loss"])
+
+    def close(self) -> None:
+        pass
 
 
 def _broadcast(accelerator, path: Path | None) -> Path | None:

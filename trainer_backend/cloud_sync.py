@@ -44,6 +44,7 @@ class Uploader:
         self.pending: list[Job] = []
         self._pending_lock = threading.Lock()
         self.deadline: float | None = None
+        self.uploaded_any = False
         self.thread = threading.Thread(target=self._work, name="s3-uploader", daemon=True)
         self.thread.start()
 
@@ -69,7 +70,9 @@ class Uploader:
     def close(self) -> None:
         """Wait (bounded) for the queue, then upload the run's config/log/events snapshot."""
         self.deadline = time.monotonic() + self.cfg.cloud.final_wait_s
-        if self.cfg.cloud.upload_outputs:
+        # the run's files are worth a wait only where the bucket has been reachable in this run
+        # (not after failing at the start, e.g. on an unreachable endpoint)
+        if self.cfg.cloud.upload_outputs and (self.uploaded_any or self.pending):
             for name in RUN_FILES:
                 if (self.run_dir / name).is_file():
                     self._put(Job("file", self.run_dir / name, name))
@@ -129,6 +132,7 @@ class Uploader:
             try:
                 sent = (self.store.upload_checkpoint(job.path, job.done) if job.kind == "checkpoint"
                         else self.store.put_file(job.path, job.rel))
+                self.uploaded_any = True
                 self._emit("upload", status="done", what=job.kind, step=job.step, url=target, bytes=sent,
                            seconds=round(time.monotonic() - started, 2), attempts=attempt + 1)
                 if job.kind == "checkpoint":
@@ -156,7 +160,7 @@ class Uploader:
                 time.sleep(delay)
 
     def _retain(self) -> None:
-        """Remote retention, the local policy with cloud.keep_last; then stale partial folders."""
+        """Remote retention (the local policy with cloud.keep_last), then partial folders."""
         try:
             remote = self.store.checkpoints()
             keep = retained_steps([(c.step, c.metrics) for c in remote], self.policy)
@@ -165,10 +169,10 @@ class Uploader:
                     self.store.delete_checkpoint(c.step)
                     self._emit("upload", status="pruned", what="checkpoint", step=c.step,
                                url=f"s3://{self.store.bucket}/{c.key}")
-            newest = max((c.step for c in remote), default=-1)
+            # folders without a manifest: uploads cut short (this uploader is the only writer
+            # and has just finished, so none of them is still in progress)
             for step in self.store.incomplete_steps():
-                if step < newest:
-                    self.store.delete_checkpoint(step)
+                self.store.delete_checkpoint(step)
         except Exception as e:  # retention is retried after the next checkpoint
             LOG.warning("remote retention failed (%s); will retry after the next checkpoint",
                         self.mask(f"{type(e).__name__}: {e}"))
