@@ -10,17 +10,21 @@ killed with real signals; only the import time is shared. The slow kill test use
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
 import tomli_w
 
-from conftest import ROOT, make_dataset
+from conftest import ROOT, free_port, make_dataset
 
 PY = sys.executable
 
@@ -212,10 +216,6 @@ def valid_steps(run_dir: Path) -> list[int]:
 # Test modules import these fixtures; the module-level caches make the zygote, the inputs and
 # the uninterrupted reference run exist once per session whichever module asks first.
 
-import atexit  # noqa: E402
-
-import pytest  # noqa: E402
-
 _SHARED: dict = {}
 
 
@@ -262,7 +262,6 @@ class MotoServer:
     """moto's S3-compatible server on a free loopback port (a real HTTP endpoint, in memory)."""
 
     def __init__(self, log: Path):
-        from conftest import free_port
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         exe = Path(PY).parent / "moto_server"
@@ -325,3 +324,40 @@ def cloud_section(moto: MotoServer, bucket: str, secrets_file: Path, **extra) ->
 def env_without_aws(**extra: str) -> dict[str, str]:
     """The child environment minus any AWS_* variable: credentials come from the secrets file."""
     return {**{k: v for k, v in child_env().items() if not k.startswith("AWS_")}, **extra}
+
+
+# ----------------------------------------------------------------------------- webhooks
+
+class Recorder:
+    """A local HTTP server that records every POST; paths under /slow are held until release()."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.held = threading.Event()
+        self.release_event = threading.Event()
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                recorder.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                if self.path.startswith("/slow"):
+                    recorder.held.set()
+                    recorder.release_event.wait(120)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def at(self, path: str) -> list[dict]:
+        return [r for r in self.requests if r["path"] == path]
+
+    def close(self):
+        self.release_event.set()
+        self.server.shutdown()

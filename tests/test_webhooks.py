@@ -4,54 +4,17 @@ and a slow or dead URL does not hold training up."""
 from __future__ import annotations
 
 import json
-import threading
 from email.parser import BytesParser
 from email.policy import HTTP
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from checkpoint_harness import (child_env, fast_inputs, read_events, write_config, zygote)  # noqa: F401
+from checkpoint_harness import Recorder, child_env, fast_inputs, read_events, write_config, zygote  # noqa: F401
 from conftest import free_port
 from trainer_backend.webhooks import build_payload, discord_message
 
 TOKEN = "Bearer hook-TOKEN-5up3rs3cr3t"
 FIELDS = ("run", "run_id", "event", "step", "total_steps", "epoch", "loss", "lr", "eta_s", "elapsed_s", "timestamp")
-
-
-class Recorder:
-    """A local HTTP server that records every POST; paths under /slow are held until release()."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.held = threading.Event()
-        self.release_event = threading.Event()
-        recorder = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                recorder.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                if self.path.startswith("/slow"):
-                    recorder.held.set()
-                    recorder.release_event.wait(120)
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def at(self, path: str) -> list[dict]:
-        return [r for r in self.requests if r["path"] == path]
-
-    def close(self):
-        self.release_event.set()
-        self.server.shutdown()
 
 
 @pytest.fixture
