@@ -26,6 +26,7 @@ import math
 import torch
 
 from .config import ConfigError, TrainConfig
+from .sampling import eval_mode
 
 LOG = logging.getLogger("trainer")
 VALIDATION_EPOCH = 1_000_000  # the noise's epoch id: never a training epoch
@@ -166,21 +167,17 @@ class Validator:
         acc = self.accelerator
         n, rank = acc.num_processes, acc.process_index
         per_rank = math.ceil(len(self.batches) / n)
-        modules = self._modules()
-        modes = [m.training for m in modules]
-        for m in modules:
-            m.eval()  # no dropout: the same weights give the same number
         total = torch.zeros(2, dtype=torch.float64)
-        try:
+        # no dropout: the same weights give the same number. Each submodule's own mode is
+        # restored afterwards (m.train(True) on the top module would re-enable, and
+        # m.train(False) disable, dropout layers that training had set otherwise).
+        with eval_mode(self._modules()):
             for j in range(per_rank):
                 b = j * n + rank
                 weight = 1.0 if b < len(self.batches) else 0.0  # a padding forward keeps ranks in step
                 number = min(b, len(self.batches) - 1)
                 loss_sum, count = self._score(number, self.batches[number])
                 total += torch.tensor([loss_sum * weight, count * weight], dtype=torch.float64)
-        finally:
-            for m, mode in zip(modules, modes):
-                m.train(mode)
         if n > 1:
             total = acc.reduce(total.to(acc.device), reduction="sum").cpu()
         return float(total[0] / total[1])
