@@ -231,10 +231,18 @@ def save_checkpoint(accelerator, run_dir: Path, state: TrainState, metrics: dict
         previous = [p for p in list_checkpoints(run_dir) if p != final]
         kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
         reason = f"{type(error).__name__}: {error}" if error else "another process failed to write its part"
-        raise CheckpointWriteError(f"could not write checkpoint {final} ({reason}); {kept}. "
+        raise CheckpointWriteError(f"could not write checkpoint {final} ({reason}; {_free_space(root)}); {kept}. "
                                    "Free disk space (or fix the folder's permissions) and start the run again "
                                    "to resume.")
     return final
+
+
+def _free_space(folder: Path) -> str:
+    """'N MB free on the disk' (write errors from torch.save do not say that the disk is full)."""
+    try:
+        return f"{shutil.disk_usage(folder).free / 1e6:,.0f} MB free on that disk"
+    except OSError:
+        return "free space unknown"
 
 
 def _finalise(tmp: Path, final: Path, state: TrainState, metrics: dict | None, trigger: str) -> None:

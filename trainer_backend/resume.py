@@ -32,8 +32,8 @@ UNSAFE: dict[str, str] = {
     "optimizer.name": "the optimizer state in the checkpoint belongs to another optimizer",
     "schedule.batch_size": "the position inside the epoch is counted in batches of the old size",
     "schedule.seed": "the data order and noise of the rest of the epoch would change",
-    "dataset.resolution": "images would be batched differently (the position inside the epoch is lost)",
     "dataset.bucketing": "images would be batched differently (the position inside the epoch is lost)",
+    "dataset.resolution": "images would be batched differently (the position inside the epoch is lost)",
     "dataset.bucket_min_side": "images would be batched differently (the position inside the epoch is lost)",
     "dataset.bucket_max_side": "images would be batched differently (the position inside the epoch is lost)",
     "dataset.bucket_step": "images would be batched differently (the position inside the epoch is lost)",
@@ -41,6 +41,8 @@ UNSAFE: dict[str, str] = {
     "dataset.class_samples": "each epoch would hold other samples (the position inside the epoch is lost)",
     "hardware.keep_steps_per_epoch": "each epoch would hold other samples (the position inside the epoch is lost)",
 }
+BUCKET_SHAPE = ("dataset.resolution", "dataset.bucket_min_side", "dataset.bucket_max_side", "dataset.bucket_step",
+                "dataset.bucket_no_upscale")  # unsafe only where bucketing groups the batches
 # Where the data lives or how the run is stored, reported and synced: never a reason to refuse
 # (a fresh machine may keep the dataset or model elsewhere; the contents are compared instead).
 IGNORED_PREFIXES = ("output.", "checkpoints.resume", "cloud.", "webhooks.", "logging.", "dataset.path",
@@ -58,9 +60,9 @@ class ResumeSource:
 
 
 def dataset_fingerprint(scan) -> str:
-    """'<images>:<sha256>' over each image's folder, name, size, caption, repeats, class flag
-    and bucket, in dataset order (the order the sampler's indices refer to). Folder locations
-    are left out so a moved dataset still matches."""
+    """'<images>:<sha256>' over each image's folder, name, size, caption, repeats and class
+    flag, in dataset order (the order the sampler's indices refer to). Folder locations are left
+    out so a moved dataset still matches; bucket shapes are config (resolution, bucket_*)."""
     h = hashlib.sha256()
     groups = getattr(scan, "groups", [])
     for item in scan.items:
@@ -69,10 +71,19 @@ def dataset_fingerprint(scan) -> str:
             size = Path(item.path).stat().st_size
         except OSError:
             size = -1
-        h.update(repr((getattr(group, "name", ""), Path(item.path).name, size, item.caption,
-                       getattr(group, "repeats", 1), item.is_class, tuple(item.bucket))).encode())
+        h.update(repr((_relative(item.path, group), size, item.caption, getattr(group, "repeats", 1),
+                       item.is_class)).encode())
     h.update(repr(getattr(scan, "class_samples", 0)).encode())
     return f"{len(scan.items)}:{h.hexdigest()[:32]}"
+
+
+def _relative(path, group) -> str:
+    """The image's path inside its subset (so N_concept folder names count, the root's does not)."""
+    root = getattr(getattr(group, "spec", None), "root", None)
+    try:
+        return Path(path).relative_to(root).as_posix() if root else Path(path).name
+    except ValueError:
+        return Path(path).name
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
@@ -119,6 +130,10 @@ def check_compatible(state: TrainState, cfg: TrainConfig, fingerprint: str, num_
         if key == "precision.mixed" and "fp16" in (old, new):
             raise ConfigError(f"precision.mixed: changed from {old} to {new}; fp16's gradient-scaler state "
                               f"cannot be carried over (bf16 <-> no is fine){hint}")
+        bucketing = state.config.get("dataset", {}).get("bucketing") or cfg.dataset.bucketing
+        if key in BUCKET_SHAPE and not bucketing:
+            safe.append(f"{key}: {old!r} -> {new!r}")  # without buckets every image is cropped alike
+            continue
         if key in UNSAFE:
             raise ConfigError(f"{key}: changed from {old!r} to {new!r} since the checkpoint: {UNSAFE[key]}{hint}")
         if not key.startswith(IGNORED_PREFIXES):
