@@ -118,3 +118,26 @@ def test_payload_and_discord_message_shapes():
     assert message["content"] == "dog: checkpoint at step 40/100"
     names = [f["name"] for f in message["embeds"][0]["fields"]]
     assert names[:4] == ["epoch", "loss", "lr", "ETA"] and "remote" in names
+
+
+def test_preempted_and_error_reach_the_webhook(recorder, zygote, fast_inputs, tmp_path):
+    """A SIGTERM sends `preempted` (after its checkpoint); a run that then fails writing its next
+    checkpoint (file-size limit, as on a full disk) sends `error` with the message."""
+    import signal
+    from checkpoint_harness import wait_for_event
+    config = write_config(tmp_path / "p.toml", *fast_inputs, tmp_path / "runs", "interrupted", {
+        "webhooks": {"targets": [{"url": f"{recorder.url}/json", "events": ["preempted", "error", "checkpoint"]}]}})
+    run = tmp_path / "runs" / "interrupted"
+    child = zygote.spawn(config, tmp_path / "p.log")
+    assert wait_for_event(run, child, lambda e: e["event"] == "step" and e["step"] >= 3) is not None
+    child.signal(signal.SIGTERM)
+    assert child.wait() == 75
+    hooks = [_json(r) for r in recorder.at("/json")]
+    assert hooks[-1]["event"] == "preempted" and hooks[-2]["event"] == "checkpoint"
+    assert hooks[-1]["step"] == hooks[-2]["step"] and hooks[-1]["run"] == "interrupted"
+
+    size = (run / "checkpoints" / f"step-{hooks[-1]['step']:08d}" / "optimizer.bin").stat().st_size
+    assert zygote.run(config, tmp_path / "e.log", fsize=size * 2 // 3) == 1
+    error = _json(recorder.at("/json")[-1])
+    assert error["event"] == "error" and "could not write checkpoint" in error["message"]
+    assert error["step"] == hooks[-1]["step"] + 1  # the last step reported before the failure
