@@ -24,6 +24,7 @@ from trainer_backend.checkpoints import checkpoints_dir, read_manifest
 from trainer_backend.retention import RetentionPolicy, retained_steps
 
 POLICY = RetentionPolicy(keep_last=2, keep_every=4)
+LEFTOVER = "left-by-the-kill"
 TOTAL = 12
 
 
@@ -54,8 +55,9 @@ def _kill_and_resume(zygote, tmp_path, config, run_dir, kills: int, seed: int):
             assert resumed[0]["path"].endswith(f"step-{before[-1]:08d}")
         else:
             assert not resumed and start["step"] == 0
-        assert not any(p.name.startswith(".") for p in checkpoints_dir(run_dir).glob("*")), \
-            "a temporary folder survived the restart"
+        # what the kill left half-written is gone (the new process may already be writing anew)
+        assert not list(checkpoints_dir(run_dir).glob(f"*/{LEFTOVER}")), "a temporary folder survived the restart"
+        assert not (checkpoints_dir(run_dir) / "step-99999999").exists()
         if done_kills == kills:
             assert child.wait() == 0, log.read_text()[-3000:]
             return
@@ -68,6 +70,9 @@ def _kill_and_resume(zygote, tmp_path, config, run_dir, kills: int, seed: int):
         assert child.wait() == -signal.SIGKILL
         done_kills += 1
         assert _retention_holds(run_dir, allow_unpruned_newest=True), valid_steps(run_dir)
+        for folder in checkpoints_dir(run_dir).glob(".*"):
+            (folder / LEFTOVER).write_text("")
+            print(f"kill {done_kills} left {folder.name} half-written")
         if done_kills == 2:
             # a folder that looks newest but has no manifest (a write cut short) is never chosen
             fake = checkpoints_dir(run_dir) / "step-99999999"
