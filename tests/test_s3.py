@@ -156,6 +156,13 @@ def test_multipart_upload_and_partial_checkpoints(moto, tmp_path):
     assert (local / "optimizer.bin").read_bytes() == (folder / "optimizer.bin").read_bytes()
     store.delete_checkpoint(7)
     assert moto.keys(bucket, "p/run/") == {}
+    # a folder output (a full fine-tune's diffusers model) goes up file by file
+    model = tmp_path / "model"
+    (model / "unet").mkdir(parents=True)
+    (model / "unet" / "config.json").write_text("{}")
+    (model / "model_index.json").write_text("{}")
+    store.put_folder(model, "model")
+    assert set(moto.keys(bucket, "p/run/")) == {"p/run/model/model_index.json", "p/run/model/unet/config.json"}
 
 
 def test_resume_none_and_unreachable_bucket_are_refused(moto, secrets_file, zygote, fast_inputs, tmp_path):

@@ -153,21 +153,24 @@ class RemoteStore:
         return [step for step, objects in sorted(folders.items())
                 if self.key(f"checkpoints/{checkpoint_name(step)}/{MANIFEST}") not in objects]
 
-    def upload_checkpoint(self, folder: Path, done: set[str] | None = None) -> int:
-        """Every file, then manifest.json last. `done` (relative names already uploaded) lets a
-        retry skip what went up before; returns the bytes sent by this call."""
+    def put_folder(self, folder: Path, rel_base: str, done: set[str] | None = None, last: str = "") -> int:
+        """Every file under folder (the one named `last` after all others). `done` (relative
+        names already uploaded) lets a retry skip what went up before; returns the bytes sent."""
         folder = Path(folder)
         done = set() if done is None else done
-        rel_base = f"checkpoints/{folder.name}/"
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != last)
         sent = 0
-        for path in [*files, folder / MANIFEST]:
+        for path in [*files, *([folder / last] if last else [])]:
             rel = path.relative_to(folder).as_posix()
             if rel in done:
                 continue
-            sent += self.put_file(path, rel_base + rel)
+            sent += self.put_file(path, rel_base.rstrip("/") + "/" + rel)
             done.add(rel)
         return sent
+
+    def upload_checkpoint(self, folder: Path, done: set[str] | None = None) -> int:
+        """Every file of a checkpoint folder, then manifest.json last."""
+        return self.put_folder(folder, f"checkpoints/{Path(folder).name}/", done, last=MANIFEST)
 
     def delete_checkpoint(self, step: int) -> None:
         """Manifest first: a half-deleted checkpoint is incomplete, never 'latest'."""

@@ -28,11 +28,11 @@ RUN_FILES = ("config.toml", "train.log", "events.jsonl")
 
 @dataclass(eq=False)
 class Job:
-    kind: str                 # "checkpoint" | "file"
+    kind: str                 # "checkpoint" | "file" (a file or a folder)
     path: Path
     rel: str = ""             # remote name (files)
     step: int | None = None
-    done: set = field(default_factory=set)   # checkpoint files already uploaded (retries skip them)
+    done: set = field(default_factory=set)   # files of a folder already uploaded (retries skip them)
 
 
 class Uploader:
@@ -130,8 +130,12 @@ class Uploader:
                            message=f"{job.path} no longer exists locally")
                 return
             try:
-                sent = (self.store.upload_checkpoint(job.path, job.done) if job.kind == "checkpoint"
-                        else self.store.put_file(job.path, job.rel))
+                if job.kind == "checkpoint":
+                    sent = self.store.upload_checkpoint(job.path, job.done)
+                elif job.path.is_dir():  # a full fine-tune's diffusers folder
+                    sent = self.store.put_folder(job.path, job.rel, job.done)
+                else:
+                    sent = self.store.put_file(job.path, job.rel)
                 self.uploaded_any = True
                 self._emit("upload", status="done", what=job.kind, step=job.step, url=target, bytes=sent,
                            seconds=round(time.monotonic() - started, 2), attempts=attempt + 1)
