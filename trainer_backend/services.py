@@ -79,8 +79,8 @@ def choose_source(cfg: TrainConfig, run_dir: Path, services: Services) -> Path |
     local = find_local(run_dir)
     remote = None
     if store is not None:
-        try:
-            found = _retry(store.checkpoints)
+        try:  # patient only when the bucket is the sole hope (a local checkpoint is a fine fallback)
+            found = _retry(store.checkpoints, attempts=1 if local is not None else 3)
             remote = found[-1] if found else None
         except Exception as e:
             error = services.mask.mask(f"{type(e).__name__}: {e}")
