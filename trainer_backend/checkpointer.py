@@ -63,8 +63,7 @@ class Checkpointer:
             self._prune()  # retention holds after a restart too (a kill may have come before pruning)
         path = _broadcast(acc, path)
         if path is None:
-            state = TrainState(run_id=uuid.uuid4().hex[:12])
-            resumed_from = ""
+            state, resumed_from = TrainState(), ""
         else:
             state = load_state(path)
             safe = check_compatible(state, self.cfg, fingerprint, acc.num_processes, str(path))
@@ -80,6 +79,7 @@ class Checkpointer:
             self.run.events.emit("resumed", step=state.global_step, path=str(path), changed=safe)
             self.last_saved_step = state.global_step
             resumed_from = str(path)
+        state.run_id = state.run_id or uuid.uuid4().hex[:12]  # (checkpoints from before run ids)
         state.num_processes = acc.num_processes
         state.config = strip_secrets(to_dict(self.cfg))
         state.dataset_fingerprint = fingerprint
