@@ -7,10 +7,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .checkpoints import checkpoint_name, checkpoints_dir, list_checkpoints, step_of
 from .config import ConfigError, TrainConfig
-from .credentials import Secrets, mask_in_logs
+from .credentials import MaskSecrets, Secrets, mask_in_logs
+
+if TYPE_CHECKING:
+    from .cloud import RemoteStore
 
 LOG = logging.getLogger("trainer")
 
@@ -21,12 +25,9 @@ class RemoteUnreachable(RuntimeError):
 
 @dataclass
 class Services:
-    store: object | None          # cloud.RemoteStore
+    store: "RemoteStore | None"
     secrets: Secrets
-    mask: object                  # credentials.MaskSecrets (its .mask(text))
-
-    def url(self, rel: str = "") -> str:
-        return self.store.url(rel) if self.store else ""
+    mask: MaskSecrets             # .mask(text) for error messages that may quote a secret
 
 
 def start_services(cfg: TrainConfig, run) -> Services:
