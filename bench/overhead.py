@@ -79,7 +79,7 @@ def bare_rate(cfg, steps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="the first round warms up and is not counted")
     ap.add_argument("--resolution", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
@@ -94,9 +94,16 @@ def main() -> None:
                 "dataset.cache_latents=true", f"output.dir={tmp / 'runs'}", f"output.name=r{r}",
                 f"schedule.max_steps={args.steps}", "schedule.batch_size=2", "precision.mixed=no",
                 "network.rank=4", "network.alpha=4", "hardware.cpu=true"]))
-            trainer.append(trainer_rate(cfg))
-            bare.append(bare_rate(cfg, args.steps))
-            print(f"round {r + 1}: trainer {trainer[-1]:.2f} steps/s, bare {bare[-1]:.2f} steps/s", flush=True)
+            # alternate which runs first, so drift in machine load hits both alike
+            if r % 2:
+                b_rate, t_rate = bare_rate(cfg, args.steps), trainer_rate(cfg)
+            else:
+                t_rate, b_rate = trainer_rate(cfg), bare_rate(cfg, args.steps)
+            label = "warm-up, not counted" if r == 0 else ""
+            if r > 0:
+                trainer.append(t_rate)
+                bare.append(b_rate)
+            print(f"round {r + 1}: trainer {t_rate:.2f} steps/s, bare {b_rate:.2f} steps/s {label}", flush=True)
     t, b = statistics.median(trainer), statistics.median(bare)
     print(f"median trainer {t:.2f} steps/s | bare loop {b:.2f} steps/s | ratio {t / b:.3f} (goal >= 0.95)")
 
