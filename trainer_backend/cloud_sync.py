@@ -123,6 +123,9 @@ class Uploader:
         attempt = 0
         started = time.monotonic()
         target = self.store.url(f"checkpoints/{job.path.name}/" if job.kind == "checkpoint" else job.rel)
+        if job.path.exists():
+            self._emit("upload", status="started", what=job.kind, step=job.step, url=target,
+                       bytes=_size(job.path), queued=len(self.pending))
         while True:
             if not job.path.exists():
                 # pruned locally before its turn came (a newer checkpoint supersedes it)
@@ -181,3 +184,9 @@ class Uploader:
             LOG.warning("remote retention failed (%s); will retry after the next checkpoint",
                         self.mask(f"{type(e).__name__}: {e}"))
 
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    except OSError:
+        return 0
