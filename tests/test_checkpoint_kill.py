@@ -3,9 +3,10 @@ with a LoRA bitwise equal to the uninterrupted run's; no incomplete folder is ev
 retention holds after every restart.
 
 The fast config (checkpoints_fast.py) has adapter dropout (the RNG state must be restored), a
-cosine schedule with warmup (the scheduler state must be restored), 4 images over 12 steps
-(resumes land mid-epoch and on epoch boundaries) and a checkpoint every step with keep_last=2
-plus every 4th step kept forever.
+cosine schedule with warmup (the scheduler state must be restored), 4 images (resumes land
+mid-epoch and on epoch boundaries) and a checkpoint every step with keep_last=2 plus every 4th
+step kept forever. The killed runs are 24 steps long and every kill lands at least 12 steps
+before the end, so even on a fast machine the run cannot finish before the kill arrives.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from trainer_backend.retention import RetentionPolicy, retained_steps
 
 POLICY = RetentionPolicy(keep_last=2, keep_every=4)
 LEFTOVER = "left-by-the-kill"
-TOTAL = 12
+TOTAL = 24
+LONG = {"schedule": {"max_steps": TOTAL}}
 
 
 def _retention_holds(run_dir, allow_unpruned_newest: bool = False) -> bool:
@@ -61,7 +63,7 @@ def _kill_and_resume(zygote, tmp_path, config, run_dir, kills: int, seed: int):
         if done_kills == kills:
             assert child.wait() == 0, log.read_text()[-3000:]
             return
-        target = min(TOTAL - 3, start["step"] + rng.randint(1, 2))
+        target = min(TOTAL - 12, start["step"] + rng.randint(1, 2))
         ev = wait_for_event(run_dir, child, lambda e: e["event"] == "step" and e["step"] >= target, since)
         assert ev is not None, log.read_text()[-3000:]
         if rng.random() < 0.7:  # also land inside the checkpoint write or the step that follow
@@ -80,9 +82,20 @@ def _kill_and_resume(zygote, tmp_path, config, run_dir, kills: int, seed: int):
             (fake / "adapter_unet.safetensors").write_bytes(b"\0" * 100)
 
 
-def test_sigkill_at_random_points_resumes_bitwise(zygote, reference_run, fast_inputs, tmp_path):
+@pytest.fixture(scope="module")
+def long_reference(zygote, fast_inputs, tmp_path_factory) -> dict:
+    """The 24-step config run once without interruption."""
+    root = tmp_path_factory.mktemp("kill-reference")
+    config = write_config(root / "reference.toml", *fast_inputs, root / "runs", "reference", LONG)
+    assert zygote.run(config, root / "console.log") == 0, (root / "console.log").read_text()[-3000:]
+    run_dir = root / "runs" / "reference"
+    return {"lora": lora_tensors(run_dir / "reference.safetensors"), "steps": valid_steps(run_dir)}
+
+
+def test_sigkill_at_random_points_resumes_bitwise(zygote, long_reference, fast_inputs, tmp_path):
+    reference_run = long_reference
     model_dir, data_dir = fast_inputs
-    config = write_config(tmp_path / "killed.toml", model_dir, data_dir, tmp_path / "runs", "killed")
+    config = write_config(tmp_path / "killed.toml", model_dir, data_dir, tmp_path / "runs", "killed", LONG)
     run_dir = tmp_path / "runs" / "killed"
     seed = int(os.environ.get("KILL_SEED", random.randrange(1 << 30)))
     print(f"KILL_SEED={seed}")
@@ -96,10 +109,11 @@ def test_sigkill_at_random_points_resumes_bitwise(zygote, reference_run, fast_in
 
 
 @pytest.mark.slow
-def test_many_sigkills_with_plain_subprocesses(reference_run, fast_inputs, tmp_path):
+def test_many_sigkills_with_plain_subprocesses(long_reference, fast_inputs, tmp_path):
     """The same with real `python -m trainer_backend train` processes (no zygote), 10 kills."""
+    reference_run = long_reference
     model_dir, data_dir = fast_inputs
-    config = write_config(tmp_path / "killed.toml", model_dir, data_dir, tmp_path / "runs", "killed")
+    config = write_config(tmp_path / "killed.toml", model_dir, data_dir, tmp_path / "runs", "killed", LONG)
     run_dir = tmp_path / "runs" / "killed"
     seed = int(os.environ.get("KILL_SEED", random.randrange(1 << 30)))
     print(f"KILL_SEED={seed}")

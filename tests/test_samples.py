@@ -68,18 +68,46 @@ def test_samples_at_configured_steps_and_sizes(tmp_path, tiny_models):
 
 def test_sampling_does_not_change_training(tmp_path, tiny_models):
     """Adapter dropout draws from the global RNG, and sampling runs the model in eval mode: with
-    both restored, a run that samples (scheduled and via control/sample_now) ends with the same
-    weights as one that does not."""
+    both restored, a run that samples ends with the same weights as one that does not. A
+    control/sample_now left over from before the run is stale and cleared, not acted on."""
     data = make_dataset(tmp_path / "data", n=2, size=32)
     common = ["schedule.max_steps=3", "network.dropout=0.5", "optimizer.lr=1e-2"]
     run_a, _, _ = train_run(tmp_path, tiny_models("sd1"), data, "plain", *common)
     (tmp_path / "runs" / "sampled" / "control").mkdir(parents=True)
-    (tmp_path / "runs" / "sampled" / "control" / "sample_now").touch()  # asked for before step 1
+    (tmp_path / "runs" / "sampled" / "control" / "sample_now").touch()  # left over from an earlier run
     run_b, events, _ = train_run(tmp_path, tiny_models("sd1"), data, "sampled", *common, "samples.every_n_steps=2",
                                  'samples.prompts="a square --s 1"')
-    assert [e["step"] for e in events if e["event"] == "sample"] == [1, 2]
+    assert [e["step"] for e in events if e["event"] == "sample"] == [2]
     assert not (run_b / "control" / "sample_now").exists()
     a, b = load_file(str(run_a / "plain.safetensors")), load_file(str(run_b / "sampled.safetensors"))
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_sample_now_during_a_run(tmp_path, tiny_models):
+    """The GUI's "Sample now" writes control/sample_now; the run samples after its next step."""
+    import threading
+    import time
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    run_dir = tmp_path / "runs" / "asked"
+    done = threading.Event()
+
+    def ask_after_first_step():
+        events = run_dir / "events.jsonl"
+        while not done.is_set():
+            if events.exists() and '"event": "step"' in events.read_text():
+                (run_dir / "control" / "sample_now").touch()
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=ask_after_first_step, daemon=True)
+    watcher.start()
+    try:
+        _, events, _ = train_run(tmp_path, tiny_models("sd1"), data, "asked", "schedule.max_steps=12",
+                                 'samples.prompts="a square --s 1"')
+    finally:
+        done.set()
+    sampled = [e["step"] for e in events if e["event"] == "sample"]
+    assert len(sampled) == 1 and 2 <= sampled[0] <= 12, sampled
+    assert not (run_dir / "control" / "sample_now").exists()

@@ -145,6 +145,7 @@ def train(cfg: TrainConfig) -> int:
                     state.global_step)
         run.events.close()  # waits (bounded) for the last checkpoint's upload
         accelerator.wait_for_everyone()  # a rank exiting 75 first makes the launcher kill the uploading main
+        accelerator.end_training()  # trackers closed, process group destroyed (no gloo abort at exit)
         return exitcodes.STOPPED_SAVED
 
     checkpointer.at_end(state)
