@@ -23,7 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed")
+# setup.sh installs chromium; on a developer machine without it the browser tests skip, in CI
+# (CI set) they fail instead, so a broken install can never pass silently.
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                reason="Debian chromium not installed (apt-get install chromium)")
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
@@ -193,7 +196,6 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     page.wait_for_selector("#err-schedule-batch_size", state="hidden", timeout=20_000)
 
 
-@pytest.mark.slow
 def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     page = open_page(browser, server.url)
     page.get_by_role("tab", name="GPUs").click()

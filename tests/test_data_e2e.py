@@ -17,7 +17,6 @@ from conftest import ROOT
 BAD_FILES = ["notes.png", "half.png", "tiny.png"]
 
 
-@pytest.mark.slow
 def test_lora_run_survives_bad_files_and_never_writes_the_dataset(tmp_path, tiny_models):
     data = tmp_path / "dataset"
     for i in range(3):
