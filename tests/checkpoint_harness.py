@@ -254,7 +254,7 @@ def reference_run(zygote, fast_inputs, tmp_path_factory) -> dict:
 
 # ----------------------------------------------------------------------------- S3 (moto) and secrets
 
-ACCESS_KEY = "AKIAEXAMPLESECRET7Q2Z"              # distinctive values: the secrets tests grep for them
+ACCESS_KEY = "TESTKEYEXAMPLESECRET7Q2Z"              # distinctive values: the secrets tests grep for them
 SECRET_KEY = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYzzSECRET42"
 
 

@@ -23,6 +23,16 @@ def _isolated_cache(tmp_path_factory):
     yield
 
 
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate's state is a per-process singleton that keeps the first run's mixed precision:
+    an in-process run that uses this starts and ends without one."""
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def make_dataset(folder: Path, n: int = 4, size: int = 64, captions: list[str] | None = None,
                  seed: int = 0) -> Path:
     """n distinct coloured-shape images with same-named .txt captions."""

@@ -14,14 +14,7 @@ from trainer_backend.optim_lowprec import HalfWeightsAdamW, HalfWeightsSGD, stoc
 from trainer_backend.validate import validate_for_run
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """accelerate's state is a per-process singleton that keeps the first run's mixed precision:
-    every in-process run here starts and ends without one."""
-    from accelerate.state import AcceleratorState
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 @pytest.mark.parametrize("dtype, value", [(torch.bfloat16, 1 + 1 / 1024), (torch.float16, 1 + 1 / 4096),

@@ -17,14 +17,7 @@ from trainer_backend.validate import validate_for_run
 SECRET = "wbkey-3f9c1e77a1b2c3d4e5f60718293a4b5c6d7e8f90"
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """accelerate's state is a per-process singleton that keeps the first run's mixed precision:
-    every in-process run here starts and ends without one."""
-    from accelerate.state import AcceleratorState
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def wandb_records(path: Path) -> list:
