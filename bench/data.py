@@ -102,18 +102,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternate off/on this many times; report medians")
     ap.add_argument("--flip", action="store_true", help="random flip (caching encodes both orientations)")
     ap.add_argument("--train-step", action="store_true", help="add the tiny UNet forward/backward per batch")
+    ap.add_argument("--vae-downsample", type=int, default=2, choices=(2, 4, 8),
+                    help="the tiny VAE's factor: 2 (the test models) or 8 (SD's, so latents have real proportions)")
     args = ap.parse_args()
     width, height = (int(v) for v in args.source_size.lower().split("x"))
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         data = make_photos(tmp / "photos", args.images, width, height)
-        model = load_model(str(build_tiny_model("sd1", tmp / "tiny-sd1")))
+        model = load_model(str(build_tiny_model("sd1", tmp / "tiny-sd1", vae_downsample=args.vae_downsample)))
         model.unet.train()
         cfg = from_dict({"dataset": {"path": str(data), "resolution": args.resolution, "flip": args.flip},
                          "schedule": {"seed": 0, "batch_size": args.batch}})
         print(f"tiny SD1, {args.images} images {width}x{height} JPEG -> {args.resolution}px, batch {args.batch}, "
               f"workers {args.workers}, flip {args.flip}, train step {args.train_step}, "
+              f"VAE downsample {args.vae_downsample}, "
               f"{torch.get_num_threads()} threads")
         runs: dict[bool, list[list[float]]] = {False: [], True: []}
         for _ in range(args.rounds):

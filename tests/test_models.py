@@ -297,3 +297,18 @@ def _unrelated_safetensors(path: Path) -> str:
     from safetensors.torch import save_file
     save_file({"encoder.weight": torch.zeros(2, 2)}, str(path))
     return str(path)
+
+
+def test_tiny_model_with_sd_latent_proportions(tmp_path):
+    """vae_downsample=8 gives SD's latent size (used by bench/data.py): 64 px -> 8×8 latents."""
+    import torch
+    from trainer_backend.models.loader import build_pipeline, load_model
+    from trainer_backend.models.tiny import build_tiny_model
+    model = load_model(str(build_tiny_model("sd1", tmp_path / "m", vae_downsample=8)))
+    assert model.vae_scale_factor == 8
+    latents = model.vae.encode(torch.zeros(1, 3, 64, 64)).latent_dist.mean
+    assert tuple(latents.shape) == (1, 4, 8, 8)
+    pipe = build_pipeline(model)
+    pipe.set_progress_bar_config(disable=True)
+    image = pipe("a red square", num_inference_steps=2, height=64, width=64, output_type="np").images[0]
+    assert image.shape == (64, 64, 3)

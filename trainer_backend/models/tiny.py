@@ -54,10 +54,12 @@ def _unet_config(arch: str) -> dict:
             "transformer_layers_per_block": (1, 2)}
 
 
-def _vae_config(arch: str) -> dict:
+def _vae_config(arch: str, downsample: int = 2) -> dict:
+    """downsample 2 (the default: tests run at 32 px) or 4/8 (SD's own factor is 8)."""
+    blocks = {2: 2, 4: 3, 8: 4}[downsample]
     return dict(in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1,
-                block_out_channels=(16, 32), norm_num_groups=8, sample_size=32,
-                down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                block_out_channels=(16, 32, 32, 32)[:blocks], norm_num_groups=8, sample_size=32,
+                down_block_types=("DownEncoderBlock2D",) * blocks, up_block_types=("UpDecoderBlock2D",) * blocks,
                 scaling_factor=0.13025 if arch == "sdxl" else 0.18215, force_upcast=arch == "sdxl")
 
 
@@ -74,10 +76,13 @@ def _scheduler(arch: str):
                                   interpolation_type="linear")
 
 
-def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """Build a tiny random `arch` pipeline and save it as a diffusers folder at `out_dir`."""
+def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, vae_downsample: int = 2) -> Path:
+    """Build a tiny random `arch` pipeline and save it as a diffusers folder at `out_dir`.
+    `vae_downsample` 8 gives SD's latent size (benchmarks that need real proportions)."""
     if arch not in ARCHES:
         raise ConfigError(f"model.arch: tiny models exist for {', '.join(ARCHES)}, got {arch!r}")
+    if vae_downsample not in (2, 4, 8):
+        raise ValueError(f"vae_downsample must be 2, 4 or 8, got {vae_downsample}")
     import torch
     from diffusers import (AutoencoderKL, StableDiffusionPipeline, StableDiffusionXLPipeline,
                            UNet2DConditionModel)
@@ -99,7 +104,7 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         unet = UNet2DConditionModel(**_unet_config(arch))
         torch.manual_seed(seed + 1)
-        vae = AutoencoderKL(**_vae_config(arch))
+        vae = AutoencoderKL(**_vae_config(arch, vae_downsample))
         torch.manual_seed(seed + 2)
         text_encoder = CLIPTextModel(CLIPTextConfig(**_text_encoder_config(32, tokenizer.pad_token_id,
                                                                                  open_clip=arch == "sd2")))
