@@ -92,13 +92,17 @@ def long_reference(zygote, fast_inputs, tmp_path_factory) -> dict:
     return {"lora": lora_tensors(run_dir / "reference.safetensors"), "steps": valid_steps(run_dir)}
 
 
-def test_sigkill_at_random_points_resumes_bitwise(zygote, long_reference, fast_inputs, tmp_path):
-    reference_run = long_reference
-    model_dir, data_dir = fast_inputs
-    config = write_config(tmp_path / "killed.toml", model_dir, data_dir, tmp_path / "runs", "killed", LONG)
-    run_dir = tmp_path / "runs" / "killed"
+def _killed_run(fast_inputs, tmp_path):
+    """The 24-step config in a fresh run dir, and the kill seed (KILL_SEED replays a failure)."""
+    config = write_config(tmp_path / "killed.toml", *fast_inputs, tmp_path / "runs", "killed", LONG)
     seed = int(os.environ.get("KILL_SEED", random.randrange(1 << 30)))
     print(f"KILL_SEED={seed}")
+    return config, tmp_path / "runs" / "killed", seed
+
+
+def test_sigkill_at_random_points_resumes_bitwise(zygote, long_reference, fast_inputs, tmp_path):
+    reference_run = long_reference
+    config, run_dir, seed = _killed_run(fast_inputs, tmp_path)
     _kill_and_resume(zygote, tmp_path, config, run_dir, kills=5, seed=seed)
 
     assert_bitwise_equal(lora_tensors(run_dir / "killed.safetensors"), reference_run["lora"])
@@ -112,11 +116,7 @@ def test_sigkill_at_random_points_resumes_bitwise(zygote, long_reference, fast_i
 def test_many_sigkills_with_plain_subprocesses(long_reference, fast_inputs, tmp_path):
     """The same with real `python -m trainer_backend train` processes (no zygote), 10 kills."""
     reference_run = long_reference
-    model_dir, data_dir = fast_inputs
-    config = write_config(tmp_path / "killed.toml", model_dir, data_dir, tmp_path / "runs", "killed", LONG)
-    run_dir = tmp_path / "runs" / "killed"
-    seed = int(os.environ.get("KILL_SEED", random.randrange(1 << 30)))
-    print(f"KILL_SEED={seed}")
+    config, run_dir, seed = _killed_run(fast_inputs, tmp_path)
 
     class Plain:  # the zygote interface over subprocess.Popen
         def spawn(self, cfg, log):
