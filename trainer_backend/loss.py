@@ -74,7 +74,8 @@ def diffusion_loss(model, unet, batch: dict, *, cfg, epoch: int, device, weight_
     if "text" in batch:  # cached text-encoder outputs (frozen encoders, static captions)
         hidden, pooled = batch["text"]["hidden"].to(device), batch["text"].get("pooled")
     else:
-        input_ids = [ids.to(device) for ids in tokenize(model, list(batch["caption"]))]
+        input_ids = [ids.to(device) for ids in tokenize(model, list(batch["caption"]),
+                                                         cfg.dataset.max_token_length)]
         hidden, pooled = encode_text(model, input_ids, text_encoders)
     added = None
     if model.arch == "sdxl":

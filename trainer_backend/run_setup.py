@@ -123,13 +123,13 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
     from .models.text import encode_text, tokenize
 
     def encode(captions: list[str]) -> dict:
-        hidden, pooled = encode_text(model, tokenize(model, captions))
+        hidden, pooled = encode_text(model, tokenize(model, captions, cfg.dataset.max_token_length))
         out = {"hidden": hidden.float().cpu()}
         if pooled is not None:
             out["pooled"] = pooled.float().cpu()
         return out
 
-    if dataset.cache_text(encode, key=model.source):
+    if dataset.cache_text(encode, key=f"{model.source}|{cfg.dataset.max_token_length}"):
         LOG.info("cached text-encoder outputs for the dataset's captions")
 
 

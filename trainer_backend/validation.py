@@ -213,8 +213,8 @@ class Validator:
         batch["latents"] = encode_latents(vae, batch.pop("pixel_values").to(device), None,
                                           vae.config.scaling_factor, shift).cpu()
         if not self.cfg.network.train_text_encoder:
-            hidden, pooled = encode_text(self.model, [ids.to(device) for ids in tokenize(self.model, batch["caption"])],
-                                         self.text_encoders)
+            ids = tokenize(self.model, batch["caption"], self.cfg.dataset.max_token_length)
+            hidden, pooled = encode_text(self.model, [i.to(device) for i in ids], self.text_encoders)
             batch["text"] = {"hidden": hidden.cpu(), **({"pooled": pooled.cpu()} if pooled is not None else {})}
         self._cache[number] = batch
         return batch

@@ -65,6 +65,10 @@ class Dataset(Section):
     resolution: int = F(512, "Training resolution (square side, or the target area's side when bucketing).",
                         ge=32, le=4096, multiple_of=8)
     caption_extension: str = F(".txt", "Caption file extension.", pattern=r"^\.[A-Za-z0-9_]+$")
+    max_token_length: Literal[75, 150, 225] = F(
+        75, "Caption tokens the text encoder sees. 150/225 (kohya's max_token_length): the caption is split "
+            "into 75-token chunks, each encoded in its own window and concatenated, as A1111 and ComfyUI do "
+            "with long prompts.", advanced=True)
     repeats: int = F(1, "Repeats for images in a flat folder (N_concept folders carry their own).", ge=1, le=10000)
     class_tokens: str = F("", "Caption for flat-folder images that have no caption file (N_concept folders use the "
                               "concept).")

@@ -10,11 +10,29 @@ import torch
 from .loader import LoadedModel
 
 
-def tokenize(model: LoadedModel, captions: list[str]) -> list[torch.Tensor]:
-    """One (batch, model_max_length) input_ids tensor per tokenizer, padded and truncated."""
-    return [tok(list(captions), padding="max_length", max_length=tok.model_max_length, truncation=True,
-                return_tensors="pt").input_ids
-            for tok in model.tokenizers]
+CHUNK = 75  # caption tokens per CLIP window (77 with BOS and EOS)
+
+
+def tokenize(model: LoadedModel, captions: list[str], max_token_length: int = CHUNK) -> list[torch.Tensor]:
+    """One input_ids tensor per tokenizer: (batch, 77), padded and truncated; or, for
+    max_token_length 150/225, (batch, chunks, 77): the caption cut into 75-token chunks, each
+    in its own BOS … EOS window (a chunk past the caption's end is an empty prompt)."""
+    if max_token_length <= CHUNK:
+        return [tok(list(captions), padding="max_length", max_length=tok.model_max_length, truncation=True,
+                    return_tensors="pt").input_ids
+                for tok in model.tokenizers]
+    return [_chunked(tok, captions, max_token_length // CHUNK) for tok in model.tokenizers]
+
+
+def _chunked(tok, captions: list[str], chunks: int) -> torch.Tensor:
+    ids = tok(list(captions), add_special_tokens=False, truncation=True, max_length=chunks * CHUNK).input_ids
+    window = tok.model_max_length
+    out = torch.full((len(captions), chunks, window), tok.pad_token_id, dtype=torch.long)
+    for b, caption_ids in enumerate(ids):
+        for c in range(chunks):
+            part = [tok.bos_token_id, *caption_ids[c * CHUNK:(c + 1) * CHUNK], tok.eos_token_id]
+            out[b, c, :len(part)] = torch.tensor(part)
+    return out
 
 
 def encode_text(model: LoadedModel, input_ids: list[torch.Tensor],
@@ -29,6 +47,13 @@ def encode_text(model: LoadedModel, input_ids: list[torch.Tensor],
     gradients across processes.
     """
     encoders = encoders or model.text_encoders
+    if input_ids[0].ndim == 3:  # long captions: encode every 77-token window, concatenate in order
+        batch, chunks = input_ids[0].shape[:2]
+        hidden, pooled = encode_text(model, [ids.reshape(batch * chunks, -1) for ids in input_ids], encoders)
+        hidden = hidden.reshape(batch, chunks * hidden.shape[1], hidden.shape[2])
+        if pooled is not None:  # SDXL's pooled embedding comes from the first window, as kohya does
+            pooled = pooled.reshape(batch, chunks, -1)[:, 0]
+        return hidden, pooled
     if model.arch != "sdxl":
         encoder = encoders[0]
         return encoder(input_ids[0].to(_device(encoder)))[0], None
