@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from trainer_backend.config import ConfigError, TrainConfig
+from trainer_backend.config import ConfigError
 
 from . import dataset_view as dv
 from .context import Studio
@@ -136,9 +136,3 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
     return TrainingPage(form=form, message=message, refresh_outputs=outputs, refresh=refresh,
                         inspected=inspected, start_button=start, secret_boxes=secret_boxes)
 
-
-def config_from_values(studio: Studio, values: list) -> TrainConfig:
-    cfg, error = validate_values(studio.fields, list(values))
-    if error is not None:
-        raise error
-    return cfg

@@ -14,13 +14,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from checkpoint_harness import (PY, ROOT, assert_bitwise_equal, fast_inputs, lora_tensors, read_events,  # noqa: F401
-                                child_env, reference_run, valid_steps, wait_for_event, write_config, zygote)
+                                child_env, valid_steps, wait_for_event, write_config, zygote)
 from trainer_backend.checkpoints import checkpoints_dir, read_manifest
 from trainer_backend.retention import RetentionPolicy, retained_steps
 
@@ -134,4 +133,3 @@ def test_many_sigkills_with_plain_subprocesses(long_reference, fast_inputs, tmp_
     _kill_and_resume(Plain(), tmp_path, config, run_dir, kills=10, seed=seed)
     assert_bitwise_equal(lora_tensors(run_dir / "killed.safetensors"), reference_run["lora"])
     assert valid_steps(run_dir) == reference_run["steps"]
-    assert sys.executable  # (PY is this interpreter)

@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from trainer_backend import config as C
 from trainer_backend.__main__ import main

@@ -4,7 +4,6 @@ and changes the generated image."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -89,13 +89,7 @@ def train(cfg: TrainConfig) -> int:
         for epoch in range(state.epoch, plan.multi.epochs):
             if state.global_step >= total_steps:  # resumed from the final checkpoint
                 break
-            batches = sampler.batches(epoch)[state.batch_in_epoch:]
-            dataset.set_epoch(epoch)
-            # a private generator: creating the iterator must not draw from the global RNG, whose
-            # state (adapter dropout) a resume restores as it was at the checkpoint
-            loader = DataLoader(IndexedDataset(dataset), batch_sampler=batches, collate_fn=collate_with_index,
-                                num_workers=cfg.dataset.num_workers,
-                                generator=torch.Generator().manual_seed(cfg.schedule.seed + epoch))
+            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
                 group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
@@ -113,12 +107,8 @@ def train(cfg: TrainConfig) -> int:
                 lr_scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 # ---- bookkeeping and side concerns
-                state.global_step += 1
-                state.batch_in_epoch += len(group)
-                state.samples_seen += plan.multi.effective_batch
+                mean_loss = count_step(state, len(group), group_loss, plan, accelerator, cfg)
                 ema.step(state.global_step)
-                mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
-                check_finite(mean_loss, cfg, state.global_step)
                 progress.step(state, epoch, mean_loss, lr_used, **parts.reduce(accelerator))
                 images.maybe_sample(state)
                 validator.maybe_run(state)
@@ -161,6 +151,27 @@ def make_sampler(cfg: TrainConfig, dataset, accelerator):
     from .methods.dreambooth import batch_sampler  # pairs instance and class samples when there are both
     return batch_sampler(dataset, cfg.schedule.batch_size, num_processes=accelerator.num_processes,
                          process_index=accelerator.process_index, seed=cfg.schedule.seed)
+
+
+def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0) -> DataLoader:
+    """This process's batches of `epoch`, after the first `skip` (already trained before a resume).
+    The loader gets a private generator: creating its iterator must not draw from the global RNG,
+    whose state (adapter dropout) a resume restores as it was at the checkpoint."""
+    dataset.set_epoch(epoch)
+    return DataLoader(IndexedDataset(dataset), batch_sampler=sampler.batches(epoch)[skip:],
+                      collate_fn=collate_with_index, num_workers=cfg.dataset.num_workers,
+                      generator=torch.Generator().manual_seed(cfg.schedule.seed + epoch))
+
+
+def count_step(state: TrainState, batches: int, group_loss: torch.Tensor, plan, accelerator,
+               cfg: TrainConfig) -> float:
+    """Advance the train state by one optimizer step; the step's loss averaged over ranks."""
+    state.global_step += 1
+    state.batch_in_epoch += batches
+    state.samples_seen += plan.multi.effective_batch
+    mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
+    check_finite(mean_loss, cfg, state.global_step)
+    return mean_loss
 
 
 class IndexedDataset(torch.utils.data.Dataset):

@@ -19,7 +19,7 @@ WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloa
 
 
 def make_accelerator(cfg: TrainConfig):
-    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
     from .launch import ddp_kwargs, process_group_kwargs
 
@@ -27,9 +27,9 @@ def make_accelerator(cfg: TrainConfig):
     kwargs = [InitProcessGroupKwargs(**process_group_kwargs(cfg)), DistributedDataParallelKwargs(**ddp_kwargs(cfg))]
     # Accumulation is done by the loop itself (see loop.py), so accelerate steps every call.
     from .tracking import log_with
+    # DataLoaders are built by the loop per process and never prepared (see loop.epoch_loader).
     return Accelerator(mixed_precision=cfg.precision.mixed, gradient_accumulation_steps=1,
-                       cpu=cfg.hardware.cpu, kwargs_handlers=kwargs, log_with=log_with(cfg),
-                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+                       cpu=cfg.hardware.cpu, kwargs_handlers=kwargs, log_with=log_with(cfg))
 
 
 @dataclass

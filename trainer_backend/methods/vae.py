@@ -183,14 +183,12 @@ def train_vae(cfg: TrainConfig) -> int:
     from accelerate.utils import set_seed
     from .. import exitcodes
     from ..checkpointer import Checkpointer
-    from ..loop import (IndexedDataset, Progress, accumulation_groups, check_finite, collate_with_index,
-                        make_sampler, sync_only_on_last)
+    from ..loop import Progress, accumulation_groups, count_step, epoch_loader, make_sampler, sync_only_on_last
     from ..optim import build_lr_scheduler, build_optimizer
     from ..plan import plan_from_config
     from ..run_setup import build_dataset, make_accelerator, open_run, register_adapter_hooks, scan_data
     from ..stopping import StopSignals
     from ..tracking import start_tracking
-    from torch.utils.data import DataLoader
 
     check_vae_config(cfg)
     cfg = vae_run_config(cfg)
@@ -226,9 +224,7 @@ def train_vae(cfg: TrainConfig) -> int:
         for epoch in range(state.epoch, plan.multi.epochs):
             if state.global_step >= total_steps:
                 break
-            dataset.set_epoch(epoch)
-            loader = DataLoader(IndexedDataset(dataset), batch_sampler=sampler.batches(epoch)[state.batch_in_epoch:],
-                                collate_fn=collate_with_index, num_workers=cfg.dataset.num_workers)
+            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 group_loss = 0.0
                 for i, batch in enumerate(group):
@@ -242,11 +238,7 @@ def train_vae(cfg: TrainConfig) -> int:
                 optimizer.step()
                 lr_scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                state.global_step += 1
-                state.batch_in_epoch += len(group)
-                state.samples_seen += plan.multi.effective_batch
-                mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
-                check_finite(mean_loss, cfg, state.global_step)
+                mean_loss = count_step(state, len(group), group_loss, plan, accelerator, cfg)
                 progress.step(state, epoch, mean_loss, lr_used)
                 validator.maybe_run(state)
                 stop = checkpointer.after_step(state, epoch, mean_loss)
