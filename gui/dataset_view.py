@@ -101,6 +101,8 @@ def inspect_dataset(cfg: TrainConfig, python: str = sys.executable, cwd: str | P
 def summary_markdown(summary: dict) -> str:
     lines = [f"**{summary.get('images', 0)} images**, {summary.get('samples_per_epoch', 0)} samples per epoch"
              + (f", {summary.get('class_images')} class images" if summary.get("class_images") else "")
+             + (f" ({summary['class_images_to_generate']} generated before training)"
+                if summary.get("class_images_to_generate") else "")
              + (f", {summary.get('validation_images')} held out for validation" if summary.get("validation_images")
                 else ""), "",
              "| subset | images | repeats | samples/epoch | missing captions |", "|---|---|---|---|---|"]

@@ -216,8 +216,9 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     else:
         raise AssertionError(f"no loss points; page says {page.locator('#run-progress').inner_text()!r}")
     assert f"/ {planned_steps}" in page.locator("#run-progress").inner_text()   # the plan is what runs
-    log = page.locator("#run-log textarea").input_value()
-    assert "INFO" in log and len(log.splitlines()) >= 2
+    page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
+                           " return t && t.value.includes('INFO') && t.value.split('\\n').length >= 2; }",
+                           timeout=30_000)
     # the caption and the chart data arrive in one update; Vega draws the chart a moment later
     # (slower on a loaded 2-core CI machine), and redraws it on every new point
     try:

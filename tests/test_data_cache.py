@@ -152,3 +152,38 @@ def test_text_encoder_outputs_are_cached_per_caption_when_static(tmp_path, sd1):
     shuffled = config({"path": str(data), "shuffle_tags": True})
     ds = TrainDataset(scan_dataset(shuffled), shuffled)
     assert ds.cache_text(encode, key="tiny-te") is False and "text" not in ds[0]
+
+
+def test_latent_cache_key_follows_the_vae_weights_not_their_path(tmp_path, sd1, vae):
+    """A VAE saved over the old one in place (e.g. a VAE fine-tune written to the same folder)
+    gives a new identity, so cached latents are re-encoded; other components do not matter."""
+    import shutil
+    from trainer_backend.models.identity import weights_identity
+    model = tmp_path / "model"
+    shutil.copytree(sd1, model)
+    before = weights_identity(model, subfolder="vae")
+    assert before == weights_identity(model, subfolder="vae")          # stable while untouched
+    unet_file = next((model / "unet").glob("*.safetensors"))
+    unet_file.write_bytes(unet_file.read_bytes() + b" ")                 # another component changes
+    assert weights_identity(model, subfolder="vae") == before
+    time.sleep(0.01)
+    with torch.no_grad():
+        vae.decoder.conv_out.bias.add_(0.5)
+    try:
+        vae.save_pretrained(model / "vae")                               # overwritten in place
+    finally:
+        with torch.no_grad():
+            vae.decoder.conv_out.bias.sub_(0.5)
+    after = weights_identity(model, subfolder="vae")
+    assert after != before
+    single = tmp_path / "vae.safetensors"
+    shutil.copy(next((model / "vae").glob("*.safetensors")), single)
+    assert weights_identity(single) != weights_identity(model, subfolder="vae")
+    assert weights_identity("") == "" and weights_identity("builtin:tiny-sd1") == "builtin:tiny-sd1"
+
+    data = make_data(tmp_path / "d")
+    cache = tmp_path / "cache"
+    cfg = config({"path": str(data), "cache_latents": True, "cache_latents_to_disk": True})
+    assert cached(cfg, vae, cache, vae_id=before)[1] == 3
+    assert cached(cfg, vae, cache, vae_id=before)[1] == 0
+    assert cached(cfg, vae, cache, vae_id=after)[1] == 3

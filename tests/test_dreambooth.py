@@ -83,3 +83,38 @@ def test_prior_preservation_sd1(tmp_path, tiny_models):
     # and training on the cached images is the same as on the freshly generated ones
     for a, b in zip([e["loss"] for e in events2 if e["event"] == "step"], [e["loss"] for e in steps]):
         assert math.isclose(a, b, rel_tol=1e-3)
+
+
+def test_plan_before_class_images_exist_is_what_runs(tmp_path, tiny_models):
+    """The plan the CLI/GUI show before the missing class images are generated counts them (their
+    samples and their square bucket), so it matches the plan the run writes and the steps it makes."""
+    from trainer_backend.config import load_config
+    from trainer_backend.validate import validate_for_run
+    from trainer_backend.data import scan_dataset
+    from trainer_backend.plan import plan_from_config
+    model_dir = tiny_models("sd1")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, size in enumerate([(64, 24)] * 3):  # wide: not the generated images' bucket
+        Image.new("RGB", size, (40 * i, 90, 200)).save(data / f"img{i}.png")
+        (data / f"img{i}.txt").write_text("a wide box")
+    user_class = tmp_path / "class"
+    user_class.mkdir()
+    Image.new("RGB", (64, 24), (9, 9, 9)).save(user_class / "mine.png")
+    settings = ["schedule.epochs=1", "schedule.batch_size=2", "dataset.bucketing=true", "dataset.bucket_step=16",
+                "dataset.bucket_min_side=16", "dataset.bucket_max_side=64", f"dataset.class_path={user_class}",
+                "optimizer.lr=1e-2"]
+    cfg = validate_for_run(load_config(None, [
+        f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=32",
+        f"output.dir={tmp_path / 'runs'}", "dataset.num_class_images=3", 'dataset.class_prompt="a box"',
+        *settings]))
+    scan = scan_dataset(cfg)
+    assert scan.summary["class_images_to_generate"] == 2 and scan.summary["class_images"] == 3
+    before = plan_from_config(cfg, scan.counts).to_dict()
+    assert before["class_images"] == 3  # class samples per epoch = instance samples
+    assert len(scan.counts.bucket_sizes) == 2  # wide instance + user class, square generated ones
+
+    _, events, _ = _run(tmp_path, model_dir, data, "planned", "schedule.max_steps=0", *settings)
+    during = next(e for e in events if e["event"] == "plan")
+    assert during["multi"] == before["multi"] and during["class_images"] == before["class_images"]
+    assert len([e for e in events if e["event"] == "step"]) == before["multi"]["total_steps"]

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, TrainConfig
+from .models.identity import weights_identity
 
 LOG = logging.getLogger("trainer")
 CLASS_FORMAT = 1          # bump when generation changes in a way the key does not capture
@@ -43,21 +44,12 @@ def user_class_images(class_path: str) -> list[Path]:
     return walk_images(Path(class_path).expanduser(), [])
 
 
-def _model_identity(model) -> str:
-    src = Path(model.source)
-    try:
-        st = src.stat()
-        return f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    except OSError:
-        return str(src)
-
-
 def class_cache_dir(cfg: TrainConfig, model) -> Path:
     """Folder of generated class images for these settings (outside the dataset)."""
     ds = cfg.dataset
-    parts = [str(CLASS_FORMAT), _model_identity(model), cfg.model.vae, model.prediction_type, ds.class_prompt,
-             ds.class_negative_prompt, str(ds.resolution), str(ds.class_generation_steps),
-             repr(ds.class_guidance_scale), SAMPLER]
+    parts = [str(CLASS_FORMAT), weights_identity(model.source), weights_identity(cfg.model.vae),
+             model.prediction_type, ds.class_prompt, ds.class_negative_prompt, str(ds.resolution),
+             str(ds.class_generation_steps), repr(ds.class_guidance_scale), SAMPLER]
     key = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
     base = Path(ds.cache_dir).expanduser() if ds.cache_dir else Path(cfg.output.dir) / ".cache"
     return base / "class_images" / key

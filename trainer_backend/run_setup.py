@@ -109,7 +109,10 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
         def encode(pixels: torch.Tensor) -> torch.Tensor:
             return encode_latents(vae, pixels.to(accelerator.device), None, vae.config.scaling_factor).cpu()
 
-        vae_id = f"{model.source}|{cfg.model.vae}"
+        from .models.identity import weights_identity
+        # the weight files, not just their paths: a VAE overwritten in place invalidates the cache
+        vae_id = (weights_identity(cfg.model.vae) if cfg.model.vae
+                  else weights_identity(model.source, subfolder="vae"))
         with accelerator.main_process_first():
             dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id)
     return dataset

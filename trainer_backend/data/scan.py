@@ -18,7 +18,7 @@ from .captions import read_caption, split_tags
 from .images import BadImage, load_rgb, probe
 from .metadata import TagOptions, filter_reason, image_of, json_files, metadata_location, read_records, \
     transform_tags
-from .subsets import Group, SubsetSpec, check_root, class_spec, folder_groups, resolve_subsets
+from .subsets import Group, SubsetSpec, check_root, class_spec, folder_groups, resolve_subsets, walk_images
 from .summary import ScanLog, build_summary, data_counts
 
 LOG = logging.getLogger(__name__)
@@ -222,13 +222,36 @@ def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
     validation = [ImageItem(c.path, c.caption, c.tags, c.separator, c.group, 0, 0, buckets[0]) for c in held]
 
     _require_usable(cfg, items, candidates, log)
-    class_samples = _class_samples(ds.class_samples, groups, items)
-    used = sorted({item.bucket for item in items}, key=lambda b: (b[0] / b[1], b[0]))
-    summary = build_summary(cfg, groups, items, log, spec, class_samples, len(held))
-    counts = data_counts(groups, items, class_samples, used)
+    # the plan counts class images that training will generate first, so it is right before they exist
+    pending = _pending_class_images(cfg, spec, buckets) if split == "train" else []
+    counted = pending + items
+    class_samples = _class_samples(ds.class_samples, groups, counted)
+    used = sorted({item.bucket for item in counted}, key=lambda b: (b[0] / b[1], b[0]))
+    summary = build_summary(cfg, groups, counted, log, spec, class_samples, len(held))
+    summary["class_images_to_generate"] = len(pending)
+    if pending:
+        log.notes.append(f"{len(pending)} class images will be generated before training (dataset.num_class_images "
+                         f"= {ds.num_class_images}); the plan counts them")
+    counts = data_counts(groups, counted, class_samples, used)
     for note in log.notes:
         log.warn(note)
     return DatasetScan(items, summary, counts, log.finish(), groups, used, spec, class_samples, validation)
+
+
+def _pending_class_images(cfg: TrainConfig, spec: BucketSpec, buckets: list[Size]) -> list[ImageItem]:
+    """Stand-ins for the class images training will generate (dataset.num_class_images beyond the
+    files in dataset.class_path): square at the resolution, first in scan order, as in the run's
+    class-image folder (gen-*.png sorts before user-*). Counted, never loaded."""
+    ds = cfg.dataset
+    if not ds.num_class_images or not ds.class_prompt.strip():
+        return []
+    root = Path(ds.class_path).expanduser() if ds.class_path else None
+    found = len(walk_images(root, [])) if root is not None and root.is_dir() else 0
+    side = ds.resolution
+    bucket = assign_bucket(side, side, spec, buckets)
+    sep = ds.caption_separator
+    return [ImageItem(Path(f"<class image {i} to generate>"), ds.class_prompt, tuple(split_tags(ds.class_prompt, sep)),
+                      sep, -1, side, side, bucket, is_class=True) for i in range(ds.num_class_images - found)]
 
 
 def _class_samples(configured: int, groups: list[Group], items: list[ImageItem]) -> int:
