@@ -169,10 +169,13 @@ def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if hw.deepspeed_zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    # The loop accumulates itself (a short last group ends each epoch, as plan.py counts) and tells
+    # the engine where a group ends through accelerate's sync_gradients; DeepSpeed's own count
+    # stays 1 so the engine neither rescales the loss by it nor steps on its own schedule.
     out: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": sched.batch_size,
-        "gradient_accumulation_steps": sched.grad_accum,
-        "train_batch_size": sched.batch_size * sched.grad_accum * total_processes(cfg),
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": sched.batch_size * total_processes(cfg),
         "gradient_clipping": cfg.optimizer.max_grad_norm,
         "zero_optimization": zero,
         "bf16": {"enabled": cfg.precision.mixed == "bf16"},
@@ -257,6 +260,13 @@ def _validate_deepspeed(cfg: TrainConfig) -> None:
     if hw.deepspeed_offload_params and hw.deepspeed_zero_stage != 3:
         raise ConfigError(f"hardware.deepspeed_offload_params: parameter offload needs "
                           f"hardware.deepspeed_zero_stage = 3, got {hw.deepspeed_zero_stage}")
+    if cfg.network.train_text_encoder and cfg.network.type != "vae":
+        raise ConfigError("network.train_text_encoder: DeepSpeed trains one model per run (the UNet); train the "
+                          "text encoder(s) with hardware.strategy = ddp or fsdp")
+    for key in ("full_bf16", "full_fp16"):
+        if getattr(cfg.precision, key):
+            raise ConfigError(f"precision.{key}: DeepSpeed keeps its own fp32 master weights in the optimizer; "
+                              f"use hardware.deepspeed_offload_optimizer to save memory, or strategy = ddp")
     if hw.deepspeed_offload_optimizer and cfg.optimizer.name == "adamw8bit":
         raise ConfigError("optimizer.name: adamw8bit (bitsandbytes) needs its states on the GPU and cannot run "
                           "with hardware.deepspeed_offload_optimizer; use adamw or turn the offload off")

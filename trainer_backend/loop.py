@@ -2,7 +2,8 @@
 optimizer step, side concerns (events, checkpoints, stop requests) behind named calls.
 
 Gradient accumulation is explicit: the loop groups `grad_accum` batches, skips DDP's
-gradient sync (accelerator.no_sync) on all but the last, and steps once per group. The
+gradient sync (accelerator.no_sync; DeepSpeed: accelerator.sync_gradients) on all but the
+last, and steps once per group. The
 last group of an epoch may be shorter (its loss is averaged over the batches it has), so
 every epoch ends on an optimizer step, exactly as plan.py counts.
 """
@@ -205,13 +206,20 @@ def accumulation_groups(loader, grad_accum: int):
         yield group
 
 
+@contextlib.contextmanager
 def sync_only_on_last(accelerator, modules, last: bool):
-    if last or accelerator.num_processes == 1:
-        return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    for m in modules:
-        stack.enter_context(accelerator.no_sync(m))
-    return stack
+    """One batch of an accumulation group. DDP: no gradient all-reduce but on the group's last
+    batch (no_sync). DeepSpeed: the same boundary through accelerate's sync_gradients, so the
+    engine accumulates until the last batch and steps there (see launch.deepspeed_config)."""
+    accelerator.sync_gradients = last
+    try:
+        with contextlib.ExitStack() as stack:
+            if not last and accelerator.num_processes > 1:
+                for m in modules:
+                    stack.enter_context(accelerator.no_sync(m))
+            yield
+    finally:
+        accelerator.sync_gradients = True
 
 
 def check_finite(loss: float, cfg: TrainConfig, step: int) -> None:
