@@ -106,7 +106,8 @@ GOLDEN = {
     "node1": {"num_processes": 2, "num_machines": 2, "machine_rank": 1, "main_process_ip": "10.0.0.1"},
     "deepspeed": {"num_processes": 2, "strategy": "deepspeed", "deepspeed_zero_stage": 3,
                   "deepspeed_offload_params": True, "_extra": {"network": {"type": "full"}}},
-    "fsdp": {"num_processes": 2, "strategy": "fsdp", "fsdp_sharding": "shard_grad_op", "fsdp_auto_wrap": "size"},
+    "fsdp": {"num_processes": 2, "strategy": "fsdp", "fsdp_sharding": "shard_grad_op", "fsdp_auto_wrap": "size",
+             "_extra": {"network": {"type": "full"}}},
     "cpu2": {"num_processes": 2, "cpu": True, "_extra": {"precision": {"mixed": "no"}}},
 }
 
@@ -213,6 +214,10 @@ def test_real_two_process_cpu_launch(tmp_path):
     ({"strategy": "deepspeed", "_extra": {"network": {"type": "full"}, "precision": {"mixed": "bf16",
                                                                                      "full_bf16": True}}},
      "precision.full_bf16"),
+    ({"strategy": "fsdp", "_extra": {"optimizer": {"max_grad_norm": 1.0}}}, "optimizer.max_grad_norm"),
+    ({"strategy": "fsdp", "_extra": {"optimizer": {"max_grad_norm": 1.0},
+                                     "network": {"type": "full", "train_text_encoder": True}}},
+     "optimizer.max_grad_norm"),
     ({"strategy": "fsdp", "fsdp_offload_params": True, "_extra": {"precision": {"mixed": "fp16"}}},
      "hardware.fsdp_offload_params"),
     ({"strategy": "fsdp", "cpu": True, "_extra": {"precision": {"mixed": "no"}}}, "hardware.strategy"),

@@ -247,6 +247,14 @@ def validate_hardware(cfg: TrainConfig) -> None:
     if hw.strategy == "fsdp" and hw.fsdp_offload_params and cfg.precision.mixed == "fp16":
         raise ConfigError("hardware.fsdp_offload_params: FSDP CPU offload with fp16 fails in the gradient "
                           "scaler (pytorch#111650); use precision.mixed = bf16 or turn the offload off")
+    if hw.strategy == "fsdp" and cfg.optimizer.max_grad_norm > 0 and (
+            cfg.network.type != "full" or cfg.network.train_text_encoder):
+        # accelerate clips through FSDP (norm over all shards) only when the clipped parameters are
+        # exactly one wrapped model's; adapters or UNet + text encoders would be clipped by each
+        # rank's own shard norm, a different factor on every GPU
+        raise ConfigError("optimizer.max_grad_norm: with FSDP, gradient clipping is exact only for a full "
+                          "fine-tune of the UNet alone; set it to 0, or use hardware.strategy = ddp "
+                          "(or deepspeed) for adapters and text-encoder training")
     if hw.keep_steps_per_epoch and hw.multi_gpu_policy != "same_samples":
         raise ConfigError("hardware.keep_steps_per_epoch: applies to multi_gpu_policy = same_samples only")
 
