@@ -2,13 +2,17 @@
 with the launcher argv and deepspeed.json that launch.py generates, against DDP with the same
 settings. The loop accumulates gradients itself (a short last group ends each epoch) and tells
 the engine where a group ends; if the engine stepped on its own schedule, or rescaled the
-loss by its own accumulation count, the two runs would part after the first micro-batch."""
+loss by its own accumulation count, the two runs would part after the first micro-batch.
+A run resumed from a mid-run checkpoint ends bitwise where the uninterrupted one did."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT, make_dataset
@@ -33,10 +37,13 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _run(tmp_path, name: str, common: list[str], strategy: list[str]) -> tuple[list[dict], dict]:
+def _run(tmp_path, name: str, common: list[str], strategy: list[str],
+         checkpoint: Path | None = None) -> tuple[list[dict], dict]:
     cfg = load_config(None, [*common, f"output.name={name}", *strategy])
     run = cfg.run_dir
     run.mkdir(parents=True)
+    if checkpoint is not None:  # a machine that died after this checkpoint: resume = auto picks it up
+        shutil.copytree(checkpoint, run / "checkpoints" / checkpoint.name)
     config = run / "given.toml"
     config.write_text(dumps_toml(to_dict(cfg)), encoding="utf-8")
     write_strategy_files(cfg, run)
@@ -51,7 +58,7 @@ def _run(tmp_path, name: str, common: list[str], strategy: list[str]) -> tuple[l
     return events, load_file(run / f"{name}.safetensors")
 
 
-def test_zero2_on_two_ranks_matches_ddp_with_accumulation_and_clipping(tmp_path, tiny_models):
+def test_zero2_on_two_ranks_matches_ddp_and_resumes_exactly(tmp_path, tiny_models):
     model_dir = tiny_models("sd1")
     data = make_dataset(tmp_path / "data", n=6, size=32)
     # 6 samples / 2 ranks = 3 batches per rank per epoch; grad_accum 2 -> groups of 2 and 1
@@ -59,8 +66,8 @@ def test_zero2_on_two_ranks_matches_ddp_with_accumulation_and_clipping(tmp_path,
               f"output.dir={tmp_path / 'runs'}", "precision.mixed=no", "network.rank=4", "network.alpha=4",
               "network.dropout=0", "optimizer.lr=1e-2", "optimizer.max_grad_norm=0.05", "schedule.batch_size=1",
               "schedule.grad_accum=2", "schedule.epochs=2", "hardware.num_processes=2", "logging.tensorboard=false"]
-    ds_events, ds_lora = _run(tmp_path, "zero2", common, ["hardware.strategy=deepspeed",
-                                                          "hardware.deepspeed_zero_stage=2"])
+    zero2 = ["hardware.strategy=deepspeed", "hardware.deepspeed_zero_stage=2", "checkpoints.every_n_steps=2"]
+    ds_events, ds_lora = _run(tmp_path, "zero2", common, zero2)
     ddp_events, ddp_lora = _run(tmp_path, "ddp", common, ["hardware.cpu=true"])
 
     (plan,) = [e for e in ds_events if e["event"] == "plan"]
@@ -74,3 +81,11 @@ def test_zero2_on_two_ranks_matches_ddp_with_accumulation_and_clipping(tmp_path,
     assert moved > 1e-4                                                        # training did something
     diff = max((ds_lora[k].float() - ddp_lora[k].float()).abs().max().item() for k in ds_lora)
     assert diff < 1e-4, f"ZeRO-2 and DDP weights differ by {diff}"
+
+    # resume from the step-2 checkpoint (DeepSpeed's own engine files inside ours): bitwise the same
+    step2 = tmp_path / "runs" / "zero2" / "checkpoints" / "step-00000002"
+    assert (step2 / "manifest.json").is_file()
+    resumed_events, resumed_lora = _run(tmp_path, "zero2-resumed", common, zero2, checkpoint=step2)
+    assert [e["step"] for e in resumed_events if e["event"] == "resumed"] == [2]
+    assert [e["loss"] for e in resumed_events if e["event"] == "step"] == ds_losses[2:]
+    assert all(torch.equal(resumed_lora[k], ds_lora[k]) for k in ds_lora)

@@ -103,3 +103,27 @@ def test_full_fine_tune_tiny_sdxl_keeps_bf16_weights(tmp_path, tiny_models):
     assert any(e["event"] == "resumed" for e in events)
     plan = next(e for e in events if e["event"] == "plan")
     assert any("precision.full_bf16" in w for w in plan["warnings"])
+
+
+def test_full_bf16_with_ema_keeps_an_fp32_average_and_saves_it(tmp_path, tiny_models):
+    """bf16 weights, fp32 EMA: with decay 0.5 the average moves by half of each update, far more
+    than bf16 could hold for a slow decay; the output holds the EMA rounded once, not the raw weights."""
+    from trainer_backend.loop import train
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    cfg = validate_for_run(load_config(None, [
+        f"model.path={tiny_models('sd1')}", f"dataset.path={data}", "dataset.resolution=32",
+        f"output.dir={tmp_path / 'runs'}", "output.name=fbema", "hardware.cpu=true", "logging.tensorboard=false",
+        "network.type=full", "precision.mixed=bf16", "precision.full_bf16=true", "optimizer.lr=1e-3",
+        "schedule.max_steps=3", "network.save_precision=fp32", "ema.enabled=true", "ema.decay=0.5"]))
+    assert train(cfg) == 0
+    step = cfg.run_dir / "checkpoints" / "step-00000003"
+    raw = load_file(str(step / "full_unet.safetensors"))
+    ema = load_file(str(step / "ema.safetensors"))
+    assert {v.dtype for v in ema.values()} == {torch.float32}
+    assert {v.dtype for v in raw.values() if v.is_floating_point()} == {torch.bfloat16}
+    out = load_file(str(cfg.run_dir / "fbema-diffusers" / "unet" / "diffusion_pytorch_model.safetensors"))
+    shared = [k for k in out if f"unet.{k}" in ema]
+    assert shared, "the EMA names the UNet's weights"
+    for k in shared:  # the output is the EMA, rounded to the bf16 the weights live in
+        assert torch.equal(out[k], ema[f"unet.{k}"].to(torch.bfloat16).float()), k
+    assert any(not torch.equal(out[k].to(torch.bfloat16), raw[k]) for k in shared)

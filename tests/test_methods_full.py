@@ -1,4 +1,4 @@
-"""Full fine-tuning on SD1 (with the text encoder) and SDXL: the diffusers folder and the
+"""Full fine-tuning on SD1 (with the text encoder), SD2 (v-prediction) and SDXL: the diffusers folder and the
 single-file checkpoint both load, hold the same trained weights, and differ from the base
 where training happened (frozen parts keep the base weights)."""
 import pytest
@@ -20,7 +20,7 @@ def _fp16(module: torch.nn.Module) -> torch.nn.Module:
     return module.to(torch.float16)
 
 
-@pytest.mark.parametrize("arch, train_te, mixed", [("sd1", True, "no"), ("sdxl", False, "bf16")])
+@pytest.mark.parametrize("arch, train_te, mixed", [("sd1", True, "no"), ("sd2", False, "no"), ("sdxl", False, "bf16")])
 def test_full_finetune_outputs_load_and_differ(tmp_path, tiny_models, arch, train_te, mixed):
     """SDXL trains in bf16 mixed precision: its frozen text encoders are bf16 during training, and
     the outputs must still carry the original weights, not bf16-rounded copies."""
