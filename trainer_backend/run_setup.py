@@ -2,6 +2,8 @@
 data, method, optimizer. Each piece is a small named function so loop.py stays short."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import logging
 import sys
@@ -59,10 +61,27 @@ def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Ru
 
 def load_base_model(cfg: TrainConfig, accelerator):
     from .models.loader import load_model
-    with accelerator.main_process_first():  # builtin models are built once, by rank 0
+    with accelerator.main_process_first(), _without_zero3_init(accelerator):  # builtin: built once, by rank 0
         model = load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
                            prediction_type=cfg.model.prediction_type, tokenizer=cfg.model.tokenizer)
     return model
+
+
+@contextlib.contextmanager
+def _without_zero3_init(accelerator):
+    """Under DeepSpeed ZeRO-3, transformers partitions models as they load (a collective that rank
+    0 would wait on alone inside main_process_first). Frozen parts are never given to the engine,
+    so everything loads whole here and the engine partitions the UNet when it is prepared."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
 
 
 def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
