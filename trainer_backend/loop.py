@@ -3,9 +3,9 @@ optimizer step, side concerns (events, checkpoints, stop requests) behind named 
 
 Gradient accumulation is explicit: the loop groups `grad_accum` batches, skips DDP's
 gradient sync (accelerator.no_sync; DeepSpeed: accelerator.sync_gradients) on all but the
-last, and steps once per group. The
-last group of an epoch may be shorter (its loss is averaged over the batches it has), so
-every epoch ends on an optimizer step, exactly as plan.py counts.
+last, and steps once per group. The last group of an epoch may be shorter (its loss is
+averaged over the batches it has), so every epoch ends on an optimizer step, exactly as
+plan.py counts.
 """
 from __future__ import annotations
 

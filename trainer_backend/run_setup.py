@@ -3,7 +3,6 @@ data, method, optimizer. Each piece is a small named function so loop.py stays s
 from __future__ import annotations
 
 import contextlib
-
 import json
 import logging
 import sys

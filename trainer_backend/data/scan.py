@@ -250,8 +250,9 @@ def _pending_class_images(cfg: TrainConfig, spec: BucketSpec, buckets: list[Size
     side = ds.resolution
     bucket = assign_bucket(side, side, spec, buckets)
     sep = ds.caption_separator
-    return [ImageItem(Path(f"<class image {i} to generate>"), ds.class_prompt, tuple(split_tags(ds.class_prompt, sep)),
-                      sep, -1, side, side, bucket, is_class=True) for i in range(ds.num_class_images - found)]
+    tags = tuple(split_tags(ds.class_prompt, sep))
+    return [ImageItem(Path(f"<class image {i} to generate>"), ds.class_prompt, tags, sep, -1, side, side, bucket,
+                      is_class=True) for i in range(ds.num_class_images - found)]
 
 
 def _class_samples(configured: int, groups: list[Group], items: list[ImageItem]) -> int:
