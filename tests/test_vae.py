@@ -122,3 +122,36 @@ def test_encoder_and_decoder_with_kl(tmp_path, tiny_models):
     events = [json.loads(line) for line in (cfg.run_dir / "events.jsonl").read_text().splitlines()]
     losses = [e["loss"] for e in events if e["event"] == "step"]
     assert len(losses) == 3 and all(isinstance(v, float) for v in losses)
+
+
+def test_stop_request_saves_state_and_exits_75(tmp_path, tiny_models):
+    """The Stop button (control/stop, then SIGTERM) ends a VAE run like a LoRA run: a checkpoint,
+    a `stopped` event, the resume hint in the log, exit code 75 (the shared stop path)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import ROOT
+    from trainer_backend.config import dumps_toml, to_dict
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    cfg = run_cfg(tmp_path, tiny_models("sd1"), data, "vstop", "network.type=vae", "precision.mixed=no",
+                  "schedule.max_steps=100000")
+    config = tmp_path / "vstop.toml"
+    config.write_text(dumps_toml(to_dict(cfg)), encoding="utf-8")
+    child = subprocess.Popen([sys.executable, "-m", "trainer_backend", "train", "--config", str(config)], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    events_file = cfg.run_dir / "events.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and child.poll() is None:
+        if events_file.exists() and '"event": "step"' in events_file.read_text():
+            break
+        time.sleep(0.2)
+    (cfg.run_dir / "control" / "stop").write_text("")   # what the GUI's Stop does: mark it as the user's,
+    child.send_signal(signal.SIGTERM)                    # then ask the trainer to stop
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 75, err[-3000:]
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    stopped = [e for e in events if e["event"] == "stopped"]
+    assert len(stopped) == 1 and not any(e["event"] == "done" for e in events)
+    assert any(e["event"] == "checkpoint" and e["step"] == stopped[0]["step"] for e in events)
+    assert "Resume by starting the same config again" in (cfg.run_dir / "train.log").read_text()

@@ -101,12 +101,7 @@ def train(cfg: TrainConfig) -> int:
                                               text_encoders=text_encoders, parts=parts)
                         accelerator.backward(loss / len(group))
                     group_loss += loss.detach() / len(group)
-                if cfg.optimizer.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(trainable.parameters(), cfg.optimizer.max_grad_norm)
-                lr_used = lr_scheduler.get_last_lr()[0]  # the LR this step trained with
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                lr_used = optimizer_step(accelerator, optimizer, lr_scheduler, trainable.parameters(), cfg)
                 # ---- bookkeeping and side concerns
                 mean_loss = count_step(state, len(group), group_loss, plan, accelerator, cfg)
                 ema.step(state.global_step)
@@ -130,14 +125,7 @@ def train(cfg: TrainConfig) -> int:
         progress.close()
 
     if stop:
-        kind = "stopped" if signals.user_requested() else "preempted"
-        run.events.emit(kind, step=state.global_step, epoch=state.epoch)
-        LOG.warning("%s at step %d; state saved. Resume by starting the same config again.", kind,
-                    state.global_step)
-        run.events.close()  # waits (bounded) for the last checkpoint's upload
-        accelerator.wait_for_everyone()  # a rank exiting 75 first makes the launcher kill the uploading main
-        accelerator.end_training()  # trackers closed, process group destroyed (no gloo abort at exit)
-        return exitcodes.STOPPED_SAVED
+        return finish_stopped(run, signals, state, accelerator)
 
     checkpointer.at_end(state)
     outputs = save_outputs(cfg, accelerator, run, model, trainable, state, scan, ema)
@@ -146,6 +134,28 @@ def train(cfg: TrainConfig) -> int:
     run.events.close()
     accelerator.end_training()
     return exitcodes.OK
+
+
+def optimizer_step(accelerator, optimizer, lr_scheduler, params, cfg: TrainConfig) -> float:
+    """Clip, step, advance the LR schedule, clear gradients; returns the LR this step trained with."""
+    if cfg.optimizer.max_grad_norm > 0:
+        accelerator.clip_grad_norm_(params, cfg.optimizer.max_grad_norm)
+    lr_used = lr_scheduler.get_last_lr()[0]
+    optimizer.step()
+    lr_scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return lr_used
+
+
+def finish_stopped(run, signals, state: TrainState, accelerator) -> int:
+    """A stop (user, SIGTERM, preemption) after its checkpoint: say so, let uploads finish, exit 75."""
+    kind = "stopped" if signals.user_requested() else "preempted"
+    run.events.emit(kind, step=state.global_step, epoch=state.epoch)
+    LOG.warning("%s at step %d; state saved. Resume by starting the same config again.", kind, state.global_step)
+    run.events.close()  # waits (bounded) for the last checkpoint's upload
+    accelerator.wait_for_everyone()  # a rank exiting 75 first makes the launcher kill the uploading main
+    accelerator.end_training()  # trackers closed, process group destroyed (no gloo abort at exit)
+    return exitcodes.STOPPED_SAVED
 
 
 def make_sampler(cfg: TrainConfig, dataset, accelerator):

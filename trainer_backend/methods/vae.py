@@ -183,7 +183,8 @@ def train_vae(cfg: TrainConfig) -> int:
     from accelerate.utils import set_seed
     from .. import exitcodes
     from ..checkpointer import Checkpointer
-    from ..loop import Progress, accumulation_groups, count_step, epoch_loader, make_sampler, sync_only_on_last
+    from ..loop import (Progress, accumulation_groups, count_step, epoch_loader, finish_stopped, make_sampler,
+                        optimizer_step, sync_only_on_last)
     from ..optim import build_lr_scheduler, build_optimizer
     from ..plan import plan_from_config
     from ..run_setup import build_dataset, make_accelerator, open_run, register_adapter_hooks, scan_data
@@ -232,12 +233,7 @@ def train_vae(cfg: TrainConfig) -> int:
                         loss = vae_loss(recon_model, batch, cfg=cfg, epoch=epoch, device=accelerator.device)
                         accelerator.backward(loss / len(group))
                     group_loss += loss.detach() / len(group)
-                if cfg.optimizer.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(trainable.parameters(), cfg.optimizer.max_grad_norm)
-                lr_used = lr_scheduler.get_last_lr()[0]
-                optimizer.step()
-                lr_scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                lr_used = optimizer_step(accelerator, optimizer, lr_scheduler, trainable.parameters(), cfg)
                 mean_loss = count_step(state, len(group), group_loss, plan, accelerator, cfg)
                 progress.step(state, epoch, mean_loss, lr_used)
                 validator.maybe_run(state)
@@ -254,11 +250,7 @@ def train_vae(cfg: TrainConfig) -> int:
         signals.restore()
         progress.close()
     if stop:
-        kind = "stopped" if signals.user_requested() else "preempted"
-        run.events.emit(kind, step=state.global_step, epoch=state.epoch)
-        run.events.close()
-        accelerator.wait_for_everyone()
-        return exitcodes.STOPPED_SAVED
+        return finish_stopped(run, signals, state, accelerator)
 
     checkpointer.at_end(state)
     accelerator.wait_for_everyone()
