@@ -5,7 +5,7 @@
 Each mode runs in a fresh process (peaks do not mix) and reports:
 - training state: bytes held by the trained weights, their gradients and the optimizer state after
   one real step (exact; the part full_bf16 changes; scales with the model, see bytes/param);
-- peak memory while `train(cfg)` runs, from trainer_backend.devices (CUDA/ROCm: peak allocated
+- peak memory while `train(cfg)` runs, from trainer_backend.training.devices (CUDA/ROCm: peak allocated
   tensor memory; CPU: peak resident set above the resident set just before training).
 On a CPU with the tiny model the peak is dominated by the Python/torch runtime and the data
 pipeline, so it moves far less than the training state; on a real SDXL UNet (2.6 B parameters)
@@ -41,17 +41,17 @@ def overrides(workdir: Path, model: Path, data: Path, steps: int, resolution: in
 def measure(args: list[str]) -> dict:
     """In this (fresh) process: the training state after one step, then the peak during train()."""
     import torch
-    from trainer_backend import devices
+    from trainer_backend.training import devices
     from trainer_backend.config import load_config
-    from trainer_backend.half_weights import keep_half_weights
-    from trainer_backend.loop import IndexedDataset, collate_with_index, train
-    from trainer_backend.loss import diffusion_loss
+    from trainer_backend.training.full_half_precision import keep_half_weights
+    from trainer_backend.training.loop import IndexedDataset, collate_with_index, train
+    from trainer_backend.training.diffusion_loss import diffusion_loss
     from trainer_backend.methods import setup_method
-    from trainer_backend.optim import build_optimizer
-    from trainer_backend.optim_lowprec import optimizer_state_bytes
-    from trainer_backend.run_setup import build_dataset, load_base_model, make_accelerator, open_run, place_model, \
+    from trainer_backend.training.optimizers import build_optimizer
+    from trainer_backend.training.half_precision_optimizers import optimizer_state_bytes
+    from trainer_backend.training.setup import build_dataset, load_base_model, make_accelerator, open_run, place_model, \
         scan_data
-    from trainer_backend.validate import validate_for_run
+    from trainer_backend.config.checks import validate_for_run
 
     cfg = validate_for_run(load_config(None, args))
     device = torch.device("cpu") if cfg.hardware.cpu else devices.as_device()
@@ -97,7 +97,7 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import make_dataset
-    from trainer_backend.models.tiny import build_tiny_model
+    from trainer_backend.families.sd.tiny import build_tiny_model
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = build_tiny_model("sdxl", work / "tiny-sdxl")

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/overhead.py [--steps 40] [--rounds 3] [--resolution 64]
 
-Each round runs the real trainer (`trainer_backend.loop.train`: events, TensorBoard,
+Each round runs the real trainer (`trainer_backend.training.loop.train`: events, TensorBoard,
 progress bar, stop checks, accumulation grouping, per-sample seeded noise) and a bare
 loop (forward, loss, backward, optimizer step; nothing else) over the same cached
 latents and captions, interleaved. Steps/s of the trainer come from its own `step`
@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import make_dataset  # noqa: E402
 from trainer_backend.config import load_config  # noqa: E402
 from trainer_backend.data import TrainDataset, collate, scan_dataset  # noqa: E402
-from trainer_backend.loop import train  # noqa: E402
+from trainer_backend.training.loop import train  # noqa: E402
 from trainer_backend.methods.lora import setup_lora  # noqa: E402
-from trainer_backend.models.loader import load_model  # noqa: E402
-from trainer_backend.models.text import encode_text, tokenize  # noqa: E402
-from trainer_backend.models.tiny import build_tiny_model  # noqa: E402
-from trainer_backend.validate import validate_for_run  # noqa: E402
+from trainer_backend.families.sd.loader import load_model  # noqa: E402
+from trainer_backend.families.sd.text import encode_text, tokenize  # noqa: E402
+from trainer_backend.families.sd.tiny import build_tiny_model  # noqa: E402
+from trainer_backend.config.checks import validate_for_run  # noqa: E402
 
 
 def trainer_rate(cfg) -> float:

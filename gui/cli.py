@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .security import OPT_OUT_FLAG, SecurityError, check_exposure, parse_auth
+from gui.security import OPT_OUT_FLAG, SecurityError, check_exposure, parse_auth
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         print(warning, file=sys.stderr)
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from .context import Settings, Studio
-    from .studio import CSS, TITLE, build_app
-    from .system_monitor import gpu_count
+    from gui.shared_state import Settings, Studio
+    from gui.studio import CSS, TITLE, build_app
+    from gui.system_monitor import gpu_count
 
     runs_dir = Path(args.runs_dir).expanduser()
     runs_dir.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 The dataset scan belongs to the backend; the GUI runs it as `python -m trainer_backend
 inspect` in a subprocess (no torch in the GUI process) and caches the result per dataset
-settings. The plan itself is computed in-process by trainer_backend.plan (pure), so the
+settings. The plan itself is computed in-process by trainer_backend.launch.plan (pure), so the
 table shown is exactly what the trainer will run."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ INSPECT_TIMEOUT_S = 300
 @dataclass
 class Inspection:
     summary: dict
-    counts: object          # trainer_backend.plan.DataCounts
+    counts: object          # trainer_backend.launch.plan.DataCounts
 
 
 _CACHE: dict[str, Inspection] = {}
@@ -58,7 +58,7 @@ def _inspect_config(cfg: TrainConfig) -> dict:
 
 
 def _counts_from_json(counts: dict):
-    from trainer_backend.plan import DataCounts
+    from trainer_backend.launch.plan import DataCounts
     buckets = counts.get("bucket_sizes")
     return DataCounts(subsets=tuple(tuple(s) for s in counts.get("subsets", ())),
                       class_images=int(counts.get("class_images", 0) or 0),
@@ -172,7 +172,7 @@ def plan_markdown(cfg: TrainConfig, counts) -> str:
     adjustment in words, and the plan's warnings."""
     from dataclasses import fields
 
-    from trainer_backend.plan import PlanColumn, plan_from_config
+    from trainer_backend.launch.plan import PlanColumn, plan_from_config
     plan = plan_from_config(cfg, counts)
     n = plan.num_processes
     head = f"{n} GPUs ({plan.policy})" if n > 1 else "this run"

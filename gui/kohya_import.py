@@ -16,7 +16,7 @@ from typing import Any
 
 from trainer_backend.config import ConfigError, TrainConfig, from_dict
 
-from .schema_form import form_fields
+from gui.schema_form import form_fields
 
 SECRET_KEYS = {"wandb_api_key", "huggingface_token"}
 NETWORK_TYPES = {"standard": "lora", "lycoris/loha": "loha", "lycoris/lokr": "lokr"}

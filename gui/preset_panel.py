@@ -9,10 +9,10 @@ import gradio as gr
 
 from trainer_backend.config import from_dict
 
-from .context import Studio, overlay, preset_error_text
-from .kohya_import import ImportProblem, import_kohya, report_markdown
-from .presets import PresetError, sanitize_name
-from .schema_form import config_to_values, validate_values
+from gui.shared_state import Studio, overlay, preset_error_text
+from gui.kohya_import import ImportProblem, import_kohya, report_markdown
+from gui.presets import PresetError, sanitize_name
+from gui.schema_form import config_to_values, validate_values
 
 CONFIRM_WINDOW_S = 10.0
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from trainer_backend.config import TrainConfig, from_dict, load_config, save_toml, to_dict
 
-from . import processes as procs
-from .run_state import forget, run_status, snapshot
+from gui import processes as procs
+from gui.run_state import forget, run_status, snapshot
 
 
 class StartRefused(Exception):
@@ -103,8 +103,8 @@ class RunManager:
         """Validate, write the run directory's config/command/process files and start the trainer.
         `secret_env` (secret name -> value, typed in the page) reaches the process environment
         only. Raises ConfigError (naming a field) or StartRefused."""
-        from trainer_backend.launch import build_launch_argv, build_launch_env, write_strategy_files
-        from trainer_backend.validate import validate_for_run
+        from trainer_backend.launch.argv import build_launch_argv, build_launch_env, write_strategy_files
+        from trainer_backend.config.checks import validate_for_run
 
         validate_for_run(cfg.model_copy(deep=True))  # path checks, errors name the key
         cfg = cfg.model_copy(deep=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import processes as procs
-from .run_state import RunStatus, Snapshot
+from gui import processes as procs
+from gui.run_state import RunStatus, Snapshot
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 LOG_LINES = 3000

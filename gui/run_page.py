@@ -8,12 +8,12 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import run_monitor as rm
-from .context import Studio
-from .run_control import StartRefused, run_started_at
-from .run_state import run_status, snapshot
-from .secrets_panel import env_from_rows
-from .system_monitor import system_markdown
+from gui import run_monitor as rm
+from gui.shared_state import Studio
+from gui.run_control import StartRefused, run_started_at
+from gui.run_state import run_status, snapshot
+from gui.secrets_panel import env_from_rows
+from gui.system_monitor import system_markdown
 
 CONFIRM_WINDOW_S = 10.0
 

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_backend import exitcodes
+from trainer_backend.run import exitcodes
 
-from . import processes as procs
+from gui import processes as procs
 
 TERMINAL = ("done", "stopped", "preempted", "error")
 RESUMABLE = ("stopped", "preempted", "interrupted")

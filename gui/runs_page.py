@@ -10,12 +10,12 @@ import pandas as pd
 
 from trainer_backend.config import ConfigError, load_config
 
-from .context import Studio
-from .run_control import StartRefused, run_started_at
-from .run_page import build_run_view, view_updates
-from .run_state import run_status, snapshot
-from .schema_form import config_to_values
-from .secrets_panel import env_from_rows
+from gui.shared_state import Studio
+from gui.run_control import StartRefused, run_started_at
+from gui.run_page import build_run_view, view_updates
+from gui.run_state import run_status, snapshot
+from gui.schema_form import config_to_values
+from gui.secrets_panel import env_from_rows
 
 CONFIRM_WINDOW_S = 10.0
 COLUMNS = ["run", "status", "started", "steps", "final loss", "outputs"]

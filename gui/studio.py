@@ -7,12 +7,12 @@ import gradio as gr
 
 from trainer_backend.config import ConfigError, from_dict
 
-from .context import Studio, overlay
-from .preset_panel import build_preset_panel, wire_preset_panel
-from .run_control import StartRefused
-from .run_page import build_run_page
-from .runs_page import build_runs_page
-from .training_page import build_training_page
+from gui.shared_state import Studio, overlay
+from gui.preset_panel import build_preset_panel, wire_preset_panel
+from gui.run_control import StartRefused
+from gui.run_page import build_run_page
+from gui.runs_page import build_runs_page
+from gui.training_page import build_training_page
 
 TITLE = "SD Training Studio"
 

@@ -7,13 +7,13 @@ import gradio as gr
 
 from trainer_backend.config import ConfigError
 
-from . import dataset_view as dv
-from .context import Studio
-from .run_control import StartRefused
-from .schema_form import error_field, validate_values
-from .secrets_panel import build_secrets_panel, env_from_rows, status_markdown
-from .system_monitor import gpus_markdown
-from .widgets import FormWidgets, error_updates, render_form, tab_id
+from gui import dataset_view as dv
+from gui.shared_state import Studio
+from gui.run_control import StartRefused
+from gui.schema_form import error_field, validate_values
+from gui.secrets_panel import build_secrets_panel, env_from_rows, status_markdown
+from gui.system_monitor import gpus_markdown
+from gui.widgets import FormWidgets, error_updates, render_form, tab_id
 
 
 @dataclass

@@ -12,7 +12,7 @@ import gradio as gr
 
 from trainer_backend.config import ConfigError, sections
 
-from .schema_form import FormField, error_field, tabs_in_order
+from gui.schema_form import FormField, error_field, tabs_in_order
 
 FIELDS_PER_ROW = 3
 

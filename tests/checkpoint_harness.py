@@ -35,8 +35,8 @@ import torch, accelerate, peft, safetensors.torch, boto3               # the slo
 import diffusers, transformers
 from diffusers import UNet2DConditionModel, AutoencoderKL, DDPMScheduler  # noqa: resolve lazy modules
 from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer  # noqa
-import trainer_backend.__main__, trainer_backend.loop, trainer_backend.models.loader  # noqa
-import trainer_backend.cloud, trainer_backend.cloud_sync, trainer_backend.webhooks  # noqa
+import trainer_backend.__main__, trainer_backend.training.loop, trainer_backend.families.sd.loader  # noqa
+import trainer_backend.remote.s3, trainer_backend.remote.uploader, trainer_backend.remote.webhooks  # noqa
 reply = sys.stdout
 print(json.dumps({"ready": True}), file=reply, flush=True)
 for line in sys.stdin:
@@ -208,7 +208,7 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
 
 
 def valid_steps(run_dir: Path) -> list[int]:
-    from trainer_backend.checkpoints import list_checkpoints, step_of
+    from trainer_backend.run.checkpoint_files import list_checkpoints, step_of
     return [step_of(p) for p in list_checkpoints(run_dir)]
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from trainer_backend.config import load_config
-from trainer_backend.loop import train
-from trainer_backend.validate import validate_for_run
+from trainer_backend.training.loop import train
+from trainer_backend.config.checks import validate_for_run
 
 
 def train_run(tmp_path: Path, model_dir: Path, data: Path, name: str, *overrides: str):

@@ -8,10 +8,10 @@ import shutil
 
 from checkpoint_harness import (assert_bitwise_equal, fast_inputs, lora_tensors, read_events,  # noqa: F401
                                 reference_run, valid_steps, wait_for_event, write_config, zygote)
-from trainer_backend.checkpoints import (MANIFEST, checkpoints_dir, clean_incomplete, is_valid, list_checkpoints,
+from trainer_backend.run.checkpoint_files import (MANIFEST, checkpoints_dir, clean_incomplete, is_valid, list_checkpoints,
                                          read_manifest)
-from trainer_backend.resume import find_local
-from trainer_backend.retention import RetentionPolicy, retained_steps
+from trainer_backend.run.resume import find_local
+from trainer_backend.run.retention import RetentionPolicy, retained_steps
 
 
 def test_retention_policy():

@@ -20,8 +20,8 @@ import pytest
 
 from checkpoint_harness import (PY, ROOT, assert_bitwise_equal, fast_inputs, lora_tensors, read_events,  # noqa: F401
                                 child_env, valid_steps, wait_for_event, write_config, zygote)
-from trainer_backend.checkpoints import checkpoints_dir, read_manifest
-from trainer_backend.retention import RetentionPolicy, retained_steps
+from trainer_backend.run.checkpoint_files import checkpoints_dir, read_manifest
+from trainer_backend.run.retention import RetentionPolicy, retained_steps
 
 POLICY = RetentionPolicy(keep_last=2, keep_every=4)
 LEFTOVER = "left-by-the-kill"

@@ -158,7 +158,7 @@ def test_latent_cache_key_follows_the_vae_weights_not_their_path(tmp_path, sd1, 
     """A VAE saved over the old one in place (e.g. a VAE fine-tune written to the same folder)
     gives a new identity, so cached latents are re-encoded; other components do not matter."""
     import shutil
-    from trainer_backend.models.identity import weights_identity
+    from trainer_backend.families.weights_identity import weights_identity
     model = tmp_path / "model"
     shutil.copytree(sd1, model)
     before = weights_identity(model, subfolder="vae")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from conftest import ROOT, make_dataset
 from trainer_backend.config import dumps_toml, load_config, to_dict
-from trainer_backend.launch import build_launch_env, launcher_argv, write_strategy_files
+from trainer_backend.launch.argv import build_launch_env, launcher_argv, write_strategy_files
 
 try:
     import deepspeed  # noqa: F401
@@ -29,7 +29,7 @@ except ImportError:  # setup.sh installs it with the test extras; CI must not sk
 # accelerate chooses no process-group backend for DeepSpeed without CUDA; a GPU run gets nccl.
 # This shim names gloo so the same trainer runs on two CPU ranks (the only change).
 GLOO_SHIM = """import sys
-import trainer_backend.launch as launch
+import trainer_backend.launch.argv as launch
 plain = launch.process_group_kwargs
 launch.process_group_kwargs = lambda cfg: {**plain(cfg), "backend": "gloo"}
 from trainer_backend.__main__ import main

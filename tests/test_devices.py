@@ -1,11 +1,11 @@
-"""Device-agnostic backend: no hard-coded CUDA outside trainer_backend/devices.py, and the
+"""Device-agnostic backend: no hard-coded CUDA outside trainer_backend/training/devices.py, and the
 device helpers work with the device forced to the CPU."""
 import re
 from pathlib import Path
 
 import torch
 
-from trainer_backend import devices
+from trainer_backend.training import devices
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainer_backend"
 # Backend-specific spellings that must go through devices.py (or come from accelerate).
@@ -15,7 +15,7 @@ STRAY = re.compile(r"""\.cuda\(|["']cuda(:\d+)?["']|torch\.cuda\b|torch\.mps\b|[
 def stray_device_literals(root: Path) -> list[str]:
     hits = []
     for path in sorted(root.rglob("*.py")):
-        if path.name == "devices.py" and path.parent == root:
+        if path.relative_to(root).as_posix() == "training/devices.py":
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             code = line.split("#", 1)[0]
@@ -26,13 +26,14 @@ def stray_device_literals(root: Path) -> list[str]:
 
 def test_no_hard_coded_cuda_in_the_backend():
     hits = stray_device_literals(PACKAGE)
-    assert not hits, "device-specific code outside trainer_backend/devices.py:\n" + "\n".join(hits)
+    assert not hits, "device-specific code outside trainer_backend/training/devices.py:\n" + "\n".join(hits)
 
 
 def test_the_grep_catches_what_it_is_for(tmp_path):
     pkg = tmp_path / "trainer_backend"
     pkg.mkdir()
-    (pkg / "devices.py").write_text('x = torch.cuda.memory_allocated()\n')  # allowed here
+    (pkg / "training").mkdir()
+    (pkg / "training" / "devices.py").write_text('x = torch.cuda.memory_allocated()\n')  # allowed here
     (pkg / "ok.py").write_text('y = model.to(accelerator.device)  # not .cuda()\n')
     (pkg / "bad.py").write_text('a = t.cuda()\nb = torch.device("cuda")\nc = torch.cuda.empty_cache()\n')
     hits = stray_device_literals(pkg)
@@ -41,7 +42,7 @@ def test_the_grep_catches_what_it_is_for(tmp_path):
 
 def test_forced_cpu_accelerator_and_helpers(tmp_path):
     from trainer_backend.config import load_config
-    from trainer_backend.run_setup import make_accelerator
+    from trainer_backend.training.setup import make_accelerator
     cfg = load_config(None, ["hardware.cpu=true", "precision.mixed=no", f"output.dir={tmp_path}"])
     accelerator = make_accelerator(cfg)
     assert accelerator.device.type == "cpu"

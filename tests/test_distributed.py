@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from conftest import ROOT, make_dataset
 from trainer_backend.config import load_config
-from trainer_backend.loop import train
-from trainer_backend.validate import validate_for_run
+from trainer_backend.training.loop import train
+from trainer_backend.config.checks import validate_for_run
 
 
 def test_two_processes_match_one_process_with_double_batch(tmp_path, tiny_models):

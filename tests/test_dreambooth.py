@@ -43,7 +43,7 @@ def _run(tmp_path, model_dir, data, name, *extra):
 
 
 def test_prior_preservation_sd1(tmp_path, tiny_models):
-    from trainer_backend.models.loader import build_pipeline, load_model
+    from trainer_backend.families.sd.loader import build_pipeline, load_model
     model_dir = tiny_models("sd1")
     data = make_dataset(tmp_path / "data", n=2, size=32)
     before = sorted(p.name for p in data.iterdir())
@@ -89,9 +89,9 @@ def test_plan_before_class_images_exist_is_what_runs(tmp_path, tiny_models):
     """The plan the CLI/GUI show before the missing class images are generated counts them (their
     samples and their square bucket), so it matches the plan the run writes and the steps it makes."""
     from trainer_backend.config import load_config
-    from trainer_backend.validate import validate_for_run
+    from trainer_backend.config.checks import validate_for_run
     from trainer_backend.data import scan_dataset
-    from trainer_backend.plan import plan_from_config
+    from trainer_backend.launch.plan import plan_from_config
     model_dir = tiny_models("sd1")
     data = tmp_path / "data"
     data.mkdir()

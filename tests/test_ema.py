@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from conftest import make_dataset
 from method_runs import train_run
-from trainer_backend.ema import EMA, ema_device
+from trainer_backend.training.ema import EMA, ema_device
 
 
 def test_update_every_n_steps_with_per_step_decay():

@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 
 from conftest import make_dataset
 from trainer_backend.config import ConfigError, load_config
-from trainer_backend.half_weights import check_half_weights, half_weights_warnings
-from trainer_backend.optim_lowprec import HalfWeightsAdamW, HalfWeightsSGD, stochastic_round
-from trainer_backend.validate import validate_for_run
+from trainer_backend.training.full_half_precision import check_half_weights, half_weights_warnings
+from trainer_backend.training.half_precision_optimizers import HalfWeightsAdamW, HalfWeightsSGD, stochastic_round
+from trainer_backend.config.checks import validate_for_run
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -78,7 +78,7 @@ def test_config_rules_and_plan_warning(tmp_path):
 
 
 def test_full_fine_tune_tiny_sdxl_keeps_bf16_weights(tmp_path, tiny_models):
-    from trainer_backend.loop import train
+    from trainer_backend.training.loop import train
     data = make_dataset(tmp_path / "data", n=2, size=32)
 
     def run(steps: int):
@@ -108,7 +108,7 @@ def test_full_fine_tune_tiny_sdxl_keeps_bf16_weights(tmp_path, tiny_models):
 def test_full_bf16_with_ema_keeps_an_fp32_average_and_saves_it(tmp_path, tiny_models):
     """bf16 weights, fp32 EMA: with decay 0.5 the average moves by half of each update, far more
     than bf16 could hold for a slow decay; the output holds the EMA rounded once, not the raw weights."""
-    from trainer_backend.loop import train
+    from trainer_backend.training.loop import train
     data = make_dataset(tmp_path / "data", n=2, size=32)
     cfg = validate_for_run(load_config(None, [
         f"model.path={tiny_models('sd1')}", f"dataset.path={data}", "dataset.resolution=32",

@@ -23,7 +23,7 @@ def fields():
 @pytest.fixture(scope="module")
 def app_config(tmp_path_factory):
     """The rendered Blocks config of the real app (what the browser receives)."""
-    from gui.context import Settings, Studio
+    from gui.shared_state import Settings, Studio
     from gui.studio import build_app
     tmp = tmp_path_factory.mktemp("gui-form")
     studio = Studio.create(Settings(runs_dir=tmp / "runs", presets_dir=tmp / "presets"))
@@ -135,7 +135,7 @@ def test_validation_error_is_shown_next_to_the_field_it_names(fields, dotted, va
 def test_gui_never_imports_torch():
     code = ("import sys, tempfile, pathlib\n"
             "import gui.cli, gui.studio\n"
-            "from gui.context import Settings, Studio\n"
+            "from gui.shared_state import Settings, Studio\n"
             "from gui.studio import build_app\n"
             "d = pathlib.Path(tempfile.mkdtemp())\n"
             "build_app(Studio.create(Settings(runs_dir=d / 'runs', presets_dir=d / 'p')))\n"

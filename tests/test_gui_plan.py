@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainer_backend.config import ConfigError, from_dict
-from trainer_backend.plan import plan_from_config
+from trainer_backend.launch.plan import plan_from_config
 
 from gui import dataset_view as dv
 

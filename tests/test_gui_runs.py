@@ -212,7 +212,7 @@ def test_a_crash_before_any_event_shows_the_exception(tmp_path):
     run = make_run(tmp_path, "crashed")
     (run / "console.log").write_text(
         "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
-        "ImportError: cannot import name 'thing' from 'trainer_backend.checkpoints'\n"
+        "ImportError: cannot import name 'thing' from 'trainer_backend.run.checkpoint_files'\n"
         "Traceback (most recent call last):\n"
         "subprocess.CalledProcessError: Command '[...]' returned non-zero exit status 1.\n")
     procs.write_exit(run, 1)
@@ -238,7 +238,7 @@ def test_sample_gallery_follows_sample_events(tmp_path):
 
 
 def test_multi_node_preview_lists_every_machine(tmp_path):
-    from gui.context import Settings, Studio
+    from gui.shared_state import Settings, Studio
     studio = Studio.create(Settings(runs_dir=tmp_path / "runs", presets_dir=tmp_path / "p"))
     cfg = from_dict({**DEMO, "hardware": {"num_machines": 2, "main_process_ip": "10.0.0.1", "num_processes": 2}})
     shell, argv, toml = studio.command_preview(cfg)

@@ -68,7 +68,7 @@ def test_secret_typed_in_the_gui_reaches_the_trainer_and_no_file(tmp_path):
     import time
 
     from trainer_backend.config import from_dict, to_dict
-    from gui.context import Settings, Studio
+    from gui.shared_state import Settings, Studio
 
     received: list[str] = []
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainer_backend.config import ConfigError, from_dict
-from trainer_backend.launch import (build_launch_argv, build_launch_env, ddp_kwargs, launcher_argv, node_commands,
+from trainer_backend.launch.argv import (build_launch_argv, build_launch_env, ddp_kwargs, launcher_argv, node_commands,
                                     process_group_kwargs, validate_hardware, write_strategy_files)
 
 PY = "/opt/venv/bin/python"

@@ -5,8 +5,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import make_dataset
-from trainer_backend.models.loader import load_model
-from trainer_backend.models.text import encode_text, tokenize
+from trainer_backend.families.sd.loader import load_model
+from trainer_backend.families.sd.text import encode_text, tokenize
 
 LONG = ", ".join(f"tag{i} red square" for i in range(60))  # well over 75 tokens
 

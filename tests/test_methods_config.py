@@ -4,7 +4,7 @@ import pytest
 
 from conftest import make_dataset
 from trainer_backend.config import ConfigError, field_info, load_config
-from trainer_backend.validate import validate_for_run
+from trainer_backend.config.checks import validate_for_run
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -34,5 +34,5 @@ def test_sections_and_stable_keys():
     assert field_info("samples", "prompts")["tab"] == "Samples"
     assert field_info("samples", "prompts")["ui"]["widget"] == "textarea"  # prompts contain commas
     assert {"lora", "loha", "lokr", "full"} <= set(field_info("network", "type")["choices"])
-    from trainer_backend.models.loader import SAMPLERS
+    from trainer_backend.families.sd.loader import SAMPLERS
     assert set(field_info("samples", "scheduler")["choices"]) == {*SAMPLERS, "default"}

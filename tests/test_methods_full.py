@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from conftest import make_dataset
 from method_runs import train_run
-from trainer_backend.models.loader import load_model
+from trainer_backend.families.sd.loader import load_model
 
 
 def _max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
@@ -56,7 +56,7 @@ def test_full_finetune_keeps_fp32_master_weights(tiny_models):
     from types import SimpleNamespace
     from trainer_backend.config import load_config
     from trainer_backend.methods import setup_method
-    from trainer_backend.run_setup import place_model
+    from trainer_backend.training.setup import place_model
     model_dir = tiny_models("sdxl")
     cfg = load_config(None, [f"model.path={model_dir}", "network.type=full", "precision.mixed=bf16",
                              "network.train_text_encoder=false"])

@@ -8,7 +8,7 @@ from conftest import make_dataset
 from method_runs import last_checkpoint, train_run, unet_probe
 from trainer_backend.methods import setup_method
 from trainer_backend.methods.variants import load_adapter_file
-from trainer_backend.models.loader import build_pipeline, load_model
+from trainer_backend.families.sd.loader import build_pipeline, load_model
 
 VARIANTS = {
     "loha": ["network.type=loha"],

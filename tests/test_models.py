@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from trainer_backend.config import ConfigError
-from trainer_backend.models import tiny
-from trainer_backend.models.loader import build_pipeline, detect_arch, load_model
-from trainer_backend.models.single_file import META_CONFIG, save_single_file
-from trainer_backend.models.text import encode_text, sdxl_add_time_ids, tokenize
-from trainer_backend.models.tokenizers import find_tokenizers
+from trainer_backend.families.sd import tiny
+from trainer_backend.families.sd.loader import build_pipeline, detect_arch, load_model
+from trainer_backend.families.sd.single_file import META_CONFIG, save_single_file
+from trainer_backend.families.sd.text import encode_text, sdxl_add_time_ids, tokenize
+from trainer_backend.families.sd.tokenizers import find_tokenizers
 
 ARCHES = ["sd1", "sd2", "sdxl"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,8 +113,8 @@ def test_bundled_configs_match_real_models(arch):
     from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint, infer_diffusers_model_type
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    from trainer_backend.models.ldm_keys import pipeline_to_ldm
-    from trainer_backend.models.single_file import detect_arch_from_keys
+    from trainer_backend.families.sd.ldm_keys import pipeline_to_ldm
+    from trainer_backend.families.sd.single_file import detect_arch_from_keys
     folder = ROOT / "assets" / "model_configs" / arch
     with init_empty_weights():
         unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(folder / "unet"))
@@ -195,7 +195,7 @@ def test_overrides_prediction_type_and_vae(tiny_models, tmp_path):
     # A single-file VAE in the original layout (no prefix), as VAEs are usually shared.
     from safetensors.torch import save_file
 
-    from trainer_backend.models.ldm_keys import VAE_PREFIX, vae_to_ldm
+    from trainer_backend.families.sd.ldm_keys import VAE_PREFIX, vae_to_ldm
     sdxl_vae = load_model(str(tiny_models("sdxl"))).vae
     state = {k.removeprefix(VAE_PREFIX): v for k, v in vae_to_ldm(sdxl_vae.state_dict(), dict(sdxl_vae.config)).items()}
     save_file(state, str(tmp_path / "vae.safetensors"))
@@ -278,7 +278,7 @@ def test_embedded_config_paths_are_sanitised(exported, tmp_path):
     """Config files embedded in a checkpoint may not escape the cache folder."""
     from safetensors.torch import load_file, save_file
 
-    from trainer_backend.models.single_file import materialize_embedded_config
+    from trainer_backend.families.sd.single_file import materialize_embedded_config
     evil = json.dumps({"model_index.json": "{}", "../escape.json": "{}"})
     assert materialize_embedded_config({META_CONFIG: evil}, tmp_path / "cache") is None
     assert not (tmp_path / "escape.json").exists()
@@ -302,8 +302,8 @@ def _unrelated_safetensors(path: Path) -> str:
 def test_tiny_model_with_sd_latent_proportions(tmp_path):
     """vae_downsample=8 gives SD's latent size (used by bench/data.py): 64 px -> 8×8 latents."""
     import torch
-    from trainer_backend.models.loader import build_pipeline, load_model
-    from trainer_backend.models.tiny import build_tiny_model
+    from trainer_backend.families.sd.loader import build_pipeline, load_model
+    from trainer_backend.families.sd.tiny import build_tiny_model
     model = load_model(str(build_tiny_model("sd1", tmp_path / "m", vae_downsample=8)))
     assert model.vae_scale_factor == 8
     latents = model.vae.encode(torch.zeros(1, 3, 64, 64)).latent_dist.mean

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from trainer_backend.config import from_dict
 from trainer_backend.data.sampler import BucketBatchSampler
-from trainer_backend.plan import DataCounts, format_plan_table, make_plan, plan_from_config
+from trainer_backend.launch.plan import DataCounts, format_plan_table, make_plan, plan_from_config
 
 PR_1374 = DataCounts(subsets=(("1_ohwx man", 15, 1),))   # 15 images, 1 repeat (sd-scripts PR #1374)
 

@@ -1,7 +1,7 @@
 """The README documents what the code does: its config reference is the schema's."""
 from pathlib import Path
 
-from trainer_backend.reference import BEGIN, END, config_reference
+from trainer_backend.config.reference import BEGIN, END, config_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,10 +8,10 @@ import pytest
 
 from checkpoint_harness import (assert_bitwise_equal, child_env, fast_inputs, lora_tensors, read_events,  # noqa: F401
                                 reference_run, write_config, zygote)
-from trainer_backend.checkpoints import checkpoints_dir, load_state
+from trainer_backend.run.checkpoint_files import checkpoints_dir, load_state
 from trainer_backend.config import ConfigError, load_config
 from trainer_backend.data import scan_dataset
-from trainer_backend.resume import check_compatible, dataset_fingerprint
+from trainer_backend.run.resume import check_compatible, dataset_fingerprint
 
 
 def _resume_dir(reference_run, tmp_path, name: str, step: int):

@@ -13,7 +13,7 @@ import pytest
 from checkpoint_harness import (ACCESS_KEY, SECRET_KEY, MotoServer, assert_bitwise_equal, cloud_section,  # noqa: F401
                                 env_without_aws, fast_inputs, lora_tensors, read_events, reference_run,
                                 valid_steps, wait_for_event, write_config, write_secrets_file, zygote)
-from trainer_backend import exitcodes
+from trainer_backend.run import exitcodes
 
 PREFIX = "team/runs"
 
@@ -133,8 +133,8 @@ def test_multipart_upload_and_partial_checkpoints(moto, tmp_path):
     """Big files go up in parts; a checkpoint whose manifest did not arrive is incomplete (never
     listed as a checkpoint) and a complete one verifies against its manifest when downloaded."""
     import os
-    from trainer_backend.checkpoints import write_manifest
-    from trainer_backend.cloud import RemoteStore
+    from trainer_backend.run.checkpoint_files import write_manifest
+    from trainer_backend.remote.s3 import RemoteStore
     bucket = moto.make_bucket("multipart")
     store = RemoteStore(moto.client(), bucket, "p/run/", multipart_mb=5)
     folder = tmp_path / "checkpoints" / "step-00000007"

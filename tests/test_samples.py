@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from conftest import make_dataset
 from method_runs import train_run
 from trainer_backend.config import ConfigError, load_config
-from trainer_backend.sampling import SamplePrompt, load_prompts, parse_prompt_line
+from trainer_backend.training.sampling import SamplePrompt, load_prompts, parse_prompt_line
 
 
 def test_prompt_line_options():
@@ -37,7 +37,7 @@ def test_samples_at_configured_steps_and_sizes(tmp_path, tiny_models):
     """2 images, batch 1: an epoch is 2 steps. every 3 steps + every epoch + before the first
     step, over 4 steps -> samples at 0, 2 (epoch 1), 3, 4 (epoch 2) and nowhere else."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from trainer_backend.models.loader import build_pipeline, load_model
+    from trainer_backend.families.sd.loader import build_pipeline, load_model
     model_dir = tiny_models("sd1")
     data = make_dataset(tmp_path / "data", n=2, size=32)
     prompts = "a red square --w 48 --h 32 --s 1 --d 5 --l 4\\nblue --s 1"

@@ -10,8 +10,8 @@ import pytest
 from checkpoint_harness import (ACCESS_KEY, PY, ROOT, SECRET_KEY, MotoServer, Recorder, cloud_section,  # noqa: F401
                                 env_without_aws, fast_inputs, read_events, write_config, write_secrets_file)
 from trainer_backend.config import ConfigError, load_config
-from trainer_backend.credentials import MaskSecrets, Secrets, parse_secrets_file, read_secrets_file
-from trainer_backend.webhooks import resolve_targets
+from trainer_backend.remote.secrets import MaskSecrets, Secrets, parse_secrets_file, read_secrets_file
+from trainer_backend.remote.webhooks import resolve_targets
 
 HOOK_TOKEN = "Bearer hooktok-9f8e7d6c5b4a"
 HOOK_PATH = "/hooks/abc/URLTOKEN-31337"
@@ -19,7 +19,7 @@ HOOK_PATH = "/hooks/abc/URLTOKEN-31337"
 
 def test_secrets_appear_nowhere_after_a_run_with_s3_and_webhooks(fast_inputs, tmp_path):
     from gui.presets import PresetStore
-    from trainer_backend.launch import build_launch_argv
+    from trainer_backend.launch.argv import build_launch_argv
 
     moto = MotoServer(tmp_path / "moto.log")
     recorder = Recorder()

@@ -15,7 +15,7 @@ import pytest
 from checkpoint_harness import (PY, ROOT, assert_bitwise_equal, child_env, fast_inputs, lora_tensors,  # noqa: F401
                                 read_events, reference_run, valid_steps, wait_for_event, write_config, zygote)
 from conftest import free_port
-from trainer_backend import exitcodes
+from trainer_backend.run import exitcodes
 
 
 def _stop_at(zygote, run_dir, config, log, after_step: int, user: bool) -> tuple[int, int, list[dict]]:
@@ -66,7 +66,7 @@ def test_sigterm_saves_within_one_step_and_resume_continues(zygote, reference_ru
 
 SIGNAL_SCRIPT = r"""
 import os, signal, sys, time
-from trainer_backend.stopping import StopSignals
+from trainer_backend.run.stop_signals import StopSignals
 stops = StopSignals(sys.argv[1])
 os.kill(os.getpid(), signal.SIGTERM)   # a launcher forwarding the signal it got
 os.kill(os.getpid(), signal.SIGINT)    # ...arrives twice within a moment: one request

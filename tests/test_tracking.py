@@ -12,7 +12,7 @@ import pytest
 
 from conftest import make_dataset
 from trainer_backend.config import ConfigError, load_config
-from trainer_backend.validate import validate_for_run
+from trainer_backend.config.checks import validate_for_run
 
 SECRET = "wbkey-3f9c1e77a1b2c3d4e5f60718293a4b5c6d7e8f90"
 
@@ -90,7 +90,7 @@ def clean_wandb_env(monkeypatch, tmp_path):
 
 def test_offline_wandb_run_has_the_logged_keys_and_no_secret(tmp_path, tiny_models, clean_wandb_env):
     pytest.importorskip("wandb", reason="the wandb package (test extra) is not installed")
-    from trainer_backend.loop import train
+    from trainer_backend.training.loop import train
     secrets = tmp_path / "secrets.env"
     secrets.write_text(f"MY_WB_KEY={SECRET}\n")
     secrets.chmod(0o600)
@@ -123,7 +123,7 @@ def test_offline_wandb_run_has_the_logged_keys_and_no_secret(tmp_path, tiny_mode
 
 
 def test_online_without_credentials_says_how_to_log_in(tmp_path, clean_wandb_env):
-    from trainer_backend.tracking import api_key, check_login
+    from trainer_backend.remote.wandb_tracking import api_key, check_login
     cfg = load_config(None, ["logging.tracker=wandb", "logging.wandb_mode=online"])
     with pytest.raises(ConfigError) as err:
         check_login(cfg, api_key(cfg))
@@ -138,7 +138,7 @@ def test_online_without_credentials_says_how_to_log_in(tmp_path, clean_wandb_env
 
 
 def test_wandb_selected_but_not_installed(monkeypatch):
-    from trainer_backend.tracking import log_with
+    from trainer_backend.remote.wandb_tracking import log_with
     monkeypatch.setitem(sys.modules, "wandb", None)  # what `import wandb` sees without the package
     cfg = load_config(None, ["logging.tracker=wandb"])
     with pytest.raises(ConfigError, match=r"logging.tracker: 'wandb' needs the wandb package"):

@@ -50,7 +50,7 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     assert (run / "config.toml").is_file() and (run / "command.txt").is_file() and (run / "train.log").is_file()
     assert any((run / "tb").iterdir())
 
-    from trainer_backend.models.loader import build_pipeline, load_model
+    from trainer_backend.families.sd.loader import build_pipeline, load_model
     pipe = build_pipeline(load_model(str(model_dir)))
     pipe.set_progress_bar_config(disable=True)
 

@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 
 from conftest import make_dataset
 from trainer_backend.config import load_config
-from trainer_backend.loop import train
-from trainer_backend.validate import validate_for_run
+from trainer_backend.training.loop import train
+from trainer_backend.config.checks import validate_for_run
 
 
 def run_training(tmp_path: Path, model_dir: Path, data: Path, name: str, *overrides: str):
@@ -73,7 +73,7 @@ def test_export_round_trip_matches_peft_model(tmp_path, tiny_models):
     UNet (rebuilt from the checkpoint's adapter weights) to 1e-5."""
     from peft import LoraConfig
     from peft.utils import set_peft_model_state_dict
-    from trainer_backend.models.loader import build_pipeline, load_model
+    from trainer_backend.families.sd.loader import build_pipeline, load_model
 
     model_dir = tiny_models("sd1")
     data = make_dataset(tmp_path / "data", n=2, size=32)

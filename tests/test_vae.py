@@ -12,7 +12,7 @@ from PIL import Image
 
 from conftest import make_dataset
 from trainer_backend.config import ConfigError, load_config
-from trainer_backend.validate import validate_for_run
+from trainer_backend.config.checks import validate_for_run
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -48,7 +48,7 @@ def first_loss(run_dir) -> float:
 
 
 def test_fp16_is_refused_with_the_reason(tmp_path):
-    from trainer_backend.loop import train
+    from trainer_backend.training.loop import train
     cfg = load_config(None, ["network.type=vae", "vae.precision=fp16", f"output.dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"^vae.precision: fp16 is refused.*overflow.*NaN"):
         train(cfg)
@@ -56,8 +56,8 @@ def test_fp16_is_refused_with_the_reason(tmp_path):
 
 def test_vae_fine_tune_outputs_and_later_lora_run(tmp_path, tiny_models):
     from diffusers import AutoencoderKL
-    from trainer_backend.loop import train
-    from trainer_backend.models.loader import load_model
+    from trainer_backend.training.loop import train
+    from trainer_backend.families.sd.loader import load_model
     model_dir = tiny_models("sd1")
     data = make_dataset(tmp_path / "data", n=4, size=32)
     pixels = images(data)
@@ -106,7 +106,7 @@ def test_vae_fine_tune_outputs_and_later_lora_run(tmp_path, tiny_models):
 
 def test_encoder_and_decoder_with_kl(tmp_path, tiny_models):
     from diffusers import AutoencoderKL
-    from trainer_backend.loop import train
+    from trainer_backend.training.loop import train
     model_dir = tiny_models("sd1")
     data = make_dataset(tmp_path / "data", n=2, size=32)
     cfg = run_cfg(tmp_path, model_dir, data, "vae-kl", "network.type=vae", "vae.decoder_only=false",

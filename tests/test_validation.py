@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import make_dataset
-from trainer_backend.checkpoints import TrainState
+from trainer_backend.run.checkpoint_files import TrainState
 from trainer_backend.config import ConfigError, load_config
 from trainer_backend.data.scan import held_out_positions
-from trainer_backend.validate import validate_for_run
-from trainer_backend.validation import Validator, fixed_timesteps, validation_scan
+from trainer_backend.config.checks import validate_for_run
+from trainer_backend.training.validation_loss import Validator, fixed_timesteps, validation_scan
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
@@ -57,7 +57,7 @@ def test_same_weights_same_loss_and_the_split(tmp_path, tiny_models):
     """A held-out fraction: the training scan and the validation scan share no image; two
     evaluations of the same weights agree exactly; changing a weight changes the loss."""
     from trainer_backend.data import scan_dataset
-    from trainer_backend.run_setup import load_base_model, make_accelerator, open_run, place_model
+    from trainer_backend.training.setup import load_base_model, make_accelerator, open_run, place_model
     data = make_dataset(tmp_path / "data", n=4, size=32)
     cfg = validate_for_run(load_config(None, base_overrides(tmp_path, tiny_models("sdxl"), data, "val") + [
         "validation.every_n_steps=1", "validation.fraction=0.5", "validation.batch_size=1",
@@ -91,7 +91,7 @@ def test_validation_loss_drops_while_overfitting(tmp_path, tiny_models):
         "validation.every_n_steps=8", "validation.every_n_epochs=1000", "validation.timesteps=3",
         "checkpoints.every_n_steps=8", "checkpoints.keep_last=1", "checkpoints.keep_best=1",
         "checkpoints.best_metric=validation_loss"]))
-    from trainer_backend.loop import train
+    from trainer_backend.training.loop import train
     assert train(cfg) == 0
     events = [json.loads(line) for line in (cfg.run_dir / "events.jsonl").read_text().splitlines()]
     vals = [e for e in events if e["event"] == "validation"]
@@ -101,7 +101,7 @@ def test_validation_loss_drops_while_overfitting(tmp_path, tiny_models):
     assert losses[-1] < 0.9 * losses[0], losses
     assert vals[-1]["best"] == min(losses)
     # keep-best retention sees the validation loss of the step each checkpoint was saved at
-    from trainer_backend.checkpoints import checkpoint_infos
+    from trainer_backend.run.checkpoint_files import checkpoint_infos
     by_step = {e["step"]: e["loss"] for e in vals}
     kept = checkpoint_infos(cfg.run_dir)
     assert kept and all(metrics["validation_loss"] == by_step[step] for step, metrics in kept)
@@ -114,8 +114,8 @@ def test_two_ranks_give_the_one_process_value(tmp_path, tiny_models):
     import subprocess
     import sys
     from pathlib import Path
-    from trainer_backend.models.loader import build_pipeline
-    from trainer_backend.run_setup import load_base_model, make_accelerator, open_run, place_model
+    from trainer_backend.families.sd.loader import build_pipeline
+    from trainer_backend.training.setup import load_base_model, make_accelerator, open_run, place_model
     root = Path(__file__).resolve().parent.parent
     data = make_dataset(tmp_path / "data", n=4, size=32)
     make_dataset(tmp_path / "val", n=3, size=32, seed=7)

@@ -11,7 +11,7 @@ import pytest
 
 from checkpoint_harness import Recorder, child_env, fast_inputs, read_events, write_config, zygote  # noqa: F401
 from conftest import free_port
-from trainer_backend.webhooks import build_payload, discord_message
+from trainer_backend.remote.webhooks import build_payload, discord_message
 
 TOKEN = "Bearer hook-TOKEN-5up3rs3cr3t"
 FIELDS = ("run", "run_id", "event", "step", "total_steps", "epoch", "loss", "lr", "eta_s", "elapsed_s", "timestamp")

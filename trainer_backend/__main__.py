@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from . import exitcodes
+from .run import exitcodes
 from .config import ConfigError, load_config
 
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from .validate import validate_dataset_only, validate_for_run
+    from .config.checks import validate_dataset_only, validate_for_run
     cfg = load_config(args.config, args.overrides)
     if args.command in ("plan", "inspect"):  # need only the dataset (the GUI inspects before a model is set)
         return validate_dataset_only(cfg)
@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     if args.command == "make-tiny-model":
-        from .models.tiny import build_tiny_model
+        from .families.sd.tiny import build_tiny_model
         print(build_tiny_model(args.arch, args.out, seed=args.seed))
         return exitcodes.OK
     if args.command == "config-reference":
-        from .reference import config_reference, write_into
+        from .config.reference import config_reference, write_into
         if args.write:
             from pathlib import Path
             write_into(Path(args.write))
@@ -82,7 +82,7 @@ def _dispatch(args) -> int:
             from dataclasses import asdict
             print(json.dumps({"summary": scan.summary, "counts": asdict(scan.counts)}, default=str))
             return exitcodes.OK
-        from .plan import format_plan_table, plan_from_config
+        from .launch.plan import format_plan_table, plan_from_config
         plan = plan_from_config(cfg, scan.counts, args.num_processes)
         print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan_table(plan))
         return exitcodes.OK
@@ -93,7 +93,7 @@ def _dispatch(args) -> int:
 
 def _train(cfg) -> int:
     import logging
-    from .loop import TrainingDiverged, train
+    from .training.loop import TrainingDiverged, train
     try:
         return train(cfg)
     except ConfigError:
@@ -109,7 +109,7 @@ def _train(cfg) -> int:
 
 def _record_error(cfg, message: str) -> None:
     import os
-    from .events import RunEvents
+    from .run.events import RunEvents
     print(f"error: {message}", file=sys.stderr)
     if os.environ.get("RANK", "0") == "0":
         events = RunEvents(cfg.run_dir, enabled=True, tensorboard=False)
@@ -122,7 +122,7 @@ def _launch(cfg, args) -> int:
     import os
     from pathlib import Path
     from .config import save_toml, to_dict
-    from .launch import build_launch_argv, build_launch_env, write_strategy_files
+    from .launch.argv import build_launch_argv, build_launch_env, write_strategy_files
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.toml"
@@ -133,7 +133,7 @@ def _launch(cfg, args) -> int:
         print(json.dumps(argv))
         return exitcodes.OK
     (Path(run_dir) / "command.txt").write_text(json.dumps(argv))
-    from .stopping import launched_exit_code, event_line_count
+    from .run.stop_signals import launched_exit_code, event_line_count
     before = event_line_count(run_dir)
     code = subprocess.call(argv, env={**os.environ, **build_launch_env(cfg)})
     return launched_exit_code(code, run_dir, before)  # accelerate reports a rank's 75 as 1

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from ..config import TrainConfig
-from ..plan import DataCounts
+from ..launch.plan import DataCounts
 from .buckets import crop_offset, resize_size
 from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, split_text_outputs
 from .captions import augment_caption

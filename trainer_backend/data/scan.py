@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, TrainConfig
-from ..plan import DataCounts
+from ..launch.plan import DataCounts
 from .buckets import BucketSpec, Size, assign_bucket, bucket_spec, make_buckets, too_small
 from .captions import read_caption, split_tags
 from .images import BadImage, load_rgb, probe

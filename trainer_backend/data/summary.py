@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import TrainConfig
-from ..plan import DataCounts
+from ..launch.plan import DataCounts
 from .buckets import BucketSpec, Size, bucket_name
 
 if TYPE_CHECKING:

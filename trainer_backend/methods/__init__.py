@@ -54,7 +54,7 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable
     export (see checkpointer.py) that leaves the model as it is. With ema.use_for_output, the EMA
     weights are what is saved."""
     import contextlib
-    from ..export import kohya_metadata, tag_frequency
+    from .kohya_format import kohya_metadata, tag_frequency
     accelerator.wait_for_everyone()
     outputs: list[str] = []
     if accelerator.is_main_process:

@@ -18,10 +18,10 @@ def check_method_config(cfg: TrainConfig) -> None:
         raise ConfigError("ema.enabled: needs whole (unsharded) weights on the main process; not available with "
                           "FSDP or DeepSpeed ZeRO-3 (use hardware.strategy = ddp or ZeRO-1/2)")
     if ds.num_class_images and not ds.class_prompt.strip():
-        from ..class_images import user_class_images
+        from .class_images import user_class_images
         found = len(user_class_images(ds.class_path))
         if found < ds.num_class_images:
             raise ConfigError(f"dataset.class_prompt: required to generate class images (dataset.num_class_images "
                               f"= {ds.num_class_images}, {found} found in dataset.class_path)")
-    from ..sampling import SampleImages, load_prompts
+    from ..training.sampling import SampleImages, load_prompts
     SampleImages.check_schedule(cfg, load_prompts(cfg))

@@ -6,7 +6,7 @@ in proportion before the bucket is cut into global batches, so every batch of tw
 both kinds (with batch 1, consecutive steps alternate; gradient accumulation then pairs them).
 Batch counts, padding and the per-process split are the ones of BucketBatchSampler, which
 plan.py counts: the plan is unchanged. The loss weights the class samples by
-dataset.prior_loss_weight (loss.py) and the step events carry both parts.
+dataset.prior_loss_weight (diffusion_loss.py) and the step events carry both parts.
 """
 from __future__ import annotations
 

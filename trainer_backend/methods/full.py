@@ -36,7 +36,7 @@ def original_text_encoders(cfg: TrainConfig, model) -> list:
     if src.is_dir():
         return [type(te).from_pretrained(str(src), subfolder=sub, local_files_only=True, dtype=torch.float32)
                 for te, sub in zip(model.text_encoders, TEXT_ENCODER_NAMES)]
-    from ..models.loader import load_model
+    from ..families.sd.loader import load_model
     return load_model(cfg.model.path, arch=cfg.model.arch, tokenizer=cfg.model.tokenizer).text_encoders
 
 
@@ -51,8 +51,8 @@ def save_full_outputs(cfg: TrainConfig, run_dir: Path, model, trainable: Trainab
     """Final: <name>-diffusers/ (from_pretrained) and <name>.safetensors (from_single_file, webui);
     training is over, so the modules are cast to network.save_precision in place (no second copy).
     Intermediate (file_name given): only that single file, from cast copies; the model is untouched."""
-    from ..models.loader import build_pipeline
-    from ..models.single_file import export_single_file
+    from ..families.sd.loader import build_pipeline
+    from ..families.sd.single_file import export_single_file
     dtype = SAVE_DTYPES[cfg.network.save_precision]
     encoders = list(model.text_encoders)
     if not cfg.network.train_text_encoder and any(te.dtype != torch.float32 for te in encoders):

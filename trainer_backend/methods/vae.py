@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import TrainConfig
-from ..validation import Validator
+from ..training.validation_loss import Validator
 from .base import Trainable
 
 LOG = logging.getLogger("trainer")
@@ -36,7 +36,7 @@ SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloa
 MIXED = {"fp32": "no", "bf16": "bf16"}
 def check_vae_config(cfg: TrainConfig) -> None:
     """vae.precision fp16 and full_bf16/full_fp16 are refused (half_weights.check_precision_options)."""
-    from ..half_weights import check_precision_options
+    from ..training.full_half_precision import check_precision_options
     check_precision_options(cfg)
 
 
@@ -79,12 +79,12 @@ def kl_per_pixel(posterior, pixels: torch.Tensor) -> torch.Tensor:
 
 
 def vae_loss(recon_model, batch: dict, *, cfg: TrainConfig, epoch: int, device) -> torch.Tensor:
-    from ..loss import sample_generator
+    from ..training.diffusion_loss import sample_generator
     pixels = batch["pixel_values"].to(device)
     vae = getattr(recon_model, "module", recon_model).vae
     f = 2 ** (len(vae.config.block_out_channels) - 1)
     shape = (vae.config.latent_channels, pixels.shape[-2] // f, pixels.shape[-1] // f)
-    # per-sample noise seeded by (seed, epoch, index), as in loss.py: exact accumulation/DDP/resume
+    # per-sample noise seeded by (seed, epoch, index), as in diffusion_loss.py: exact accumulation/DDP/resume
     eps = torch.stack([torch.randn(shape, generator=sample_generator(cfg.schedule.seed, epoch, i))
                        for i in batch["index"].tolist()]).to(device)
     recon, posterior = recon_model(pixels, eps, cfg.vae.decoder_only)
@@ -110,7 +110,7 @@ class ReconstructionValidator(Validator):
         return [self.recon_model]
 
     def _score(self, number: int, indices: list[int]) -> tuple[float, int]:
-        from ..loop import collate_with_index
+        from ..training.loop import collate_with_index
         pixels = collate_with_index([(i, self.dataset[i]) for i in indices])["pixel_values"]
         pixels = pixels.to(self.accelerator.device)
         vae = self.accelerator.unwrap_model(self.recon_model).vae
@@ -140,8 +140,8 @@ def load_vae(cfg: TrainConfig):
     """The VAE to fine-tune in fp32: model.vae when given, else the model's own (a diffusers
     folder's vae/ is read alone; single files go through the full loader)."""
     from diffusers import AutoencoderKL
-    from ..models.loader import load_model
-    from ..models.tiny import resolve_model_path
+    from ..families.sd.loader import load_model
+    from ..families.sd.tiny import resolve_model_path
     src = resolve_model_path(cfg.model.path) if cfg.model.path else None
     if not cfg.model.vae and src is not None and (src / "vae" / "config.json").is_file():
         return AutoencoderKL.from_pretrained(str(src), subfolder="vae", local_files_only=True, dtype=torch.float32)
@@ -150,7 +150,7 @@ def load_vae(cfg: TrainConfig):
 
 def vae_single_file_state(vae) -> dict[str, torch.Tensor]:
     """The original (LDM) key layout of a standalone VAE file: encoder.down.0.block.0..., no prefix."""
-    from ..models.ldm_keys import VAE_PREFIX, vae_to_ldm
+    from ..families.sd.ldm_keys import VAE_PREFIX, vae_to_ldm
     state = vae_to_ldm(vae.state_dict(), dict(vae.config))
     return {k[len(VAE_PREFIX):]: v.contiguous() for k, v in state.items()}
 
@@ -181,15 +181,15 @@ def train_vae(cfg: TrainConfig) -> int:
     """The VAE run: the same run directory, events, checkpoints, stop signals and plan as a
     diffusion run, with the reconstruction objective."""
     from accelerate.utils import set_seed
-    from .. import exitcodes
-    from ..checkpointer import Checkpointer
-    from ..loop import (Progress, accumulation_groups, count_step, epoch_loader, finish_stopped, make_sampler,
+    from ..run import exitcodes
+    from ..run.checkpointer import Checkpointer
+    from ..training.loop import (Progress, accumulation_groups, count_step, epoch_loader, finish_stopped, make_sampler,
                         optimizer_step, sync_only_on_last)
-    from ..optim import build_lr_scheduler, build_optimizer
-    from ..plan import plan_from_config
-    from ..run_setup import build_dataset, make_accelerator, open_run, register_adapter_hooks, scan_data
-    from ..stopping import StopSignals
-    from ..tracking import start_tracking
+    from ..training.optimizers import build_lr_scheduler, build_optimizer
+    from ..launch.plan import plan_from_config
+    from ..training.setup import build_dataset, make_accelerator, open_run, register_adapter_hooks, scan_data
+    from ..run.stop_signals import StopSignals
+    from ..remote.wandb_tracking import start_tracking
 
     check_vae_config(cfg)
     cfg = vae_run_config(cfg)

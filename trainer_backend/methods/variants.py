@@ -93,7 +93,7 @@ def save_peft_file(path: Path, state_dicts: dict[str, dict[str, torch.Tensor]], 
 
 def save_adapter_output(cfg: TrainConfig, path: Path, arch: str, trainable, metadata: dict[str, str]) -> Path:
     """The run's adapter output in the variant's format (see the module docstring)."""
-    from ..export import save_kohya_lora
+    from .kohya_format import save_kohya_lora
     from .lora import adapter_config, adapter_state_dicts, alpha_for_module
     state = adapter_state_dicts(trainable.modules)
     metadata = {**metadata, **network_metadata(cfg)}

@@ -1,0 +1,86 @@
+"""precision.full_bf16 / full_fp16: the rules and the plan's warning (pure: no torch here, so the
+GUI and the CLI `plan` can call it). The optimizers are in optim_lowprec.py; `keep_half_weights`
+(torch) casts the trained weights once the method has made them trainable."""
+from __future__ import annotations
+
+from ..config import ConfigError, TrainConfig
+
+ROUNDED_OPTIMIZERS = ("adamw", "sgd")  # written out in optim_lowprec.py with the chosen rounding
+
+
+def half_weights_dtype(cfg: TrainConfig) -> str:
+    """"bf16", "fp16", or "" (off)."""
+    p = cfg.precision
+    return "bf16" if p.full_bf16 else "fp16" if p.full_fp16 else ""
+
+
+def check_half_weights(cfg: TrainConfig) -> None:
+    """ConfigError naming the key when the combination cannot work."""
+    p = cfg.precision
+    if p.full_bf16 and p.full_fp16:
+        raise ConfigError("precision.full_fp16: choose one of full_bf16 and full_fp16")
+    kind = half_weights_dtype(cfg)
+    if not kind:
+        return
+    key = f"precision.full_{kind}"
+    if p.mixed != kind:
+        raise ConfigError(f"{key}: needs precision.mixed = \"{kind}\" (the forward pass runs in the weights' "
+                          f"dtype), got {p.mixed!r}")
+    if cfg.hardware.strategy == "deepspeed":
+        raise ConfigError(f"{key}: DeepSpeed keeps its own fp32 master weights; use hardware.strategy = \"ddp\" "
+                          f"or \"fsdp\", or DeepSpeed's offload options instead")
+
+
+VAE_FP16_REFUSED = ("vae.precision: fp16 is refused for VAE training: the autoencoder's activations overflow fp16's "
+                    "range (largest value 65504) and the loss turns NaN; use fp32 (the default) or bf16")
+
+
+def check_precision_options(cfg: TrainConfig) -> None:
+    """The half-precision rules, checked before a run starts (validate_for_run, the GUI)."""
+    check_half_weights(cfg)
+    if cfg.network.type == "vae":
+        if cfg.vae.precision == "fp16":
+            raise ConfigError(VAE_FP16_REFUSED)
+        if half_weights_dtype(cfg):
+            raise ConfigError(f"precision.full_{half_weights_dtype(cfg)}: half-precision weights are not used for "
+                              f"VAE training (see vae.precision)")
+
+
+def half_weights_warnings(cfg: TrainConfig) -> list[str]:
+    """The plan's note about the trade-off (empty when off)."""
+    kind = half_weights_dtype(cfg)
+    if not kind:
+        return []
+    p, name = cfg.precision, cfg.optimizer.name
+    bits = "8" if kind == "bf16" else "11"
+    rounding = (f"updates are written with {p.half_weights_rounding} rounding"
+                if name in ROUNDED_OPTIMIZERS and p.half_weights_rounding != "nearest" else
+                f"optimizer {name!r} rounds updates to nearest, so updates below a weight's precision are lost "
+                f"(adamw or sgd with precision.half_weights_rounding = stochastic avoid that)")
+    what = "the trained weights" if cfg.network.type == "full" else "the adapter weights (small: little to gain)"
+    return [f"precision.full_{kind}: {what} are kept in {kind} with no fp32 master copy: weights, gradients and "
+            f"optimizer state take about half the memory, but each weight has only {bits} bits of precision; "
+            f"{rounding}. Expect slightly noisier training than mixed precision; use it when a full fine-tune "
+            f"does not fit otherwise."]
+
+
+def keep_half_weights(trainable, cfg: TrainConfig, accelerator=None) -> None:
+    """Cast the method's trainable parameters to the half dtype (after setup_method, before
+    accelerator.prepare), make checkpoint loads keep that dtype, and let fp16's gradient scaler
+    unscale fp16 gradients. A no-op when off."""
+    kind = half_weights_dtype(cfg)
+    if not kind:
+        return
+    import torch
+    from .half_precision_optimizers import cast_trainable
+    check_half_weights(cfg)
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float16
+    cast_trainable(trainable.parameters(), dtype)
+    trainable.param_dtype = dtype  # methods/base.Trainable.load_state_dict casts to this after a load
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is not None:  # fp16: torch refuses to unscale fp16 gradients unless told it is intended
+        unscale = scaler._unscale_grads_
+
+        def unscale_allowing_fp16(optimizer, inv_scale, found_inf, allow_fp16):
+            return unscale(optimizer, inv_scale, found_inf, True)
+        scaler._unscale_grads_ = unscale_allowing_fp16

@@ -1,0 +1,269 @@
+"""The one training loop. Read `train` top to bottom: setup, then one iteration per
+optimizer step, side concerns (events, checkpoints, stop requests) behind named calls.
+
+Gradient accumulation is explicit: the loop groups `grad_accum` batches, skips DDP's
+gradient sync (accelerator.no_sync; DeepSpeed: accelerator.sync_gradients) on all but the
+last, and steps once per group. The last group of an epoch may be shorter (its loss is
+averaged over the batches it has), so every epoch ends on an optimizer step, exactly as
+plan.py counts.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..run import exitcodes
+from ..run.checkpointer import Checkpointer
+from ..run.checkpoint_files import TrainState
+from ..config import TrainConfig
+from ..methods.class_images import prepare_class_images
+from .ema import make_ema
+from .diffusion_loss import LossParts, diffusion_loss
+from ..methods import TEXT_ENCODER_NAMES, save_outputs, setup_method
+from .optimizers import build_lr_scheduler, build_optimizer
+from .setup import (build_dataset, load_base_model, scan_data, make_accelerator, open_run, place_model,
+                        register_adapter_hooks)
+from .sampling import SampleImages
+from ..run.stop_signals import StopSignals
+from .full_half_precision import keep_half_weights
+from ..remote.wandb_tracking import start_tracking
+from .validation_loss import make_validator
+
+LOG = logging.getLogger("trainer")
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def train(cfg: TrainConfig) -> int:
+    from accelerate.utils import set_seed
+    from ..launch.plan import plan_from_config
+    if cfg.network.type == "vae":  # the autoencoder has its own objective and outputs
+        from ..methods.vae import train_vae
+        return train_vae(cfg)
+
+    accelerator = make_accelerator(cfg)
+    set_seed(cfg.schedule.seed)
+    run = open_run(cfg, accelerator)
+    start_tracking(cfg, accelerator, run)  # W&B (logging.tracker): follows the run's events
+    model = load_base_model(cfg, accelerator)
+    weight_dtype = place_model(model, cfg, accelerator)
+    cfg = prepare_class_images(cfg, model, accelerator, run, weight_dtype)  # DreamBooth: generate missing ones
+    scan = scan_data(cfg)
+    plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
+    dataset = build_dataset(cfg, scan, plan.multi_counts, model, accelerator, run)
+    total_steps = plan.multi.total_steps
+    run.events.emit("plan", **plan.to_dict())
+    LOG.info("plan: %d optimizer steps over %d epochs on %d process(es)", total_steps, plan.multi.epochs,
+             accelerator.num_processes)
+
+    trainable = setup_method(model, cfg, scan.class_samples)
+    keep_half_weights(trainable, cfg, accelerator)  # precision.full_bf16/full_fp16 (no-op when off)
+    optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
+    lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
+    register_adapter_hooks(accelerator, trainable)
+    prepared = accelerator.prepare(*trainable.modules.values(), optimizer)
+    modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
+    accelerator.register_for_checkpointing(lr_scheduler)
+    ema = make_ema(cfg, trainable, accelerator)
+    unet = modules["unet"]
+    text_encoders = [modules.get(name, te) for name, te in zip(TEXT_ENCODER_NAMES, model.text_encoders)]
+
+    signals = StopSignals(run.dir, accelerator.is_main_process)
+    checkpointer = Checkpointer(cfg, accelerator, run, signals,  # triggers, retention, S3 sync, webhooks
+                                export=lambda file_name: save_outputs(cfg, accelerator, run, model, trainable, state,
+                                                                      scan, ema, file_name=file_name))
+    state = checkpointer.resume(plan=plan, scan=scan, optimizer=optimizer, lr_scheduler=lr_scheduler)
+    sampler = make_sampler(cfg, dataset, accelerator)
+    progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
+    images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema)
+    images.maybe_sample(state, before_training=True)
+    validator = make_validator(cfg, model, accelerator, run, weight_dtype, unet, text_encoders)  # off: no-op
+    stop = False
+    try:
+        for epoch in range(state.epoch, plan.multi.epochs):
+            if state.global_step >= total_steps:  # resumed from the final checkpoint
+                break
+            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch)
+            for group in accumulation_groups(loader, cfg.schedule.grad_accum):
+                # ---- one optimizer step: forward/backward over the group, then step
+                group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
+                for i, batch in enumerate(group):
+                    with sync_only_on_last(accelerator, modules.values(), i == len(group) - 1):
+                        loss = diffusion_loss(model, unet, batch, cfg=cfg, epoch=epoch,
+                                              device=accelerator.device, weight_dtype=weight_dtype,
+                                              text_encoders=text_encoders, parts=parts)
+                        accelerator.backward(loss / len(group))
+                    group_loss += loss.detach() / len(group)
+                lr_used = optimizer_step(accelerator, optimizer, lr_scheduler, trainable.parameters(), cfg)
+                # ---- bookkeeping and side concerns
+                mean_loss = count_step(state, len(group), group_loss, plan, accelerator, cfg)
+                ema.step(state.global_step)
+                progress.step(state, epoch, mean_loss, lr_used, **parts.reduce(accelerator))
+                images.maybe_sample(state)
+                validator.maybe_run(state)
+                stop = checkpointer.after_step(state, epoch, mean_loss)
+                if stop or state.global_step >= total_steps:
+                    break
+            if stop:
+                break
+            state.epoch, state.batch_in_epoch = epoch + 1, 0
+            run.events.emit("epoch", epoch=epoch + 1, step=state.global_step)
+            images.maybe_sample(state, epoch_end=True)
+            validator.maybe_run(state, epoch_end=True)
+            checkpointer.at_epoch_end(state)
+            if state.global_step >= total_steps:
+                break
+    finally:
+        signals.restore()
+        progress.close()
+
+    if stop:
+        return finish_stopped(run, signals, state, accelerator)
+
+    checkpointer.at_end(state)
+    outputs = save_outputs(cfg, accelerator, run, model, trainable, state, scan, ema)
+    run.events.emit("done", step=state.global_step, outputs=outputs,
+                    elapsed_s=round(time.time() - run.started, 1))
+    run.events.close()
+    accelerator.end_training()
+    return exitcodes.OK
+
+
+def optimizer_step(accelerator, optimizer, lr_scheduler, params, cfg: TrainConfig) -> float:
+    """Clip, step, advance the LR schedule, clear gradients; returns the LR this step trained with."""
+    if cfg.optimizer.max_grad_norm > 0:
+        accelerator.clip_grad_norm_(params, cfg.optimizer.max_grad_norm)
+    lr_used = lr_scheduler.get_last_lr()[0]
+    optimizer.step()
+    lr_scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return lr_used
+
+
+def finish_stopped(run, signals, state: TrainState, accelerator) -> int:
+    """A stop (user, SIGTERM, preemption) after its checkpoint: say so, let uploads finish, exit 75."""
+    kind = "stopped" if signals.user_requested() else "preempted"
+    run.events.emit(kind, step=state.global_step, epoch=state.epoch)
+    LOG.warning("%s at step %d; state saved. Resume by starting the same config again.", kind, state.global_step)
+    run.events.close()  # waits (bounded) for the last checkpoint's upload
+    accelerator.wait_for_everyone()  # a rank exiting 75 first makes the launcher kill the uploading main
+    accelerator.end_training()  # trackers closed, process group destroyed (no gloo abort at exit)
+    return exitcodes.STOPPED_SAVED
+
+
+def make_sampler(cfg: TrainConfig, dataset, accelerator):
+    from ..methods.dreambooth import batch_sampler  # pairs instance and class samples when there are both
+    return batch_sampler(dataset, cfg.schedule.batch_size, num_processes=accelerator.num_processes,
+                         process_index=accelerator.process_index, seed=cfg.schedule.seed)
+
+
+def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0) -> DataLoader:
+    """This process's batches of `epoch`, after the first `skip` (already trained before a resume).
+    The loader gets a private generator: creating its iterator must not draw from the global RNG,
+    whose state (adapter dropout) a resume restores as it was at the checkpoint."""
+    dataset.set_epoch(epoch)
+    return DataLoader(IndexedDataset(dataset), batch_sampler=sampler.batches(epoch)[skip:],
+                      collate_fn=collate_with_index, num_workers=cfg.dataset.num_workers,
+                      generator=torch.Generator().manual_seed(cfg.schedule.seed + epoch))
+
+
+def count_step(state: TrainState, batches: int, group_loss: torch.Tensor, plan, accelerator,
+               cfg: TrainConfig) -> float:
+    """Advance the train state by one optimizer step; the step's loss averaged over ranks."""
+    state.global_step += 1
+    state.batch_in_epoch += batches
+    state.samples_seen += plan.multi.effective_batch
+    mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
+    check_finite(mean_loss, cfg, state.global_step)
+    return mean_loss
+
+
+class IndexedDataset(torch.utils.data.Dataset):
+    """The dataset's samples plus their index: the per-sample noise seed (see diffusion_loss.py)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> tuple[int, dict]:
+        return i, self.dataset[i]
+
+
+def collate_with_index(pairs: list[tuple[int, dict]]) -> dict:
+    from ..data import collate
+    batch = collate([sample for _, sample in pairs])
+    batch["index"] = torch.tensor([i for i, _ in pairs])
+    return batch
+
+
+def accumulation_groups(loader, grad_accum: int):
+    group = []
+    for batch in loader:
+        group.append(batch)
+        if len(group) == grad_accum:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+@contextlib.contextmanager
+def sync_only_on_last(accelerator, modules, last: bool):
+    """One batch of an accumulation group. DDP: no gradient all-reduce but on the group's last
+    batch (no_sync). DeepSpeed: the same boundary through accelerate's sync_gradients, so the
+    engine accumulates until the last batch and steps there (see launch.deepspeed_config)."""
+    accelerator.sync_gradients = last
+    try:
+        with contextlib.ExitStack() as stack:
+            if not last and accelerator.num_processes > 1:
+                for m in modules:
+                    stack.enter_context(accelerator.no_sync(m))
+            yield
+    finally:
+        accelerator.sync_gradients = True
+
+
+def check_finite(loss: float, cfg: TrainConfig, step: int) -> None:
+    if math.isfinite(loss):
+        return
+    advice = ("fp16 overflows easily: switch precision.mixed to bf16 (or no), lower optimizer.lr, "
+              "or keep optimizer.max_grad_norm > 0") if cfg.precision.mixed == "fp16" else \
+        "lower optimizer.lr, set optimizer.max_grad_norm (e.g. 1.0), or check the dataset for broken images"
+    raise TrainingDiverged(f"loss became {loss} at step {step}: {advice}")
+
+
+class Progress:
+    """tqdm on the console, `step` events, TensorBoard scalars."""
+
+    def __init__(self, run, total: int, start: int, enabled: bool):
+        from tqdm.auto import tqdm
+        self.run, self.total, self.enabled = run, total, enabled
+        self.bar = tqdm(total=total, initial=start, desc="train", disable=not enabled, dynamic_ncols=True)
+        self.t0, self.start = time.time(), start
+
+    def step(self, state: TrainState, epoch: int, loss: float, lr: float, **parts: float) -> None:
+        """parts: extra loss terms for the event and TensorBoard (loss_instance, loss_prior)."""
+        if not self.enabled:
+            return
+        done = state.global_step - self.start
+        rate = done / max(time.time() - self.t0, 1e-9)
+        eta = (self.total - state.global_step) / rate if rate > 0 else 0.0
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+        self.bar.update(1)
+        if state.global_step % self.run.cfg.logging.log_every == 0 or state.global_step == self.total:
+            self.run.events.emit("step", step=state.global_step, total_steps=self.total, epoch=epoch + 1,
+                                 samples=state.samples_seen, loss=loss, lr=lr, it_per_s=round(rate, 4), eta_s=round(eta, 1), **parts)
+            self.run.events.scalars(state.global_step, loss=loss, lr=lr, **parts)
+            LOG.debug("step %d loss %.5f lr %.3e", state.global_step, loss, lr)
+
+    def close(self) -> None:
+        self.bar.close()

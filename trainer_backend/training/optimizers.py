@@ -1,0 +1,62 @@
+"""Optimizer and learning-rate schedule from the config."""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ..config import ConfigError, TrainConfig
+from .full_half_precision import half_weights_dtype
+
+_PACKAGES = {"adamw8bit": "bitsandbytes", "prodigy": "prodigyopt", "lion": "lion_pytorch"}
+
+
+def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float = 1.0) -> torch.optim.Optimizer:
+    """lr_factor: the plan's multi-GPU LR scaling (Plan.lr_factor), applied to every group."""
+    o = cfg.optimizer
+    groups = [{"params": g["params"], "lr": g["lr"] * lr_factor} for g in param_groups]
+    package = _PACKAGES.get(o.name)
+    if package and importlib.util.find_spec(package) is None:
+        raise ConfigError(f"optimizer.name: '{o.name}' needs the '{package}' package "
+                          f"(.venv/bin/pip install {package}), or choose adamw")
+    if half_weights_dtype(cfg) and o.name in ("adamw", "sgd"):  # precision.full_bf16/full_fp16
+        from .half_precision_optimizers import HalfWeightsAdamW, HalfWeightsSGD
+        rounding, seed = cfg.precision.half_weights_rounding, cfg.schedule.seed
+        if o.name == "adamw":
+            return HalfWeightsAdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                    weight_decay=o.weight_decay, rounding=rounding, seed=seed)
+        return HalfWeightsSGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay, rounding=rounding,
+                              seed=seed)
+    if o.name == "adamw":
+        return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay)
+    if o.name == "adafactor":
+        from transformers.optimization import Adafactor
+        return Adafactor(groups, lr=o.lr, relative_step=False, scale_parameter=False, warmup_init=False,
+                         weight_decay=o.weight_decay)
+    if o.name == "adamw8bit":
+        import bitsandbytes as bnb
+        return bnb.optim.AdamW8bit(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                   weight_decay=o.weight_decay)
+    if o.name == "prodigy":
+        from prodigyopt import Prodigy
+        return Prodigy(groups, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    if o.name == "lion":
+        from lion_pytorch import Lion
+        return Lion(groups, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    raise ConfigError(f"optimizer.name: unsupported '{o.name}'")
+
+
+def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int,
+                       warmup_steps: int | None = None):
+    """One scheduler step per optimizer step (never prepared by accelerate, which would step it
+    once per process), so warmup and decay land on the plan's optimizer steps."""
+    from diffusers.optimization import get_scheduler
+    o = cfg.optimizer
+    kwargs = {}
+    if o.scheduler == "cosine_with_restarts":
+        kwargs["num_cycles"] = o.lr_cycles
+    warmup = o.warmup_steps if warmup_steps is None else warmup_steps  # the plan's, on N processes
+    return get_scheduler(o.scheduler, optimizer, num_warmup_steps=warmup,
+                         num_training_steps=max(total_steps, 1), **kwargs)

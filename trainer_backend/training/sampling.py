@@ -1,0 +1,226 @@
+"""Sample images during training: when, from which prompts, and without disturbing training.
+
+Prompts are lines like kohya's: `a photo of sks dog --n blurry --w 512 --h 768 --d 7 --s 28 --l 6`
+(negative prompt, width, height, seed, steps, CFG scale). Images are made on the main process
+with the current weights (or the EMA's), each from its own seeded generator, and saved as
+`<run>/samples/step-XXXXXXXX_pNN.png`; a `sample` event lists them and TensorBoard shows them.
+The global RNG states and the modules' train/eval modes are restored afterwards, so a run
+with samples trains exactly like one without. `<run>/control/sample_now` asks for samples now.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import ConfigError, TrainConfig
+
+LOG = logging.getLogger("trainer")
+_OPTION = re.compile(r"\s+--([a-z]+)(?=\s|$)")
+_OPTIONS = {"n": "negative", "w": "width", "h": "height", "d": "seed", "s": "steps", "l": "cfg_scale"}
+
+
+@dataclass(frozen=True)
+class SamplePrompt:
+    prompt: str
+    negative: str = ""
+    width: int = 512
+    height: int = 512
+    seed: int = 0
+    steps: int = 20
+    cfg_scale: float = 7.0
+
+
+def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
+    """One prompt line with kohya-style options -> SamplePrompt; ValueError names a bad option."""
+    parts = _OPTION.split(" " + line.strip())
+    prompt, values = parts[0].strip(), {}
+    for name, raw in zip(parts[1::2], parts[2::2]):
+        if name not in _OPTIONS:
+            raise ValueError(f"unknown option --{name} (known: {', '.join('--' + k for k in _OPTIONS)})")
+        field, raw = _OPTIONS[name], raw.strip()
+        try:
+            if field == "negative":
+                values[field] = raw
+            elif field == "cfg_scale":
+                values[field] = float(raw)
+            else:
+                values[field] = int(raw)
+        except ValueError:
+            raise ValueError(f"--{name} needs a number, got {raw!r}") from None
+    for side in ("width", "height"):
+        if side in values:
+            if values[side] < 8:
+                raise ValueError(f"--{side[0]} must be at least 8, got {values[side]}")
+            values[side] -= values[side] % 8  # the pipelines need multiples of 8
+    if not prompt:
+        raise ValueError("empty prompt")
+    return replace(defaults, prompt=prompt, **values)
+
+
+def _prompt_lines(cfg: TrainConfig) -> list[tuple[str, int, str]]:
+    """(config key, line number, text) of every prompt line, samples.prompts first."""
+    out = [("samples.prompts", i + 1, line) for i, line in enumerate(cfg.samples.prompts.splitlines())]
+    if cfg.samples.prompt_file:
+        path = Path(cfg.samples.prompt_file).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"samples.prompt_file: cannot read {path} ({e})") from None
+        out += [("samples.prompt_file", i + 1, line) for i, line in enumerate(text.splitlines())]
+    return [(key, n, line) for key, n, line in out if line.strip() and not line.lstrip().startswith("#")]
+
+
+def load_prompts(cfg: TrainConfig) -> list[SamplePrompt]:
+    """All sample prompts with the [samples] defaults; prompt i defaults to seed samples.seed + i."""
+    s = cfg.samples
+    defaults = SamplePrompt(prompt="", negative=s.negative_prompt, width=s.width or cfg.dataset.resolution,
+                            height=s.height or cfg.dataset.resolution, steps=s.steps, cfg_scale=s.cfg_scale)
+    prompts = []
+    for i, (key, number, line) in enumerate(_prompt_lines(cfg)):
+        try:
+            prompts.append(parse_prompt_line(line, replace(defaults, seed=s.seed + i)))
+        except ValueError as e:
+            raise ConfigError(f"{key}: line {number}: {e}") from None
+    return prompts
+
+
+@contextlib.contextmanager
+def preserved_rng() -> None:
+    """Save and restore python, numpy, torch and accelerator (CUDA/ROCm/MPS/XPU) RNG states around a block."""
+    from .devices import accelerator_rng_state, set_accelerator_rng_state
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(), accelerator_rng_state())
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        set_accelerator_rng_state(states[3])
+
+
+@contextlib.contextmanager
+def eval_mode(modules: list[torch.nn.Module]):
+    """Eval mode (no adapter dropout) for sampling; afterwards every submodule gets its own previous
+    mode back (they can differ: peft's dropout layers train inside a model loaded in eval mode)."""
+    modes = [(sub, sub.training) for m in modules for sub in m.modules()]
+    try:
+        for m in modules:
+            m.eval()
+        yield
+    finally:
+        for sub, training in modes:
+            sub.training = training
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> list:
+    """PIL images from a pipeline call: denoising under autocast in the compute dtype, decoding by
+    the fp32 VAE outside it (an fp16 VAE overflows, SDXL's above all)."""
+    with autocast(device, weight_dtype):
+        latents = pipe(output_type="latent", **call).images
+    vae = pipe.vae
+    cfg = vae.config
+    latents = latents.to(vae.dtype)
+    mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
+    if mean is not None and std is not None:  # as the SDXL pipeline decodes
+        shape = (1, -1, 1, 1)
+        latents = latents * torch.tensor(std).view(shape).to(latents) / cfg.scaling_factor + \
+            torch.tensor(mean).view(shape).to(latents)
+    else:
+        latents = latents / cfg.scaling_factor + (getattr(cfg, "shift_factor", None) or 0.0)
+    images = vae.decode(latents, return_dict=False)[0]
+    return pipe.image_processor.postprocess(images.float(), output_type="pil")
+
+
+def save_png(image, path: Path) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    image.save(tmp, format="PNG")
+    os.replace(tmp, path)
+
+
+class SampleImages:
+    """Decides when to sample (maybe_sample) and does it (sample)."""
+
+    def __init__(self, cfg: TrainConfig, run, model, accelerator, weight_dtype: torch.dtype, ema=None):
+        self.cfg, self.run, self.model, self.accelerator = cfg, run, model, accelerator
+        self.weight_dtype, self.ema = weight_dtype, ema
+        self.prompts = load_prompts(cfg)
+        self.check_schedule(cfg, self.prompts)
+        self.dir = Path(run.dir) / "samples"
+        self.control = Path(run.dir) / "control" / "sample_now"
+        self.last_step = -1
+
+    @staticmethod
+    def check_schedule(cfg: TrainConfig, prompts: list[SamplePrompt]) -> None:
+        s = cfg.samples
+        if not prompts and (s.every_n_steps or s.every_n_epochs or s.before_first_step):
+            raise ConfigError("samples.prompts: no prompts, but sampling is scheduled (samples.every_n_steps, "
+                              "every_n_epochs or before_first_step); add prompts or samples.prompt_file")
+
+    def due(self, step: int, *, epoch: int | None = None, before_training: bool = False) -> bool:
+        s = self.cfg.samples
+        if step == self.last_step:
+            return False
+        if before_training:
+            return s.before_first_step and step == 0
+        if epoch is not None:
+            return bool(s.every_n_epochs) and epoch % s.every_n_epochs == 0
+        return bool(s.every_n_steps) and step % s.every_n_steps == 0
+
+    def maybe_sample(self, state, *, epoch_end: bool = False, before_training: bool = False) -> list[Path]:
+        """Call before training, after every optimizer step, and at each epoch's end (state.epoch is then
+        the number of finished epochs). Only the main process samples; the others go on. The event's
+        epoch is 1-based like the step events' (the epoch in progress, or the one just finished)."""
+        if not self.accelerator.is_main_process:
+            return []
+        step = state.global_step
+        asked = not before_training and not epoch_end and self._take_request()
+        if not (asked or self.due(step, epoch=state.epoch if epoch_end else None, before_training=before_training)):
+            return []
+        if not self.prompts:
+            LOG.warning("samples: sample_now asked, but there are no prompts (samples.prompts)")
+            return []
+        return self.sample(step, state.epoch if epoch_end or before_training else state.epoch + 1)
+
+    def _take_request(self) -> bool:
+        if not self.control.exists():
+            return False
+        self.control.unlink(missing_ok=True)
+        return True
+
+    def sample(self, step: int, epoch: int) -> list[Path]:
+        from ..families.sd.loader import build_pipeline
+        model, device = self.model, self.accelerator.device
+        use_ema = bool(self.ema is not None and self.ema.active and self.cfg.ema.use_for_samples)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        paths: list[Path] = []
+        with preserved_rng(), eval_mode([model.unet, *model.text_encoders]), \
+                (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
+            pipe = build_pipeline(model, self.cfg.samples.scheduler)
+            for i, p in enumerate(self.prompts):
+                (image,) = generate(pipe, device, self.weight_dtype, prompt=p.prompt,
+                                    negative_prompt=p.negative or None, width=p.width, height=p.height,
+                                    num_inference_steps=p.steps, guidance_scale=p.cfg_scale,
+                                    generator=torch.Generator("cpu").manual_seed(p.seed))
+                path = self.dir / f"step-{step:08d}_p{i:02d}.png"
+                save_png(image, path)
+                self.run.events.image(f"samples/p{i:02d}", np.asarray(image), step)
+                paths.append(path)
+        self.last_step = step
+        self.run.events.emit("sample", step=step, epoch=epoch, paths=[str(p) for p in paths],
+                             prompts=[p.prompt for p in self.prompts], ema=use_ema)
+        LOG.info("samples at step %d%s: %s", step, " (EMA weights)" if use_ema else "", self.dir)
+        return paths

@@ -1,0 +1,174 @@
+"""Everything the loop needs before its first step: accelerator, run directory, model,
+data, method, optimizer. Each piece is a small named function so loop.py stays short."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import TrainConfig, save_toml, to_dict
+from ..run.events import RunEvents, setup_logging
+
+LOG = logging.getLogger("trainer")
+WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def make_accelerator(cfg: TrainConfig):
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from ..launch.argv import ddp_kwargs, process_group_kwargs
+
+    # hardware.collective_timeout_s (slow caching on rank 0) and the hardware.ddp_* options
+    kwargs = [InitProcessGroupKwargs(**process_group_kwargs(cfg)), DistributedDataParallelKwargs(**ddp_kwargs(cfg))]
+    # Accumulation is done by the loop itself (see loop.py), so accelerate steps every call.
+    from ..remote.wandb_tracking import log_with
+    # DataLoaders are built by the loop per process and never prepared (see loop.epoch_loader).
+    return Accelerator(mixed_precision=cfg.precision.mixed, gradient_accumulation_steps=1,
+                       cpu=cfg.hardware.cpu, kwargs_handlers=kwargs, log_with=log_with(cfg))
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    dir: Path
+    events: RunEvents
+    is_main: bool
+    started: float
+
+
+def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Run:
+    run_dir = cfg.run_dir
+    main = accelerator.is_main_process
+    setup_logging(run_dir, main)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_toml(to_dict(cfg), run_dir / "config.toml")
+        if not (run_dir / "command.txt").exists():  # the GUI/launcher writes the outer argv itself
+            (run_dir / "command.txt").write_text(json.dumps(argv or sys.argv))
+        (run_dir / "control").mkdir(exist_ok=True)
+        for stale in ("stop", "save_now", "sample_now"):
+            (run_dir / "control" / stale).unlink(missing_ok=True)
+    events = RunEvents(run_dir, enabled=main, tensorboard=cfg.logging.tensorboard)
+    return Run(cfg=cfg, dir=run_dir, events=events, is_main=main, started=time.time())
+
+
+def load_base_model(cfg: TrainConfig, accelerator):
+    from ..families.sd.loader import load_model
+    with accelerator.main_process_first(), _without_zero3_init(accelerator):  # builtin: built once, by rank 0
+        model = load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
+                           prediction_type=cfg.model.prediction_type, tokenizer=cfg.model.tokenizer)
+    return model
+
+
+@contextlib.contextmanager
+def _without_zero3_init(accelerator):
+    """Under DeepSpeed ZeRO-3, transformers partitions models as they load (a collective that rank
+    0 would wait on alone inside main_process_first). Frozen parts are never given to the engine,
+    so everything loads whole here and the engine partitions the UNet when it is prepared."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
+
+
+def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
+    """Frozen weights in the compute dtype on the device; the VAE stays fp32 (fp16 VAEs NaN)."""
+    weight_dtype = WEIGHT_DTYPES[cfg.precision.mixed]
+    # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
+    trained = torch.float32 if cfg.network.type == "full" else weight_dtype
+    model.unet.to(accelerator.device, dtype=trained)
+    model.vae.to(accelerator.device, dtype=torch.float32)
+    for encoder in model.text_encoders:
+        encoder.to(accelerator.device, dtype=trained if cfg.network.train_text_encoder else weight_dtype)
+    if cfg.precision.attention == "default":
+        from diffusers.models.attention_processor import AttnProcessor
+        model.unet.set_attn_processor(AttnProcessor())
+    if cfg.precision.gradient_checkpointing:
+        model.unet.enable_gradient_checkpointing()
+        if cfg.network.train_text_encoder:
+            for encoder in model.text_encoders:
+                encoder.gradient_checkpointing_enable()
+    return weight_dtype
+
+
+def scan_data(cfg: TrainConfig):
+    from ..data import scan_dataset
+    scan = scan_dataset(cfg)
+    for warning in scan.warnings:
+        LOG.warning(warning)
+    return scan
+
+
+def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
+    """The dataset with the plan's per-process counts (repeats differ from the folders' with
+    hardware.keep_steps_per_epoch on N processes); latents and text-encoder outputs cached
+    when asked (rank 0 first, the others reuse its cache)."""
+    from ..data import TrainDataset, latent_cache_dir
+    dataset = TrainDataset(scan, cfg, counts=counts)
+    if cfg.dataset.cache_text_encoder_outputs:
+        cache_text_outputs(cfg, dataset, model)
+    if cfg.dataset.cache_latents:
+        from .diffusion_loss import encode_latents
+        vae = model.vae
+
+        @torch.no_grad()
+        def encode(pixels: torch.Tensor) -> torch.Tensor:
+            return encode_latents(vae, pixels.to(accelerator.device), None, vae.config.scaling_factor).cpu()
+
+        from ..families.weights_identity import weights_identity
+        # the weight files, not just their paths: a VAE overwritten in place invalidates the cache
+        vae_id = (weights_identity(cfg.model.vae) if cfg.model.vae
+                  else weights_identity(model.source, subfolder="vae"))
+        with accelerator.main_process_first():
+            dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id)
+    return dataset
+
+
+def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
+    """Encode each caption once; only valid while the text encoders are frozen."""
+    if cfg.network.train_text_encoder:
+        LOG.warning("dataset.cache_text_encoder_outputs is ignored: the text encoders are being trained")
+        return
+    from ..families.sd.text import encode_text, tokenize
+
+    def encode(captions: list[str]) -> dict:
+        hidden, pooled = encode_text(model, tokenize(model, captions, cfg.dataset.max_token_length))
+        out = {"hidden": hidden.float().cpu()}
+        if pooled is not None:
+            out["pooled"] = pooled.float().cpu()
+        return out
+
+    if dataset.cache_text(encode, key=f"{model.source}|{cfg.dataset.max_token_length}"):
+        LOG.info("cached text-encoder outputs for the dataset's captions")
+
+
+def register_adapter_hooks(accelerator, trainable) -> None:
+    """Checkpoints hold only the trainable weights (the adapters, or the trained modules of a full
+    fine-tune), never the frozen base; the method's Trainable says what goes in which file."""
+    from safetensors.torch import load_file, save_file
+
+    def save_hook(models, weights, output_dir):
+        if accelerator.is_local_main_process:  # every rank holds the same weights: one writer per node
+            for name in trainable.modules:
+                save_file(trainable.state_dict(name), str(Path(output_dir) / trainable.checkpoint_file(name)))
+        weights.clear()
+
+    def load_hook(models, input_dir):
+        models.clear()
+        for name in trainable.modules:
+            trainable.load_state_dict(name, load_file(str(Path(input_dir) / trainable.checkpoint_file(name))))
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
