@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from ..families.registry import ARCH_CHOICES
 from .base import F, Section
+
 
 class Output(Section):
     """Where the run directory goes."""
@@ -18,7 +20,7 @@ class Model(Section):
     TAB: ClassVar[str] = "Model"
     path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, or builtin:tiny-sd1|tiny-sd2|tiny-sdxl.",
                   widget="path")
-    arch: Literal["auto", "sd1", "sd2", "sdxl"] = F("auto", "Architecture; auto detects it from the model.")
+    arch: Literal[ARCH_CHOICES] = F("auto", "Model family; auto detects it from the model.")
     vae: str = F("", "Optional VAE to use instead of the model's own (diffusers folder or file).",
                  widget="path", advanced=True)
     prediction_type: Literal["auto", "epsilon", "v_prediction"] = F(

@@ -1,0 +1,45 @@
+"""The registered model families: names for the schema and the GUI (pure: no torch here),
+and the Family objects behind them (imported on first use).
+
+A family is one folder under `families/` that implements the contract in `families/base.py`
+and registers here with one line. Nothing outside `families/` asks which family a model is:
+it asks the family.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+
+
+@dataclass(frozen=True)
+class FamilyEntry:
+    name: str          # the `model.arch` value
+    label: str         # what the GUI shows
+    module: str        # the folder (package) that implements the family
+    attr: str          # the Family object in that package
+
+
+FAMILIES: tuple[FamilyEntry, ...] = (
+    FamilyEntry("sd1", "Stable Diffusion 1.x", "trainer_backend.families.sd", "SD1"),
+    FamilyEntry("sd2", "Stable Diffusion 2.x", "trainer_backend.families.sd", "SD2"),
+    FamilyEntry("sdxl", "Stable Diffusion XL", "trainer_backend.families.sd", "SDXL"),
+)
+FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
+ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
+
+
+def entry(name: str) -> FamilyEntry:
+    for e in FAMILIES:
+        if e.name == name:
+            return e
+    raise KeyError(f"unknown model family {name!r} (registered: {', '.join(FAMILY_NAMES)})")
+
+
+def get_family(name: str):
+    """The Family object for `name` (imports its package, which may import torch)."""
+    e = entry(name)
+    return getattr(import_module(e.module), e.attr)
+
+
+def all_families() -> list:
+    return [get_family(name) for name in FAMILY_NAMES]
