@@ -1,0 +1,89 @@
+"""Model families behind one contract (base.py), registered in registry.py.
+
+The rest of the backend uses this package's functions and the `LoadedModel.family` it gets back;
+it never imports a family's folder directly. Heavy imports happen inside the functions.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .registry import FAMILY_NAMES, all_families, get_family
+
+__all__ = ["FAMILY_NAMES", "get_family", "all_families", "detect_family", "load_model", "build_tiny_model",
+           "resolve_model_path", "build_pipeline"]
+
+
+def resolve_model_path(path: str) -> Path:
+    """`builtin:tiny-<family>` -> the cached tiny model folder (built on first use); else the path."""
+    from .sd.tiny import resolve_model_path as resolve
+    return resolve(path)
+
+
+def _existing(path: str) -> Path:
+    from ..config import ConfigError
+    if not str(path).strip():
+        raise ConfigError("model.path: is empty; give a diffusers folder, a .safetensors checkpoint or "
+                          + "|".join(f"builtin:tiny-{n}" for n in FAMILY_NAMES))
+    src = resolve_model_path(path)
+    if not src.exists():
+        raise ConfigError(f"model.path: {src} does not exist")
+    return src
+
+
+def detect_family(path: str):
+    """The Family of a diffusers folder, single file or builtin: name (ConfigError naming model.path)."""
+    from ..config import ConfigError
+    from .sd.loader import _detect_file, _first_line
+    src = _existing(path)
+    if src.is_dir():
+        index_file = src / "model_index.json"
+        if not index_file.is_file():
+            raise ConfigError(f"model.path: {src} is not a diffusers model folder (no model_index.json)")
+        try:
+            index = json.loads(index_file.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"model.path: {src} has an unreadable model_index.json ({_first_line(e)})") from None
+        for family in all_families():
+            if family.detect_folder(src, index):
+                return family
+        cls = index.get("_class_name", "") or "unknown"
+        labels = ", ".join(f.label for f in all_families())
+        raise ConfigError(f"model.path: {src} holds a {cls} model; supported families: {labels}")
+    # single files: the embedded family name (our own exports), else each family's key check
+    from .sd.single_file import META_ARCH, read_keys_and_metadata
+    from .sd.loader import SINGLE_FILE_SUFFIXES
+    if src.suffix.lower() not in SINGLE_FILE_SUFFIXES:
+        return get_family(_detect_file(src))  # raises the "not a model" message
+    shapes, metadata = read_keys_and_metadata(src)
+    if metadata.get(META_ARCH) in FAMILY_NAMES:
+        return get_family(metadata[META_ARCH])
+    for family in all_families():
+        if family.detect_file(shapes, metadata):
+            return family
+    labels = ", ".join(f.label for f in all_families())
+    raise ConfigError(f"model.path: {src} is not a checkpoint of a supported family ({labels}) in the "
+                      "original key layout")
+
+
+def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: str = "auto", tokenizer: str = ""):
+    """Detect the family, check it against `model.arch`, and let the family load the model (fp32)."""
+    from ..config import ConfigError
+    family = detect_family(path)
+    if arch not in ("auto", family.name):
+        raise ConfigError(f"model.arch: is {arch!r} but {resolve_model_path(path)} is an {family.name} model "
+                          "(use \"auto\")")
+    return family.load(resolve_model_path(path), vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
+
+
+def build_tiny_model(arch: str, out_dir, seed: int = 0, **options) -> Path:
+    """A tiny random model of a registered family, as a diffusers folder."""
+    from ..config import ConfigError
+    if arch not in FAMILY_NAMES:
+        raise ConfigError(f"model.arch: tiny models exist for {', '.join(FAMILY_NAMES)}, got {arch!r}")
+    return get_family(arch).build_tiny(out_dir, seed=seed, **options)
+
+
+def build_pipeline(model, scheduler: str = "euler"):
+    """The model's family's sampling pipeline over the model's own modules."""
+    return model.family.build_pipeline(model, scheduler)

@@ -1,8 +1,9 @@
-"""Training methods: what is trainable and how it is saved.
+"""Training methods: what is trainable, the loss it is trained on, and how it is saved.
 
 Two axes (docs/methods.md): network.type says what is trained (lora | loha | lokr adapters, with
-network.dora / network.conv_rank for LoRA's DoRA and LoCon-style conv adapters, or full), and
+network.dora / network.conv_rank for LoRA's DoRA and LoCon-style conv adapters, full, or vae), and
 class images (dataset.class_path / dataset.num_class_images) turn on DreamBooth prior preservation.
+The loop (training/loop.py) calls the functions here and never asks which method runs.
 """
 from __future__ import annotations
 
@@ -12,7 +13,55 @@ from ..config import TrainConfig
 from .base import TEXT_ENCODER_NAMES, Trainable
 
 LOG = logging.getLogger("trainer")
-__all__ = ["TEXT_ENCODER_NAMES", "Trainable", "describe_method", "save_outputs", "setup_method"]
+__all__ = ["TEXT_ENCODER_NAMES", "Trainable", "describe_method", "load_method_model", "method_loss",
+           "method_run_config", "method_validator", "save_outputs", "setup_method"]
+
+
+def method_run_config(cfg: TrainConfig) -> TrainConfig:
+    """The config the run trains with (a VAE run: vae.precision as mixed precision, no caches)."""
+    if cfg.network.type == "vae":
+        from .vae import check_vae_config, vae_run_config
+        check_vae_config(cfg)
+        return vae_run_config(cfg)
+    return cfg
+
+
+def load_method_model(cfg: TrainConfig):
+    """The base model (LoadedModel) in fp32; a VAE run loads the autoencoder alone."""
+    if cfg.network.type == "vae":
+        from .vae import load_vae_model
+        return load_vae_model(cfg)
+    from ..families import load_model
+    return load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
+                      prediction_type=cfg.model.prediction_type, tokenizer=cfg.model.tokenizer)
+
+
+def method_loss(cfg: TrainConfig, model, modules: dict, weight_dtype, accelerator):
+    """The loss of one batch, `loss(batch, epoch=, parts=)`, over the prepared (DDP-wrapped) modules:
+    the family's diffusion objective, or a VAE run's reconstruction."""
+    device = accelerator.device
+    if cfg.network.type == "vae":
+        from .vae import vae_loss
+        return lambda batch, epoch, parts=None: vae_loss(modules["vae"], batch, cfg=cfg, epoch=epoch, device=device)
+    from ..training.diffusion_loss import diffusion_loss
+    family = model.family
+    denoiser = modules.get(family.denoiser_name, model.denoiser)
+    encoders = [modules.get(name, te) for name, te in zip(family.text_encoder_names, model.text_encoders)]
+    return lambda batch, epoch, parts=None: diffusion_loss(
+        model, denoiser, batch, cfg=cfg, epoch=epoch, device=device, weight_dtype=weight_dtype,
+        text_encoders=encoders, parts=parts)
+
+
+def method_validator(cfg: TrainConfig, model, accelerator, run, weight_dtype, modules: dict):
+    """validation.*: the held-out loss of the method's own objective (a no-op when off)."""
+    if cfg.network.type == "vae":
+        from .vae import ReconstructionValidator
+        return ReconstructionValidator(cfg, accelerator, run, modules["vae"])
+    from ..training.validation_loss import make_validator
+    family = model.family
+    encoders = [modules.get(name, te) for name, te in zip(family.text_encoder_names, model.text_encoders)]
+    return make_validator(cfg, model, accelerator, run, weight_dtype,
+                          modules.get(family.denoiser_name, model.denoiser), encoders)
 
 
 def describe_method(cfg: TrainConfig, class_samples: int = 0) -> str:
@@ -35,6 +84,9 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
     from .checks import check_method_config
     from .variants import format_note
     check_method_config(cfg)
+    if cfg.network.type == "vae":
+        from .vae import setup_vae
+        return setup_vae(model.vae, cfg)
     if cfg.network.type == "full":
         from .full import setup_full
         trainable = setup_full(model, cfg)
@@ -57,12 +109,17 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable
     from .kohya_format import kohya_metadata, tag_frequency
     accelerator.wait_for_everyone()
     outputs: list[str] = []
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and trainable.kind == "vae":
+        if not file_name:  # a VAE run has no intermediate exports
+            from .vae import save_vae_outputs
+            vae = accelerator.unwrap_model(trainable.modules["vae"]).vae
+            outputs = [str(p) for p in save_vae_outputs(cfg, run.dir, vae, {"ss_steps": str(state.global_step)})]
+    elif accelerator.is_main_process:
         use_ema = ema is not None and ema.active and cfg.ema.use_for_output
         if use_ema and not file_name:
             ema.copy_to_params()  # training is over: the EMA weights become the model's
             LOG.info("output uses the EMA weights (ema.use_for_output)")
-        meta = kohya_metadata(cfg, model.arch, steps=state.global_step, epochs=state.epoch,
+        meta = kohya_metadata(cfg, model.family, steps=state.global_step, epochs=state.epoch,
                               num_images=len(scan.items), tag_frequency=tag_frequency(scan),
                               started_at=run.started)
         with ema.applied() if use_ema and file_name else contextlib.nullcontext():
@@ -73,7 +130,7 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable
             else:
                 from .variants import save_adapter_output
                 path = run.dir / (file_name or f"{cfg.output.name}.safetensors")
-                paths = [save_adapter_output(cfg, path, model.arch, trainable, meta)]
+                paths = [save_adapter_output(cfg, path, model, trainable, meta)]
         outputs = [str(p) for p in paths]
         for p in outputs:
             LOG.info("saved %s", p)

@@ -15,11 +15,12 @@ class Trainable:
     """The modules that hold trainable parameters, keyed by pipeline component name.
 
     kind "adapter": peft adapters on frozen modules (checkpoints hold only the adapter weights);
-    kind "full": the modules themselves are trained (checkpoints hold their whole state).
+    kind "full": the modules themselves are trained (checkpoints hold their whole state);
+    kind "vae": the autoencoder (or its decoder) is trained, checkpointed like "full".
     """
     modules: dict[str, torch.nn.Module]
     param_groups: list[dict] = field(default_factory=list)
-    kind: Literal["adapter", "full"] = "adapter"
+    kind: Literal["adapter", "full", "vae"] = "adapter"
     param_dtype: torch.dtype = torch.float32  # bf16/fp16 with precision.full_bf16/full_fp16
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -66,5 +67,5 @@ def fp32_param_groups(modules: dict[str, torch.nn.Module], unet_lr: float, text_
         params = [p for p in module.parameters() if p.requires_grad]
         for p in params:
             p.data = p.data.float()
-        groups.append({"params": params, "lr": unet_lr if name == "unet" else text_encoder_lr, "name": name})
+        groups.append({"params": params, "lr": text_encoder_lr if name.startswith("text_encoder") else unet_lr, "name": name})
     return groups

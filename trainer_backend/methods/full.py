@@ -20,8 +20,8 @@ SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloa
 
 def setup_full(model, cfg: TrainConfig) -> Trainable:
     model.vae.requires_grad_(False)
-    modules: dict[str, torch.nn.Module] = {"unet": model.unet.requires_grad_(True)}
-    for name, encoder in zip(TEXT_ENCODER_NAMES, model.text_encoders):
+    modules: dict[str, torch.nn.Module] = {model.family.denoiser_name: model.denoiser.requires_grad_(True)}
+    for name, encoder in zip(model.family.text_encoder_names, model.text_encoders):
         encoder.requires_grad_(cfg.network.train_text_encoder)
         if cfg.network.train_text_encoder:
             modules[name] = encoder
@@ -35,8 +35,8 @@ def original_text_encoders(cfg: TrainConfig, model) -> list:
     src = Path(model.source)
     if src.is_dir():
         return [type(te).from_pretrained(str(src), subfolder=sub, local_files_only=True, dtype=torch.float32)
-                for te, sub in zip(model.text_encoders, TEXT_ENCODER_NAMES)]
-    from ..families.sd.loader import load_model
+                for te, sub in zip(model.text_encoders, model.family.text_encoder_names)]
+    from ..families import load_model
     return load_model(cfg.model.path, arch=cfg.model.arch, tokenizer=cfg.model.tokenizer).text_encoders
 
 
@@ -51,24 +51,21 @@ def save_full_outputs(cfg: TrainConfig, run_dir: Path, model, trainable: Trainab
     """Final: <name>-diffusers/ (from_pretrained) and <name>.safetensors (from_single_file, webui);
     training is over, so the modules are cast to network.save_precision in place (no second copy).
     Intermediate (file_name given): only that single file, from cast copies; the model is untouched."""
-    from ..families.sd.loader import build_pipeline
-    from ..families.sd.single_file import export_single_file
     dtype = SAVE_DTYPES[cfg.network.save_precision]
     encoders = list(model.text_encoders)
     if not cfg.network.train_text_encoder and any(te.dtype != torch.float32 for te in encoders):
         encoders = original_text_encoders(cfg, model)
     out_model = dataclasses.replace(model, text_encoders=encoders)
+    family = model.family
     if file_name:
-        single = export_single_file(out_model, Path(run_dir) / file_name, dtype=dtype, extra_metadata=metadata)
-        return [single]
-    for module in (out_model.unet, out_model.vae, *encoders):
+        return family.save_full_model(out_model, None, Path(run_dir) / file_name, dtype=dtype, metadata=metadata)
+    for module in (out_model.denoiser, out_model.vae, *encoders):
         module.to(dtype)
     name = cfg.output.name
     folder = Path(run_dir) / f"{name}-diffusers"
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    build_pipeline(out_model, scheduler="default").save_pretrained(str(tmp), safe_serialization=True)
+    single, _ = family.save_full_model(out_model, tmp, Path(run_dir) / f"{name}.safetensors", metadata=metadata)
     _replace_dir(tmp, folder)
-    single = export_single_file(out_model, Path(run_dir) / f"{name}.safetensors", extra_metadata=metadata)
     LOG.info("saved %s and %s (%s)", folder, single, cfg.network.save_precision)
     return [single, folder]

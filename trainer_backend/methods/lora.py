@@ -17,7 +17,7 @@ __all__ = ["TEXT_ENCODER_NAMES", "Trainable", "adapter_config", "adapter_state_d
 def _targets(cfg: TrainConfig, component: str) -> tuple[list[str], list[str]]:
     """(all target module names, the convolution ones among them) for a component."""
     n = cfg.network
-    if component != "unet":
+    if component.startswith("text_encoder"):
         return list(n.text_encoder_target_modules), []
     targets = list(n.target_modules)
     conv = [t for t in n.conv_target_modules if t not in targets] if n.conv_rank > 0 else []
@@ -25,7 +25,7 @@ def _targets(cfg: TrainConfig, component: str) -> tuple[list[str], list[str]]:
 
 
 def adapter_config(cfg: TrainConfig, component: str):
-    """The peft config of network.type for one component ("unet", "text_encoder", "text_encoder_2")."""
+    """The peft config of network.type for one component (the denoiser, "text_encoder", "text_encoder_2")."""
     from peft import LoHaConfig, LoKrConfig, LoraConfig
     n = cfg.network
     targets, conv = _targets(cfg, component)
@@ -48,7 +48,7 @@ def alpha_for_module(cfg: TrainConfig):
     _, conv = _targets(cfg, "unet")
 
     def alpha(component: str, module: str) -> float:
-        if component == "unet" and any(module == t or module.endswith("." + t) for t in conv):
+        if not component.startswith("text_encoder") and any(module == t or module.endswith("." + t) for t in conv):
             return cfg.network.conv_alpha
         return cfg.network.alpha
     return alpha
@@ -57,12 +57,13 @@ def alpha_for_module(cfg: TrainConfig):
 def setup_lora(model, cfg: TrainConfig) -> Trainable:
     """Freeze the base model, add adapters to the UNet (and text encoders when asked),
     and return the adapter parameters in fp32 grouped by learning rate."""
-    for module in (model.unet, model.vae, *model.text_encoders):
+    family = model.family
+    for module in (model.denoiser, model.vae, *model.text_encoders):
         module.requires_grad_(False)
-    model.unet.add_adapter(adapter_config(cfg, "unet"))
-    modules: dict[str, torch.nn.Module] = {"unet": model.unet}
+    model.denoiser.add_adapter(adapter_config(cfg, family.denoiser_name))
+    modules: dict[str, torch.nn.Module] = {family.denoiser_name: model.denoiser}
     if cfg.network.train_text_encoder:
-        for name, encoder in zip(TEXT_ENCODER_NAMES, model.text_encoders):
+        for name, encoder in zip(family.text_encoder_names, model.text_encoders):
             encoder.add_adapter(adapter_config(cfg, name))
             modules[name] = encoder
     groups = fp32_param_groups(modules, cfg.optimizer.lr, cfg.network.text_encoder_lr or cfg.optimizer.lr)

@@ -1,7 +1,8 @@
 """VAE (autoencoder) fine-tuning, `network.type = "vae"`: teach the autoencoder to reconstruct the
 dataset's images (art styles the base VAE renders poorly, e.g. eyes in anime or furry art).
 
-    loop.train(cfg) -> train_vae(cfg)   when network.type == "vae"
+The one training loop runs it: methods/__init__.py hands the loop this method's model (the
+autoencoder alone), trainable modules, batch loss (`vae_loss`), validator and outputs.
 
 Objective: reconstruction loss on pixels (vae.loss: l1 or mse; no perceptual LPIPS term, which
 needs pretrained weights we cannot download) plus vae.kl_weight × KL(posterior ‖ N(0, I)),
@@ -21,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -79,12 +79,12 @@ def kl_per_pixel(posterior, pixels: torch.Tensor) -> torch.Tensor:
 
 
 def vae_loss(recon_model, batch: dict, *, cfg: TrainConfig, epoch: int, device) -> torch.Tensor:
-    from ..training.diffusion_loss import sample_generator
+    from ..families.objectives import sample_generator
     pixels = batch["pixel_values"].to(device)
     vae = getattr(recon_model, "module", recon_model).vae
     f = 2 ** (len(vae.config.block_out_channels) - 1)
     shape = (vae.config.latent_channels, pixels.shape[-2] // f, pixels.shape[-1] // f)
-    # per-sample noise seeded by (seed, epoch, index), as in diffusion_loss.py: exact accumulation/DDP/resume
+    # per-sample noise seeded by (seed, epoch, index), as in families/objectives.py: exact accumulation/DDP/resume
     eps = torch.stack([torch.randn(shape, generator=sample_generator(cfg.schedule.seed, epoch, i))
                        for i in batch["index"].tolist()]).to(device)
     recon, posterior = recon_model(pixels, eps, cfg.vae.decoder_only)
@@ -133,19 +133,28 @@ def setup_vae(vae, cfg: TrainConfig) -> Trainable:
     LOG.info("method: VAE fine-tune (%s); %s trainable parameters",
              "decoder only" if cfg.vae.decoder_only else "encoder and decoder", f"{sum(p.numel() for p in params):,}")
     return Trainable(modules={"vae": model}, param_groups=[{"params": params, "lr": cfg.optimizer.lr, "name": "vae"}],
-                     kind="full")
+                     kind="vae")
 
 
 def load_vae(cfg: TrainConfig):
     """The VAE to fine-tune in fp32: model.vae when given, else the model's own (a diffusers
     folder's vae/ is read alone; single files go through the full loader)."""
     from diffusers import AutoencoderKL
-    from ..families.sd.loader import load_model
-    from ..families.sd.tiny import resolve_model_path
+    from ..families import load_model, resolve_model_path
     src = resolve_model_path(cfg.model.path) if cfg.model.path else None
     if not cfg.model.vae and src is not None and (src / "vae" / "config.json").is_file():
         return AutoencoderKL.from_pretrained(str(src), subfolder="vae", local_files_only=True, dtype=torch.float32)
     return load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae, tokenizer=cfg.model.tokenizer).vae
+
+
+def load_vae_model(cfg: TrainConfig):
+    """A LoadedModel holding only the autoencoder: no denoiser, no text encoders, no family (a VAE
+    run samples no images and caches nothing)."""
+    from ..families.base import LoadedModel
+    vae = load_vae(cfg)
+    return LoadedModel(family=None, denoiser=None, vae=vae, text_encoders=[], tokenizers=[], noise_scheduler=None,
+                       prediction_type="", source=str(cfg.model.vae or cfg.model.path),
+                       vae_scale_factor=2 ** (len(vae.config.block_out_channels) - 1))
 
 
 def vae_single_file_state(vae) -> dict[str, torch.Tensor]:
@@ -175,91 +184,3 @@ def save_vae_outputs(cfg: TrainConfig, run_dir: Path, vae, metadata: dict[str, s
     os.replace(partial, single)
     LOG.info("saved %s and %s (%s)", folder, single, cfg.vae.save_precision)
     return [single, folder]
-
-
-def train_vae(cfg: TrainConfig) -> int:
-    """The VAE run: the same run directory, events, checkpoints, stop signals and plan as a
-    diffusion run, with the reconstruction objective."""
-    from accelerate.utils import set_seed
-    from ..run import exitcodes
-    from ..run.checkpointer import Checkpointer
-    from ..training.loop import (Progress, accumulation_groups, count_step, epoch_loader, finish_stopped, make_sampler,
-                        optimizer_step, sync_only_on_last)
-    from ..training.optimizers import build_lr_scheduler, build_optimizer
-    from ..launch.plan import plan_from_config
-    from ..training.setup import build_dataset, make_accelerator, open_run, register_adapter_hooks, scan_data
-    from ..run.stop_signals import StopSignals
-    from ..remote.wandb_tracking import start_tracking
-
-    check_vae_config(cfg)
-    cfg = vae_run_config(cfg)
-    accelerator = make_accelerator(cfg)
-    set_seed(cfg.schedule.seed)
-    run = open_run(cfg, accelerator)
-    start_tracking(cfg, accelerator, run)
-    with accelerator.main_process_first():
-        vae = load_vae(cfg)
-    vae.to(accelerator.device, dtype=torch.float32)
-    if cfg.precision.gradient_checkpointing:
-        vae.enable_gradient_checkpointing()
-    scan = scan_data(cfg)
-    plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
-    dataset = build_dataset(cfg, scan, plan.multi_counts, None, accelerator, run)
-    total_steps = plan.multi.total_steps
-    run.events.emit("plan", **plan.to_dict())
-
-    trainable = setup_vae(vae, cfg)
-    optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
-    lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
-    register_adapter_hooks(accelerator, trainable)
-    recon_model, optimizer = accelerator.prepare(trainable.modules["vae"], optimizer)
-    accelerator.register_for_checkpointing(lr_scheduler)
-    signals = StopSignals(run.dir, accelerator.is_main_process)
-    checkpointer = Checkpointer(cfg, accelerator, run, signals)
-    state = checkpointer.resume(plan=plan, scan=scan, optimizer=optimizer, lr_scheduler=lr_scheduler)
-    sampler = make_sampler(cfg, dataset, accelerator)
-    progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
-    validator = ReconstructionValidator(cfg, accelerator, run, recon_model)  # validation.*; off: no-op
-    stop = False
-    try:
-        for epoch in range(state.epoch, plan.multi.epochs):
-            if state.global_step >= total_steps:
-                break
-            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch)
-            for group in accumulation_groups(loader, cfg.schedule.grad_accum):
-                group_loss = 0.0
-                for i, batch in enumerate(group):
-                    with sync_only_on_last(accelerator, [recon_model], i == len(group) - 1):
-                        loss = vae_loss(recon_model, batch, cfg=cfg, epoch=epoch, device=accelerator.device)
-                        accelerator.backward(loss / len(group))
-                    group_loss += loss.detach() / len(group)
-                lr_used = optimizer_step(accelerator, optimizer, lr_scheduler, trainable.parameters(), cfg)
-                mean_loss = count_step(state, len(group), group_loss, plan, accelerator, cfg)
-                progress.step(state, epoch, mean_loss, lr_used)
-                validator.maybe_run(state)
-                stop = checkpointer.after_step(state, epoch, mean_loss)
-                if stop or state.global_step >= total_steps:
-                    break
-            if stop:
-                break
-            state.epoch, state.batch_in_epoch = epoch + 1, 0
-            run.events.emit("epoch", epoch=epoch + 1, step=state.global_step)
-            validator.maybe_run(state, epoch_end=True)
-            checkpointer.at_epoch_end(state)
-    finally:
-        signals.restore()
-        progress.close()
-    if stop:
-        return finish_stopped(run, signals, state, accelerator)
-
-    checkpointer.at_end(state)
-    accelerator.wait_for_everyone()
-    outputs: list[str] = []
-    if accelerator.is_main_process:
-        trained = accelerator.unwrap_model(recon_model).vae
-        outputs = [str(p) for p in save_vae_outputs(cfg, run.dir, trained, {"ss_steps": str(state.global_step)})]
-    accelerator.wait_for_everyone()
-    run.events.emit("done", step=state.global_step, outputs=outputs, elapsed_s=round(time.time() - run.started, 1))
-    run.events.close()
-    accelerator.end_training()
-    return exitcodes.OK

@@ -91,15 +91,14 @@ def save_peft_file(path: Path, state_dicts: dict[str, dict[str, torch.Tensor]], 
     return path
 
 
-def save_adapter_output(cfg: TrainConfig, path: Path, arch: str, trainable, metadata: dict[str, str]) -> Path:
+def save_adapter_output(cfg: TrainConfig, path: Path, model, trainable, metadata: dict[str, str]) -> Path:
     """The run's adapter output in the variant's format (see the module docstring)."""
-    from .kohya_format import save_kohya_lora
+    from .kohya_format import save_lora_file
     from .lora import adapter_config, adapter_state_dicts, alpha_for_module
     state = adapter_state_dicts(trainable.modules)
     metadata = {**metadata, **network_metadata(cfg)}
     if has_kohya_format(cfg):
-        return save_kohya_lora(path, state, alpha=alpha_for_module(cfg), arch=arch, metadata=metadata,
-                               unet_config=dict(trainable.modules["unet"].config))
+        return save_lora_file(path, model, state, alpha=alpha_for_module(cfg), metadata=metadata)
     return save_peft_file(path, state, {name: adapter_config(cfg, name) for name in state}, metadata)
 
 

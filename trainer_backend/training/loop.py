@@ -23,8 +23,8 @@ from ..run.checkpoint_files import TrainState
 from ..config import TrainConfig
 from ..methods.class_images import prepare_class_images
 from .ema import make_ema
-from .diffusion_loss import LossParts, diffusion_loss
-from ..methods import TEXT_ENCODER_NAMES, save_outputs, setup_method
+from .diffusion_loss import LossParts
+from ..methods import method_loss, method_run_config, method_validator, save_outputs, setup_method
 from .optimizers import build_lr_scheduler, build_optimizer
 from .setup import (build_dataset, load_base_model, scan_data, make_accelerator, open_run, place_model,
                         register_adapter_hooks)
@@ -32,7 +32,6 @@ from .sampling import SampleImages
 from ..run.stop_signals import StopSignals
 from .full_half_precision import keep_half_weights
 from ..remote.wandb_tracking import start_tracking
-from .validation_loss import make_validator
 
 LOG = logging.getLogger("trainer")
 
@@ -44,15 +43,12 @@ class TrainingDiverged(RuntimeError):
 def train(cfg: TrainConfig) -> int:
     from accelerate.utils import set_seed
     from ..launch.plan import plan_from_config
-    if cfg.network.type == "vae":  # the autoencoder has its own objective and outputs
-        from ..methods.vae import train_vae
-        return train_vae(cfg)
-
+    cfg = method_run_config(cfg)  # the method's adjustments (a VAE run: its own precision, no caches)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.schedule.seed)
     run = open_run(cfg, accelerator)
     start_tracking(cfg, accelerator, run)  # W&B (logging.tracker): follows the run's events
-    model = load_base_model(cfg, accelerator)
+    model = load_base_model(cfg, accelerator)  # LoadedModel: model.family knows what its parts mean
     weight_dtype = place_model(model, cfg, accelerator)
     cfg = prepare_class_images(cfg, model, accelerator, run, weight_dtype)  # DreamBooth: generate missing ones
     scan = scan_data(cfg)
@@ -72,8 +68,7 @@ def train(cfg: TrainConfig) -> int:
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
     accelerator.register_for_checkpointing(lr_scheduler)
     ema = make_ema(cfg, trainable, accelerator)
-    unet = modules["unet"]
-    text_encoders = [modules.get(name, te) for name, te in zip(TEXT_ENCODER_NAMES, model.text_encoders)]
+    batch_loss = method_loss(cfg, model, modules, weight_dtype, accelerator)  # diffusion or reconstruction
 
     signals = StopSignals(run.dir, accelerator.is_main_process)
     checkpointer = Checkpointer(cfg, accelerator, run, signals,  # triggers, retention, S3 sync, webhooks
@@ -84,7 +79,7 @@ def train(cfg: TrainConfig) -> int:
     progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
     images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema)
     images.maybe_sample(state, before_training=True)
-    validator = make_validator(cfg, model, accelerator, run, weight_dtype, unet, text_encoders)  # off: no-op
+    validator = method_validator(cfg, model, accelerator, run, weight_dtype, modules)  # off: no-op
     stop = False
     try:
         for epoch in range(state.epoch, plan.multi.epochs):
@@ -96,9 +91,7 @@ def train(cfg: TrainConfig) -> int:
                 group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
                 for i, batch in enumerate(group):
                     with sync_only_on_last(accelerator, modules.values(), i == len(group) - 1):
-                        loss = diffusion_loss(model, unet, batch, cfg=cfg, epoch=epoch,
-                                              device=accelerator.device, weight_dtype=weight_dtype,
-                                              text_encoders=text_encoders, parts=parts)
+                        loss = batch_loss(batch, epoch=epoch, parts=parts)
                         accelerator.backward(loss / len(group))
                     group_loss += loss.detach() / len(group)
                 lr_used = optimizer_step(accelerator, optimizer, lr_scheduler, trainable.parameters(), cfg)

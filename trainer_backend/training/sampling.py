@@ -159,6 +159,7 @@ class SampleImages:
         self.weight_dtype, self.ema = weight_dtype, ema
         self.prompts = load_prompts(cfg)
         self.check_schedule(cfg, self.prompts)
+        self.enabled = getattr(model, "denoiser", None) is not None  # a VAE run has nothing to sample with
         self.dir = Path(run.dir) / "samples"
         self.control = Path(run.dir) / "control" / "sample_now"
         self.last_step = -1
@@ -184,7 +185,7 @@ class SampleImages:
         """Call before training, after every optimizer step, and at each epoch's end (state.epoch is then
         the number of finished epochs). Only the main process samples; the others go on. The event's
         epoch is 1-based like the step events' (the epoch in progress, or the one just finished)."""
-        if not self.accelerator.is_main_process:
+        if not self.accelerator.is_main_process or not self.enabled:
             return []
         step = state.global_step
         asked = not before_training and not epoch_end and self._take_request()
@@ -202,14 +203,13 @@ class SampleImages:
         return True
 
     def sample(self, step: int, epoch: int) -> list[Path]:
-        from ..families.sd.loader import build_pipeline
         model, device = self.model, self.accelerator.device
         use_ema = bool(self.ema is not None and self.ema.active and self.cfg.ema.use_for_samples)
         self.dir.mkdir(parents=True, exist_ok=True)
         paths: list[Path] = []
-        with preserved_rng(), eval_mode([model.unet, *model.text_encoders]), \
+        with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), \
                 (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
-            pipe = build_pipeline(model, self.cfg.samples.scheduler)
+            pipe = model.family.build_pipeline(model, self.cfg.samples.scheduler)
             for i, p in enumerate(self.prompts):
                 (image,) = generate(pipe, device, self.weight_dtype, prompt=p.prompt,
                                     negative_prompt=p.negative or None, width=p.width, height=p.height,

@@ -59,11 +59,9 @@ def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Ru
 
 
 def load_base_model(cfg: TrainConfig, accelerator):
-    from ..families.sd.loader import load_model
+    from ..methods import load_method_model
     with accelerator.main_process_first(), _without_zero3_init(accelerator):  # builtin: built once, by rank 0
-        model = load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
-                           prediction_type=cfg.model.prediction_type, tokenizer=cfg.model.tokenizer)
-    return model
+        return load_method_model(cfg)
 
 
 @contextlib.contextmanager
@@ -88,15 +86,15 @@ def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
     weight_dtype = WEIGHT_DTYPES[cfg.precision.mixed]
     # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
     trained = torch.float32 if cfg.network.type == "full" else weight_dtype
-    model.unet.to(accelerator.device, dtype=trained)
+    if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
+        model.denoiser.to(accelerator.device, dtype=trained)
     model.vae.to(accelerator.device, dtype=torch.float32)
     for encoder in model.text_encoders:
         encoder.to(accelerator.device, dtype=trained if cfg.network.train_text_encoder else weight_dtype)
-    if cfg.precision.attention == "default":
-        from diffusers.models.attention_processor import AttnProcessor
-        model.unet.set_attn_processor(AttnProcessor())
+    if cfg.precision.attention == "default" and model.denoiser is not None:
+        model.family.use_plain_attention(model)
     if cfg.precision.gradient_checkpointing:
-        model.unet.enable_gradient_checkpointing()
+        (model.vae if model.denoiser is None else model.denoiser).enable_gradient_checkpointing()
         if cfg.network.train_text_encoder:
             for encoder in model.text_encoders:
                 encoder.gradient_checkpointing_enable()
@@ -120,12 +118,9 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
     if cfg.dataset.cache_text_encoder_outputs:
         cache_text_outputs(cfg, dataset, model)
     if cfg.dataset.cache_latents:
-        from .diffusion_loss import encode_latents
-        vae = model.vae
-
         @torch.no_grad()
-        def encode(pixels: torch.Tensor) -> torch.Tensor:
-            return encode_latents(vae, pixels.to(accelerator.device), None, vae.config.scaling_factor).cpu()
+        def encode(pixels: torch.Tensor) -> torch.Tensor:  # the posterior mean; per-sample noise is not cached
+            return model.family.encode_latents(model, pixels.to(accelerator.device), None).cpu()
 
         from ..families.weights_identity import weights_identity
         # the weight files, not just their paths: a VAE overwritten in place invalidates the cache
@@ -141,14 +136,11 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
     if cfg.network.train_text_encoder:
         LOG.warning("dataset.cache_text_encoder_outputs is ignored: the text encoders are being trained")
         return
-    from ..families.sd.text import encode_text, tokenize
+    family = model.family
 
     def encode(captions: list[str]) -> dict:
-        hidden, pooled = encode_text(model, tokenize(model, captions, cfg.dataset.max_token_length))
-        out = {"hidden": hidden.float().cpu()}
-        if pooled is not None:
-            out["pooled"] = pooled.float().cpu()
-        return out
+        text = family.encode_text(model, family.tokenize(model, captions, cfg.dataset.max_token_length))
+        return {name: tensor.float().cpu() for name, tensor in text.items()}
 
     if dataset.cache_text(encode, key=f"{model.source}|{cfg.dataset.max_token_length}"):
         LOG.info("cached text-encoder outputs for the dataset's captions")

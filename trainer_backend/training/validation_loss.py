@@ -205,22 +205,18 @@ class Validator:
         during diffusion training. Every timestep and every later evaluation then costs UNet passes only."""
         if number in self._cache:
             return self._cache[number]
-        from .diffusion_loss import encode_latents
-        from ..families.sd.text import encode_text, tokenize
         batch = collate([(i, self.dataset[i]) for i in indices])
-        vae, device = self.model.vae, self.accelerator.device
-        shift = getattr(vae.config, "shift_factor", None) or 0.0
-        batch["latents"] = encode_latents(vae, batch.pop("pixel_values").to(device), None,
-                                          vae.config.scaling_factor, shift).cpu()
+        model, family, device = self.model, self.model.family, self.accelerator.device
+        batch["latents"] = family.encode_latents(model, batch.pop("pixel_values").to(device), None).cpu()
         if not self.cfg.network.train_text_encoder:
-            ids = tokenize(self.model, batch["caption"], self.cfg.dataset.max_token_length)
-            hidden, pooled = encode_text(self.model, [i.to(device) for i in ids], self.text_encoders)
-            batch["text"] = {"hidden": hidden.cpu(), **({"pooled": pooled.cpu()} if pooled is not None else {})}
+            ids = family.tokenize(model, batch["caption"], self.cfg.dataset.max_token_length)
+            text = family.encode_text(model, [i.to(device) for i in ids], self.text_encoders)
+            batch["text"] = {name: tensor.cpu() for name, tensor in text.items()}
         self._cache[number] = batch
         return batch
 
     def _at_timestep(self, t: int) -> TrainConfig:
-        """The training config with its timestep range narrowed to [t, t + 1): loss.py then draws
+        """The training config with its timestep range narrowed to [t, t + 1): the objective then draws
         exactly t, and the rest of the objective (noise offset, min-SNR, prediction type) is the same."""
         if t not in self._cfg_at:
             c = self.cfg.model_copy(deep=True)

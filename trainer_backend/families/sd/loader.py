@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ...config import ConfigError
+from ..base import LoadedModel
 from .single_file import (META_ARCH, SINGLE_FILE_SUFFIXES, detect_arch_from_keys,
                           materialize_embedded_config, read_keys_and_metadata)
 from .tiny import ARCHES, cache_root, resolve_model_path
@@ -24,20 +23,6 @@ PIPELINE_CLASS = {"sd1": "StableDiffusionPipeline", "sd2": "StableDiffusionPipel
 SAMPLERS = {"euler": "EulerDiscreteScheduler", "euler_a": "EulerAncestralDiscreteScheduler",
             "ddim": "DDIMScheduler", "dpmpp_2m": "DPMSolverMultistepScheduler", "pndm": "PNDMScheduler",
             "unipc": "UniPCMultistepScheduler", "ddpm": "DDPMScheduler"}
-
-
-@dataclass
-class LoadedModel:
-    arch: str                 # "sd1" | "sd2" | "sdxl"
-    unet: Any                 # UNet2DConditionModel
-    vae: Any                  # AutoencoderKL
-    text_encoders: list       # [te] or [te1, te2]
-    tokenizers: list          # same length
-    noise_scheduler: Any      # DDPMScheduler built from the model's scheduler config
-    prediction_type: str      # "epsilon" | "v_prediction"
-    source: str               # resolved path
-    vae_scale_factor: int
-    scheduler_config: dict = field(default_factory=dict)  # the model's own (inference) scheduler config
 
 
 def _first_line(err: BaseException) -> str:
@@ -55,11 +40,20 @@ def _detect_folder(folder: Path) -> str:
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"model.path: {folder} has an unreadable model_index.json or unet/config.json "
                           f"({_first_line(e)})") from None
+    found = arch_of_folder(index, unet_cfg)
+    if found is None:
+        cls = index.get("_class_name", "")
+        raise ConfigError(f"model.path: {folder} holds a {cls or 'unknown'} model; SD1, SD2 and SDXL are supported")
+    return found
+
+
+def arch_of_folder(index: dict, unet_cfg: dict) -> str | None:
+    """sd1 | sd2 | sdxl from a diffusers folder's model_index.json and unet/config.json, else None."""
     cls = index.get("_class_name", "")
     if cls == "StableDiffusionXLPipeline" or unet_cfg.get("addition_embed_type") == "text_time":
         return "sdxl"
     if cls != "StableDiffusionPipeline":
-        raise ConfigError(f"model.path: {folder} holds a {cls or 'unknown'} model; SD1, SD2 and SDXL are supported")
+        return None
     # SD2 UNets use linear projections in their transformers and OpenCLIP-H's 1024-wide context.
     if unet_cfg.get("use_linear_projection") or unet_cfg.get("cross_attention_dim") == 1024:
         return "sd2"
@@ -176,7 +170,8 @@ def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: st
                                                 clip_sample=scheduler_config.get("clip_sample", False))
     text_encoders = [pipe.text_encoder] + ([pipe.text_encoder_2] if found == "sdxl" else [])
     tokenizers = [pipe.tokenizer] + ([pipe.tokenizer_2] if found == "sdxl" else [])
-    return LoadedModel(arch=found, unet=pipe.unet, vae=pipe.vae, text_encoders=text_encoders,
+    from ..registry import get_family
+    return LoadedModel(family=get_family(found), denoiser=pipe.unet, vae=pipe.vae, text_encoders=text_encoders,
                        tokenizers=tokenizers, noise_scheduler=noise_scheduler, prediction_type=prediction_type,
                        source=str(src), vae_scale_factor=2 ** (len(pipe.vae.config.block_out_channels) - 1),
                        scheduler_config=scheduler_config)

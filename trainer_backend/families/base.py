@@ -1,0 +1,145 @@
+"""The model-family contract: what a family (SD1, SD2, SDXL, and the flow-matching
+transformers after them) provides, so the loop, data, checkpoints, plan, GUI and export never
+ask which family a model is.
+
+A family is one folder under `families/` with one `Family` subclass instance per registered
+name (`families/registry.py`). The loop holds a `LoadedModel` and asks `model.family` for
+everything family-specific: text encoding, latents, the objective, the forward call with its
+extra conditioning, the sampling pipeline, and the output files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # typing only: importing this module needs no torch
+    import torch
+
+    from .objectives import Objective
+
+
+@dataclass
+class LoadedModel:
+    """A base model's modules in fp32, as its family loaded them. Precision, devices and what is
+    trainable are the training method's business; `family` knows what the modules mean."""
+    family: "Family | None"   # None only for a VAE run's autoencoder-alone model
+    denoiser: Any             # the trained network: UNet2DConditionModel, or a transformer
+    vae: Any                  # the autoencoder
+    text_encoders: list       # in the family's text_encoder_names order
+    tokenizers: list          # same length
+    noise_scheduler: Any      # the training scheduler (DDPM for SD; flow matching later)
+    prediction_type: str      # "epsilon" | "v_prediction" | "flow"
+    source: str               # resolved path of the base model
+    vae_scale_factor: int     # pixels per latent cell along one side
+    scheduler_config: dict = field(default_factory=dict)  # the model's own (inference) scheduler config
+
+    @property
+    def arch(self) -> str:
+        """The family's registered name (the `model.arch` value)."""
+        return self.family.name if self.family is not None else ""
+
+    @property
+    def unet(self):
+        """The denoiser under the name diffusers' UNet pipelines use."""
+        return self.denoiser
+
+    def components(self) -> dict[str, Any]:
+        """Pipeline component name -> module, for every trainable-or-frozen part."""
+        return {self.family.denoiser_name: self.denoiser, "vae": self.vae,
+                **dict(zip(self.family.text_encoder_names, self.text_encoders))}
+
+
+class Family:
+    """One model family. Subclasses set the attributes and implement the methods; every method
+    takes the `LoadedModel` it concerns, so one Family instance serves every model of the family."""
+
+    name: str = ""                              # registered name, the `model.arch` value
+    label: str = ""                             # human name
+    denoiser_name: str = "unet"                 # pipeline component name of the trained network
+    text_encoder_names: tuple[str, ...] = ("text_encoder",)
+    # adapters: peft target module names on the denoiser and on the text encoders
+    default_targets: tuple[str, ...] = ()
+    default_text_encoder_targets: tuple[str, ...] = ()
+    # metadata stamped into outputs (kohya's ss_base_model_version, SAI modelspec)
+    base_model_version: str = ""
+    modelspec_architecture: str = ""
+
+    # ---- detection and loading
+    def detect_folder(self, folder: Path, index: dict) -> bool:
+        """True when the diffusers folder (its model_index.json given as `index`) is this family."""
+        raise NotImplementedError
+
+    def detect_file(self, shapes: dict[str, tuple[int, ...]], metadata: dict[str, str]) -> bool:
+        """True when a single file (weight names -> shapes, and its metadata) is this family."""
+        raise NotImplementedError
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
+        """Load a detected model in fp32 (errors: ConfigError naming model.*)."""
+        raise NotImplementedError
+
+    def build_tiny(self, out_dir: str | Path, seed: int = 0, **options) -> Path:
+        """A tiny random model of this family as a diffusers folder (tests, the demo)."""
+        raise NotImplementedError
+
+    def meta_denoiser(self):
+        """The full-size denoiser built on the meta device (no weights): key-set checks."""
+        raise NotImplementedError
+
+    # ---- text and latents
+    def tokenize(self, model: LoadedModel, captions: list[str], max_token_length: int) -> list["torch.Tensor"]:
+        raise NotImplementedError
+
+    def encode_text(self, model: LoadedModel, input_ids: list["torch.Tensor"],
+                    encoders: list | None = None) -> dict[str, "torch.Tensor"]:
+        """The denoiser's text conditioning as named tensors (what the text cache stores).
+        `encoders` replaces model.text_encoders (e.g. DDP-wrapped ones being trained)."""
+        raise NotImplementedError
+
+    def latent_shape(self, model: LoadedModel, height: int, width: int) -> tuple[int, ...]:
+        f = model.vae_scale_factor
+        return (model.vae.config.latent_channels, height // f, width // f)
+
+    def encode_latents(self, model: LoadedModel, pixels: "torch.Tensor", eps: "torch.Tensor | None") -> "torch.Tensor":
+        """Pixels in [-1, 1] -> the latents the denoiser trains on (scaled and shifted).
+        eps: the posterior sample's noise (None: the posterior mean)."""
+        from .objectives import encode_with_vae
+        cfg = model.vae.config
+        return encode_with_vae(model.vae, pixels, eps, cfg.scaling_factor, getattr(cfg, "shift_factor", None) or 0.0)
+
+    # ---- the objective and the forward call
+    def objective(self, model: LoadedModel) -> "Objective":
+        raise NotImplementedError
+
+    def predict(self, model: LoadedModel, denoiser, noisy: "torch.Tensor", timesteps: "torch.Tensor",
+                text: dict[str, "torch.Tensor"], batch: dict, dtype) -> "torch.Tensor":
+        """The denoiser's prediction, with the family's extra conditioning taken from the batch."""
+        raise NotImplementedError
+
+    def use_plain_attention(self, model: LoadedModel) -> None:
+        """precision.attention = "default": diffusers' plain attention instead of SDPA."""
+        from diffusers.models.attention_processor import AttnProcessor
+        model.denoiser.set_attn_processor(AttnProcessor())
+
+    # ---- sampling and outputs
+    def build_pipeline(self, model: LoadedModel, scheduler: str = "euler"):
+        """A diffusers pipeline over the model's own module objects (adapters included)."""
+        raise NotImplementedError
+
+    def lora_file_state(self, model: LoadedModel, adapter_states: dict[str, dict[str, "torch.Tensor"]],
+                        alpha: float | Callable[[str, str], float]) -> dict[str, "torch.Tensor"]:
+        """peft adapter weights per component -> the LoRA file layout ComfyUI/A1111/kohya/diffusers load."""
+        raise NotImplementedError
+
+    def lora_metadata(self) -> dict[str, str]:
+        """Family metadata for LoRA files (ss_base_model_version, modelspec.architecture, ...)."""
+        return {"ss_base_model_version": self.base_model_version,
+                "modelspec.architecture": self.modelspec_architecture}
+
+    def save_full_model(self, model: LoadedModel, folder: Path | None, single_file: Path, dtype=None,
+                        metadata: dict[str, str] | None = None) -> list[Path]:
+        """A full fine-tune's outputs: a diffusers folder (when `folder` is given) and one single file."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<family {self.name}>"

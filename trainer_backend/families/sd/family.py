@@ -1,0 +1,114 @@
+"""SD1, SD2 and SDXL behind the family contract: a UNet trained with DDPM noise (epsilon or
+v-prediction), CLIP text encoders, a 4-channel KL VAE; SDXL adds a second text encoder, its
+pooled embedding and size/crop conditioning."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..base import Family, LoadedModel
+
+
+class StableDiffusionFamily(Family):
+    denoiser_name = "unet"
+    default_targets = ("to_q", "to_k", "to_v", "to_out.0")
+    default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+    def __init__(self, name: str, label: str, *, text_encoder_names: tuple[str, ...], base_model_version: str,
+                 modelspec_architecture: str, full_size_config: str):
+        self.name, self.label = name, label
+        self.text_encoder_names = text_encoder_names
+        self.base_model_version, self.modelspec_architecture = base_model_version, modelspec_architecture
+        self.full_size_config = full_size_config  # assets/model_configs/<name>
+
+    # ---- detection and loading
+    def detect_folder(self, folder: Path, index: dict) -> bool:
+        from .loader import arch_of_folder
+        try:
+            unet_cfg = json.loads((folder / "unet" / "config.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return False
+        return arch_of_folder(index, unet_cfg) == self.name
+
+    def detect_file(self, shapes, metadata) -> bool:
+        from .single_file import detect_arch_from_keys
+        return detect_arch_from_keys(shapes) == self.name
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
+        from .loader import load_model
+        return load_model(str(src), arch=self.name, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
+
+    def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
+        from .tiny import build_tiny_model
+        return build_tiny_model(self.name, out_dir, seed=seed, **options)
+
+    def meta_denoiser(self):
+        import torch
+        from diffusers import UNet2DConditionModel
+        from .loader import ASSETS_CONFIGS
+        config = UNet2DConditionModel.load_config(str(ASSETS_CONFIGS / self.full_size_config / "unet"))
+        with torch.device("meta"):
+            return UNet2DConditionModel.from_config(config)
+
+    # ---- text
+    def tokenize(self, model, captions, max_token_length):
+        from .text import tokenize
+        return tokenize(model, captions, max_token_length)
+
+    def encode_text(self, model, input_ids, encoders=None):
+        from .text import encode_text
+        hidden, pooled = encode_text(model, input_ids, encoders)
+        return {"hidden": hidden} if pooled is None else {"hidden": hidden, "pooled": pooled}
+
+    # ---- objective and forward
+    def objective(self, model):
+        from ..objectives import DDPMObjective
+        return DDPMObjective(model.noise_scheduler, model.prediction_type)
+
+    def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype):
+        hidden = text["hidden"].to(noisy.device)
+        added = self.extra_conditioning(batch, text, noisy.device, hidden.dtype)
+        return denoiser(noisy.to(dtype), timesteps, hidden.to(dtype), added_cond_kwargs=added).sample
+
+    def extra_conditioning(self, batch: dict, text: dict, device, dtype) -> dict | None:
+        """SDXL: the pooled text embedding and the size/crop time ids; SD1/SD2: none."""
+        if self.name != "sdxl":
+            return None
+        import torch
+        from .text import sdxl_add_time_ids
+        time_ids = torch.stack([sdxl_add_time_ids(tuple(o), tuple(c), tuple(t)) for o, c, t in zip(
+            batch["original_size"].tolist(), batch["crop_top_left"].tolist(), batch["target_size"].tolist())])
+        return {"text_embeds": text["pooled"].to(device), "time_ids": time_ids.to(device, dtype)}
+
+    # ---- sampling and outputs
+    def build_pipeline(self, model, scheduler: str = "euler"):
+        from .loader import build_pipeline
+        return build_pipeline(model, scheduler)
+
+    def lora_file_state(self, model, adapter_states, alpha):
+        from .lora_keys import to_kohya
+        return to_kohya(adapter_states, alpha, self.name, dict(model.denoiser.config))
+
+    def lora_metadata(self) -> dict[str, str]:
+        return {"ss_base_model_version": self.base_model_version, "ss_v2": str(self.name == "sd2"),
+                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
+
+    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
+        from .single_file import export_single_file
+        out = []
+        if folder is not None:
+            self.build_pipeline(model, scheduler="default").save_pretrained(str(folder), safe_serialization=True)
+            out.append(Path(folder))
+        out.insert(0, export_single_file(model, single_file, dtype=dtype, extra_metadata=metadata))
+        return out
+
+
+SD1 = StableDiffusionFamily("sd1", "Stable Diffusion 1.x", text_encoder_names=("text_encoder",),
+                            base_model_version="sd_v1", modelspec_architecture="stable-diffusion-v1",
+                            full_size_config="sd1")
+SD2 = StableDiffusionFamily("sd2", "Stable Diffusion 2.x", text_encoder_names=("text_encoder",),
+                            base_model_version="sd_v2", modelspec_architecture="stable-diffusion-v2-768-v",
+                            full_size_config="sd2")
+SDXL = StableDiffusionFamily("sdxl", "Stable Diffusion XL", text_encoder_names=("text_encoder", "text_encoder_2"),
+                             base_model_version="sdxl_base_v1-0", modelspec_architecture="stable-diffusion-xl-v1-base",
+                             full_size_config="sdxl")
