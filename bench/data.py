@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 from trainer_backend.config import from_dict  # noqa: E402
 from trainer_backend.data import TrainDataset, collate, scan_dataset  # noqa: E402
 from trainer_backend.data.sampler import BucketBatchSampler  # noqa: E402
-from trainer_backend.families.sd.loader import load_model  # noqa: E402
-from trainer_backend.families.sd.tiny import build_tiny_model  # noqa: E402
+from trainer_backend.families import load_model  # noqa: E402
+from trainer_backend.families import build_tiny_model  # noqa: E402
 
 
 def make_photos(folder: Path, n: int, width: int, height: int) -> Path:

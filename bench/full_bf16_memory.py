@@ -44,7 +44,8 @@ def measure(args: list[str]) -> dict:
     from trainer_backend.training import devices
     from trainer_backend.config import load_config
     from trainer_backend.training.full_half_precision import keep_half_weights
-    from trainer_backend.training.loop import IndexedDataset, collate_with_index, train
+    from trainer_backend.data.indexed import IndexedDataset, collate_with_index
+    from trainer_backend.training.loop import train
     from trainer_backend.training.diffusion_loss import diffusion_loss
     from trainer_backend.methods import setup_method
     from trainer_backend.training.optimizers import build_optimizer
@@ -97,7 +98,7 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT / "tests"))
     from conftest import make_dataset
-    from trainer_backend.families.sd.tiny import build_tiny_model
+    from trainer_backend.families import build_tiny_model
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = build_tiny_model("sdxl", work / "tiny-sdxl")

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from trainer_backend.config import ConfigError
+from trainer_backend.families import builtin
 from trainer_backend.families.sd import tiny
 from trainer_backend.families.sd.loader import build_pipeline, detect_arch, load_model
-from trainer_backend.families.sd.single_file import META_CONFIG, save_single_file
+from trainer_backend.families.sd.single_file import META_CONFIG
+from trainer_backend.families.sd.single_file_export import save_single_file
 from trainer_backend.families.sd.text import encode_text, sdxl_add_time_ids, tokenize
 from trainer_backend.families.sd.tokenizers import find_tokenizers
 
@@ -205,7 +207,7 @@ def test_overrides_prediction_type_and_vae(tiny_models, tmp_path):
 def test_builtin_is_built_once_and_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("SD_STUDIO_CACHE", str(tmp_path))
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(tiny.resolve_model_path("builtin:tiny-sd1")))
+    threads = [threading.Thread(target=lambda: results.append(builtin.resolve_model_path("builtin:tiny-sd1")))
                for _ in range(2)]
     for t in threads:
         t.start()
@@ -216,7 +218,7 @@ def test_builtin_is_built_once_and_reused(tmp_path, monkeypatch):
     assert folder.parent == tmp_path / "models" and (folder / "model_index.json").is_file()
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no half-built leftovers
     stamp = (folder / "unet" / "config.json").stat().st_mtime_ns
-    assert tiny.resolve_model_path("builtin:tiny-sd1") == folder
+    assert builtin.resolve_model_path("builtin:tiny-sd1") == folder
     assert (folder / "unet" / "config.json").stat().st_mtime_ns == stamp
 
 

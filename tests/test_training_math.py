@@ -1,5 +1,5 @@
-"""Training numerics, in process on tiny SD1: the loss goes down, gradient accumulation
-equals a bigger batch, and the exported kohya file reproduces the trained peft UNet."""
+"""Training numerics, in process on tiny SD1: the loss goes down and the exported kohya file
+reproduces the trained peft UNet (accumulation equivalence is in the family conformance suite)."""
 import json
 from pathlib import Path
 
@@ -37,35 +37,6 @@ def test_overfit_loss_drops(tmp_path, tiny_models):
     assert len(losses) == 60
     first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert last <= 0.7 * first, f"loss went from {first:.4f} to {last:.4f}"
-
-
-def test_gradient_accumulation_equals_bigger_batch(tmp_path, tiny_models):
-    """batch 4 × accum 1 vs batch 1 × accum 4 from the same seed. Per-sample noise and
-    timesteps are seeded by (seed, epoch, sample index), so both see identical noise by
-    construction; adapter dropout is 0 (its RNG would differ by construction). With 4 images
-    each epoch is one optimizer step covering the same 4 samples in both runs. The optimizer is
-    SGD: Adam divides by the gradient's magnitude, so on near-zero gradients it turns float
-    summation-order noise (1e-7) into full-size updates, which would test Adam, not accumulation."""
-    data = make_dataset(tmp_path / "data", n=4, size=32)
-    common = ["schedule.epochs=3", "optimizer.name=sgd", "optimizer.lr=0.5", "network.dropout=0", "checkpoints.every_n_steps=3"]
-    run_a, _ = run_training(tmp_path, tiny_models("sd1"), data, "b4a1", "schedule.batch_size=4",
-                            "schedule.grad_accum=1", *common)
-    run_b, _ = run_training(tmp_path, tiny_models("sd1"), data, "b1a4", "schedule.batch_size=1",
-                            "schedule.grad_accum=4", *common)
-    a = load_file(str(run_a / "b4a1.safetensors"))
-    b = load_file(str(run_b / "b1a4.safetensors"))
-    assert a.keys() == b.keys()
-    init = load_file(str(run_a / "checkpoints" / "step-00000003" / "adapter_unet.safetensors"))
-    assert init  # the checkpoint holds the adapter weights
-    worst = 0.0
-    for k in a:
-        if k.endswith(".alpha"):
-            continue
-        rel = (a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)
-        worst = max(worst, rel.item())
-    assert worst <= 1e-5, f"max relative difference {worst:.2e}"
-    # and training really moved the weights (lora_up starts at zero)
-    assert any(a[k].abs().max() > 0 for k in a if k.endswith("lora_up.weight"))
 
 
 def test_export_round_trip_matches_peft_model(tmp_path, tiny_models):

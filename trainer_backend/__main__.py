@@ -11,6 +11,7 @@ import sys
 
 from .run import exitcodes
 from .config import ConfigError, load_config
+from .families.registry import FAMILY_NAMES
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("config-reference", help="print (or --write into README.md) the config reference")
     ref.add_argument("--write", metavar="README", default=None)
     tiny = sub.add_parser("make-tiny-model", help="build a tiny random model (diffusers folder) for tests/demo")
-    tiny.add_argument("--arch", choices=["sd1", "sd2", "sdxl"], required=True)
+    tiny.add_argument("--arch", choices=list(FAMILY_NAMES), required=True)
     tiny.add_argument("--out", required=True)
     tiny.add_argument("--seed", type=int, default=0)
     return parser
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     if args.command == "make-tiny-model":
-        from .families.sd.tiny import build_tiny_model
+        from .families import build_tiny_model
         print(build_tiny_model(args.arch, args.out, seed=args.seed))
         return exitcodes.OK
     if args.command == "config-reference":

@@ -5,11 +5,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..errors import ConfigError  # noqa: F401  (re-exported: the schema's error type)
+
 CONFIG_VERSION = 1
-
-
-class ConfigError(ValueError):
-    """A config problem a user can fix; `str()` is one line naming the key or file."""
 
 
 def F(default: Any, help: str, *, widget: str = "", advanced: bool = False,

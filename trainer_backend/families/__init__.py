@@ -14,14 +14,11 @@ __all__ = ["FAMILY_NAMES", "get_family", "all_families", "detect_family", "load_
            "resolve_model_path", "build_pipeline"]
 
 
-def resolve_model_path(path: str) -> Path:
-    """`builtin:tiny-<family>` -> the cached tiny model folder (built on first use); else the path."""
-    from .sd.tiny import resolve_model_path as resolve
-    return resolve(path)
+from .builtin import resolve_model_path  # noqa: E402  (builtin:tiny-<family> paths)
 
 
 def _existing(path: str) -> Path:
-    from ..config import ConfigError
+    from ..errors import ConfigError
     if not str(path).strip():
         raise ConfigError("model.path: is empty; give a diffusers folder, a .safetensors checkpoint or "
                           + "|".join(f"builtin:tiny-{n}" for n in FAMILY_NAMES))
@@ -33,7 +30,7 @@ def _existing(path: str) -> Path:
 
 def detect_family(path: str):
     """The Family of a diffusers folder, single file or builtin: name (ConfigError naming model.path)."""
-    from ..config import ConfigError
+    from ..errors import ConfigError
     from .sd.loader import _detect_file, _first_line
     src = _existing(path)
     if src.is_dir():
@@ -68,7 +65,7 @@ def detect_family(path: str):
 
 def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: str = "auto", tokenizer: str = ""):
     """Detect the family, check it against `model.arch`, and let the family load the model (fp32)."""
-    from ..config import ConfigError
+    from ..errors import ConfigError
     family = detect_family(path)
     if arch not in ("auto", family.name):
         raise ConfigError(f"model.arch: is {arch!r} but {resolve_model_path(path)} is an {family.name} model "
@@ -78,7 +75,7 @@ def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: st
 
 def build_tiny_model(arch: str, out_dir, seed: int = 0, **options) -> Path:
     """A tiny random model of a registered family, as a diffusers folder."""
-    from ..config import ConfigError
+    from ..errors import ConfigError
     if arch not in FAMILY_NAMES:
         raise ConfigError(f"model.arch: tiny models exist for {', '.join(FAMILY_NAMES)}, got {arch!r}")
     return get_family(arch).build_tiny(out_dir, seed=seed, **options)

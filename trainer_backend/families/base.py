@@ -122,6 +122,10 @@ class Family:
         model.denoiser.set_attn_processor(AttnProcessor())
 
     # ---- sampling and outputs
+    def pipeline_class(self):
+        """The diffusers pipeline class of this family (loads its folders and LoRA files)."""
+        raise NotImplementedError
+
     def build_pipeline(self, model: LoadedModel, scheduler: str = "euler"):
         """A diffusers pipeline over the model's own module objects (adapters included)."""
         raise NotImplementedError
@@ -129,6 +133,11 @@ class Family:
     def lora_file_state(self, model: LoadedModel, adapter_states: dict[str, dict[str, "torch.Tensor"]],
                         alpha: float | Callable[[str, str], float]) -> dict[str, "torch.Tensor"]:
         """peft adapter weights per component -> the LoRA file layout ComfyUI/A1111/kohya/diffusers load."""
+        raise NotImplementedError
+
+    def diffusers_lora_targets(self, file_state: dict[str, "torch.Tensor"], denoiser) -> set[str]:
+        """The denoiser module paths diffusers' own LoRA loader puts this file's adapters on
+        (its converters, not ours): the conformance suite checks they are exactly the trained ones."""
         raise NotImplementedError
 
     def lora_metadata(self) -> dict[str, str]:

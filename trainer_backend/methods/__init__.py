@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 
 from ..config import TrainConfig
-from .base import TEXT_ENCODER_NAMES, Trainable
+from .base import Trainable
 
 LOG = logging.getLogger("trainer")
-__all__ = ["TEXT_ENCODER_NAMES", "Trainable", "describe_method", "load_method_model", "method_loss",
+__all__ = ["Trainable", "describe_method", "load_method_model", "method_loss",
            "method_run_config", "method_validator", "save_outputs", "setup_method"]
 
 

@@ -7,9 +7,6 @@ from typing import Literal
 
 import torch
 
-TEXT_ENCODER_NAMES = ("text_encoder", "text_encoder_2")
-
-
 @dataclass
 class Trainable:
     """The modules that hold trainable parameters, keyed by pipeline component name.

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ..config import TrainConfig
-from .base import TEXT_ENCODER_NAMES, Trainable, fp32_param_groups
+from .base import Trainable, fp32_param_groups
 
 LOG = logging.getLogger("trainer")
 SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

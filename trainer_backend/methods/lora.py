@@ -8,9 +8,9 @@ import torch
 from peft.utils import get_peft_model_state_dict
 
 from ..config import ConfigError, TrainConfig
-from .base import TEXT_ENCODER_NAMES, Trainable, fp32_param_groups
+from .base import Trainable, fp32_param_groups
 
-__all__ = ["TEXT_ENCODER_NAMES", "Trainable", "adapter_config", "adapter_state_dicts", "alpha_for_module",
+__all__ = ["Trainable", "adapter_config", "adapter_state_dicts", "alpha_for_module",
            "setup_lora"]
 
 

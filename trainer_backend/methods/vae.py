@@ -110,7 +110,7 @@ class ReconstructionValidator(Validator):
         return [self.recon_model]
 
     def _score(self, number: int, indices: list[int]) -> tuple[float, int]:
-        from ..training.loop import collate_with_index
+        from ..data.indexed import collate_with_index
         pixels = collate_with_index([(i, self.dataset[i]) for i in indices])["pixel_values"]
         pixels = pixels.to(self.accelerator.device)
         vae = self.accelerator.unwrap_model(self.recon_model).vae

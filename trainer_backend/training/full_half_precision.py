@@ -1,11 +1,11 @@
 """precision.full_bf16 / full_fp16: the rules and the plan's warning (pure: no torch here, so the
-GUI and the CLI `plan` can call it). The optimizers are in optim_lowprec.py; `keep_half_weights`
+GUI and the CLI `plan` can call it). The optimizers are in half_precision_optimizers.py; `keep_half_weights`
 (torch) casts the trained weights once the method has made them trainable."""
 from __future__ import annotations
 
 from ..config import ConfigError, TrainConfig
 
-ROUNDED_OPTIMIZERS = ("adamw", "sgd")  # written out in optim_lowprec.py with the chosen rounding
+ROUNDED_OPTIMIZERS = ("adamw", "sgd")  # written out in half_precision_optimizers.py with the chosen rounding
 
 
 def half_weights_dtype(cfg: TrainConfig) -> str:

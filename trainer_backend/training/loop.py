@@ -17,21 +17,22 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from ..run import exitcodes
-from ..run.checkpointer import Checkpointer
-from ..run.checkpoint_files import TrainState
 from ..config import TrainConfig
-from ..methods.class_images import prepare_class_images
-from .ema import make_ema
-from .diffusion_loss import LossParts
+from ..data.indexed import IndexedDataset, collate_with_index
 from ..methods import method_loss, method_run_config, method_validator, save_outputs, setup_method
-from .optimizers import build_lr_scheduler, build_optimizer
-from .setup import (build_dataset, load_base_model, scan_data, make_accelerator, open_run, place_model,
-                        register_adapter_hooks)
-from .sampling import SampleImages
-from ..run.stop_signals import StopSignals
-from .full_half_precision import keep_half_weights
+from ..methods.class_images import prepare_class_images
 from ..remote.wandb_tracking import start_tracking
+from ..run import exitcodes
+from ..run.checkpoint_files import TrainState
+from ..run.checkpointer import Checkpointer
+from ..run.stop_signals import StopSignals
+from .diffusion_loss import LossParts
+from .ema import make_ema
+from .full_half_precision import keep_half_weights
+from .optimizers import build_lr_scheduler, build_optimizer
+from .sampling import SampleImages
+from .setup import (build_dataset, load_base_model, make_accelerator, open_run, place_model, register_adapter_hooks,
+                    scan_data)
 
 LOG = logging.getLogger("trainer")
 
@@ -176,26 +177,6 @@ def count_step(state: TrainState, batches: int, group_loss: torch.Tensor, plan, 
     mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
     check_finite(mean_loss, cfg, state.global_step)
     return mean_loss
-
-
-class IndexedDataset(torch.utils.data.Dataset):
-    """The dataset's samples plus their index: the per-sample noise seed (see diffusion_loss.py)."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int) -> tuple[int, dict]:
-        return i, self.dataset[i]
-
-
-def collate_with_index(pairs: list[tuple[int, dict]]) -> dict:
-    from ..data import collate
-    batch = collate([sample for _, sample in pairs])
-    batch["index"] = torch.tensor([i for i, _ in pairs])
-    return batch
 
 
 def accumulation_groups(loader, grad_accum: int):

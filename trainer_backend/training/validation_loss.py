@@ -188,7 +188,7 @@ class Validator:
 
     def _score(self, number: int, indices: list[int]) -> tuple[float, int]:
         """(sum of losses, count) of batch `number` over the fixed timesteps."""
-        from .loop import collate_with_index
+        from ..data.indexed import collate_with_index
         from .diffusion_loss import diffusion_loss
         batch = self._batch(number, indices, collate_with_index)
         loss_sum = 0.0

@@ -4,7 +4,8 @@ Heavy imports (torch, diffusers) happen inside the functions, so importing this 
 """
 from __future__ import annotations
 
-from .tiny import BUILTIN_MODELS, build_tiny_model, make_tiny_model, resolve_model_path
+from ..builtin import BUILTIN_MODELS, resolve_model_path
+from .tiny import build_tiny_model, make_tiny_model
 
 __all__ = ["SD1", "SD2", "SDXL", "BUILTIN_MODELS", "build_tiny_model", "make_tiny_model", "resolve_model_path",
            "LoadedModel", "detect_arch", "load_model", "build_pipeline", "save_single_file",
@@ -23,8 +24,8 @@ def __getattr__(name: str):
         from . import loader
         return getattr(loader, name)
     if name in ("save_single_file", "export_single_file"):
-        from . import single_file
-        return getattr(single_file, name)
+        from . import single_file_export
+        return getattr(single_file_export, name)
     if name in ("tokenize", "encode_text", "sdxl_add_time_ids"):
         from . import text
         return getattr(text, name)

@@ -81,6 +81,10 @@ class StableDiffusionFamily(Family):
         return {"text_embeds": text["pooled"].to(device), "time_ids": time_ids.to(device, dtype)}
 
     # ---- sampling and outputs
+    def pipeline_class(self):
+        from .loader import _pipeline_class
+        return _pipeline_class(self.name)
+
     def build_pipeline(self, model, scheduler: str = "euler"):
         from .loader import build_pipeline
         return build_pipeline(model, scheduler)
@@ -89,12 +93,18 @@ class StableDiffusionFamily(Family):
         from .lora_keys import to_kohya
         return to_kohya(adapter_states, alpha, self.name, dict(model.denoiser.config))
 
+    def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
+        from diffusers.utils import convert_unet_state_dict_to_peft
+        converted, _ = self.pipeline_class().lora_state_dict(dict(file_state), unet_config=denoiser.config)
+        unet = {k[len("unet."):]: v for k, v in converted.items() if k.startswith("unet.")}
+        return {k.rsplit(".lora_", 1)[0] for k in convert_unet_state_dict_to_peft(unet)}
+
     def lora_metadata(self) -> dict[str, str]:
         return {"ss_base_model_version": self.base_model_version, "ss_v2": str(self.name == "sd2"),
                 "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
 
     def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .single_file import export_single_file
+        from .single_file_export import export_single_file
         out = []
         if folder is not None:
             self.build_pipeline(model, scheduler="default").save_pretrained(str(folder), safe_serialization=True)

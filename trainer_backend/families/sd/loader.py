@@ -10,11 +10,12 @@ import json
 import tempfile
 from pathlib import Path
 
-from ...config import ConfigError
+from ...errors import ConfigError
 from ..base import LoadedModel
 from .single_file import (META_ARCH, SINGLE_FILE_SUFFIXES, detect_arch_from_keys,
                           materialize_embedded_config, read_keys_and_metadata)
-from .tiny import ARCHES, cache_root, resolve_model_path
+from ..builtin import cache_root, resolve_model_path
+from .tiny import ARCHES
 from .tokenizers import find_tokenizers
 
 ASSETS_CONFIGS = Path(__file__).resolve().parents[3] / "assets" / "model_configs"

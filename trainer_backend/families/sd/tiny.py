@@ -7,19 +7,14 @@ The VAE has two blocks, so it downsamples by 2: a 32 px image is a 16x16 latent.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from ...config import ConfigError
+from ...errors import ConfigError
 from .tiny_tokenizer import EOS, MODEL_MAX_LENGTH, vocab_size, write_tokenizer
 
 ARCHES = ("sd1", "sd2", "sdxl")
-BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = {"tiny-sd1": "sd1", "tiny-sd2": "sd2", "tiny-sdxl": "sdxl"}
-# Bump when the factory's output changes, so stale caches are rebuilt rather than reused.
-TINY_MODEL_VERSION = 1
 
 SDXL_TIME_EMBED_DIM = 8
 SDXL_TE2_PROJECTION_DIM = 32
@@ -134,30 +129,3 @@ def build_tiny_model(arch: str, out_dir: str | Path, seed: int = 0, vae_downsamp
 def make_tiny_model(arch: str, out: str | Path) -> Path:
     """CLI entry (`make-tiny-model --arch ARCH --out DIR`): build with seed 0, return the folder."""
     return build_tiny_model(arch, out, seed=0)
-
-
-# ----------------------------------------------------------------------------- builtin: paths
-
-def cache_root() -> Path:
-    """Where builtin models are built: $SD_STUDIO_CACHE/models, else ~/.cache/sd-studio/models."""
-    base = os.environ.get("SD_STUDIO_CACHE", "")
-    return (Path(base).expanduser() if base else Path.home() / ".cache" / "sd-studio") / "models"
-
-
-def _build_builtin(name: str) -> Path:
-    """Build once into the cache; concurrent builders race safely (build aside, then rename)."""
-    from .single_file import atomic_dir
-    final = cache_root() / f"{name}-v{TINY_MODEL_VERSION}"
-    return atomic_dir(final, lambda tmp: build_tiny_model(BUILTIN_MODELS[name], tmp, seed=0), "model_index.json")
-
-
-def resolve_model_path(path: str) -> Path:
-    """`builtin:tiny-sd1|tiny-sd2|tiny-sdxl` -> the cached folder (built on first use); else the path."""
-    text = str(path).strip()
-    if text.startswith(BUILTIN_PREFIX):
-        name = text[len(BUILTIN_PREFIX):]
-        if name not in BUILTIN_MODELS:
-            choices = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
-            raise ConfigError(f"model.path: unknown builtin model {text!r} (choose {choices})")
-        return _build_builtin(name)
-    return Path(text).expanduser()

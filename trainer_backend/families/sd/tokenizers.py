@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ...config import ConfigError
+from ...errors import ConfigError
 
 EOS = "<|endoftext|>"
 PAD_TOKENS = {"sd1": [EOS], "sd2": ["!"], "sdxl": [EOS, "!"]}

@@ -1,0 +1,162 @@
+"""The family conformance suite: every registered family (trainer_backend/families/registry.py)
+gets these tests for free from its tiny random model.
+
+- end to end through a real `accelerate launch`: events, run files, a LoRA file with the family's
+  metadata that loads in diffusers (`load_lora_weights`) and changes the generated image;
+- the LoRA layout of the FULL-SIZE architecture (built on the meta device, no weights) converts
+  back through diffusers' own loader onto exactly the modules that were trained: 100% of keys;
+- gradient accumulation equals a bigger batch;
+- resume from a checkpoint is bitwise exact;
+- a full fine-tune's diffusers folder and single file load and hold the trained weights.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from conftest import ROOT, make_dataset
+from method_runs import train_run
+from trainer_backend.families import get_family, load_model
+from trainer_backend.families.registry import FAMILY_NAMES
+
+FAMILIES = list(FAMILY_NAMES)
+
+
+def _image(pipe) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.from_numpy(pipe("a red square", num_inference_steps=2, height=64, width=64, generator=g,
+                                 output_type="np").images[0])
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
+    model_dir = tiny_models(arch)
+    family = get_family(arch)
+    data = make_dataset(tmp_path / "data", n=3, size=64)
+    cmd = [sys.executable, "-m", "trainer_backend", "launch",
+           "--set", f"model.path={model_dir}", "--set", f"dataset.path={data}",
+           "--set", "dataset.resolution=64", "--set", f"output.dir={tmp_path / 'runs'}",
+           "--set", f"output.name={arch}-lora", "--set", "schedule.max_steps=3", "--set", "network.rank=4",
+           "--set", "network.alpha=4", "--set", "precision.mixed=no", "--set", "optimizer.lr=1e-2",
+           "--set", "hardware.cpu=true", "--set", "network.train_text_encoder=true"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "runs" / f"{arch}-lora"
+    out = run / f"{arch}-lora.safetensors"
+    with safe_open(str(out), "pt") as f:
+        keys, meta = list(f.keys()), f.metadata()
+    assert any(k.endswith(".alpha") for k in keys)
+    assert meta["ss_network_dim"] == "4" and meta["ss_steps"] == "3"
+    assert meta["ss_base_model_version"] == family.base_model_version
+    assert meta["modelspec.architecture"].startswith(family.modelspec_architecture)
+    freq = json.loads(meta["ss_tag_frequency"])  # per subset folder: tag -> count, as kohya writes it
+    assert sum(freq["data"].values()) == 3 and "a red square on a plain background" in freq["data"]
+
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "plan" and kinds[-1] == "done" and kinds.count("step") == 3
+    assert all("time" in e for e in events)
+    assert (run / "config.toml").is_file() and (run / "command.txt").is_file() and (run / "train.log").is_file()
+    assert any((run / "tb").iterdir())
+
+    pipe = family.build_pipeline(load_model(str(model_dir)))  # plain diffusers pipeline over the base
+    before = _image(pipe)
+    pipe.load_lora_weights(str(out))
+    assert (_image(pipe) - before).abs().max() > 1e-3, "the LoRA did not change the output"
+    # the text-encoder adapters loaded too
+    for name in family.text_encoder_names:
+        assert any("lora" in n for n, _ in getattr(pipe, name).named_parameters()), name
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_full_size_lora_keys_all_load_in_diffusers(arch):
+    """Adapters on the full-size denoiser (meta device, rank 1) written in the family's LoRA layout
+    and read back by diffusers' own converter land on every adapted module, none missing or extra."""
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+    family = get_family(arch)
+    denoiser = family.meta_denoiser()
+    denoiser.add_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=list(family.default_targets)))
+    adapted = {name for name, m in denoiser.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
+    assert len(adapted) > 100, "the full-size model should have many adapted modules"
+    state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(denoiser).items()}
+    written = family.lora_file_state(_MetaModel(family, denoiser), {family.denoiser_name: state}, 1.0)
+    loaded = family.diffusers_lora_targets(written, denoiser)
+    assert loaded == adapted, (sorted(adapted - loaded)[:5], sorted(loaded - adapted)[:5])
+
+
+class _MetaModel:
+    """The parts of a LoadedModel the LoRA writer reads."""
+
+    def __init__(self, family, denoiser):
+        self.family, self.denoiser = family, denoiser
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_gradient_accumulation_equals_bigger_batch(tmp_path, tiny_models, arch):
+    """batch 4 × accum 1 vs batch 1 × accum 4 from the same seed: per-sample noise and timesteps
+    are seeded by (seed, epoch, sample index), so both see identical noise; adapter dropout is 0.
+    SGD, because Adam turns float summation-order noise on tiny gradients into full-size updates."""
+    data = make_dataset(tmp_path / "data", n=4, size=32)
+    common = ["schedule.epochs=2", "optimizer.name=sgd", "optimizer.lr=0.5", "network.dropout=0"]
+    run_a, _, _ = train_run(tmp_path, tiny_models(arch), data, "b4a1", "schedule.batch_size=4", *common)
+    run_b, _, _ = train_run(tmp_path, tiny_models(arch), data, "b1a4", "schedule.batch_size=1",
+                            "schedule.grad_accum=4", *common)
+    a, b = load_file(str(run_a / "b4a1.safetensors")), load_file(str(run_b / "b1a4.safetensors"))
+    assert a.keys() == b.keys()
+    worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item()
+                for k in a if not k.endswith(".alpha"))
+    assert worst <= 1e-5, f"max relative difference {worst:.2e}"
+    assert any(a[k].abs().max() > 0 for k in a if k.endswith("lora_up.weight")), "training did not move"
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_resume_from_a_checkpoint_is_bitwise_exact(tmp_path, tiny_models, arch):
+    """4 steps straight (checkpoint every 2), then a new run that starts from a copy of the step-2
+    checkpoint: it trains steps 3 and 4 and writes the very same LoRA tensors."""
+    data = make_dataset(tmp_path / "data", n=4, size=32)
+    common = ["schedule.max_steps=4", "checkpoints.every_n_steps=2", "optimizer.lr=1e-3", "schedule.seed=3"]
+    straight, _, _ = train_run(tmp_path, tiny_models(arch), data, "straight", *common)
+    checkpoint = straight / "checkpoints" / "step-00000002"
+    shutil.copytree(checkpoint, tmp_path / "runs" / "resumed" / "checkpoints" / checkpoint.name)
+    resumed, events, _ = train_run(tmp_path, tiny_models(arch), data, "resumed", *common)
+    assert [e["step"] for e in events if e["event"] == "step"] == [3, 4]
+    a, b = load_file(str(straight / "straight.safetensors")), load_file(str(resumed / "resumed.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])][:3]
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_full_finetune_outputs_load_and_hold_the_trained_weights(tmp_path, tiny_models, arch):
+    """bf16 mixed precision with frozen text encoders: the folder and the single file both load,
+    hold the same trained denoiser, and the frozen parts keep the base weights (not bf16 copies)."""
+    family = get_family(arch)
+    model_dir = tiny_models(arch)
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    run, events, _ = train_run(tmp_path, model_dir, data, "ft", "network.type=full", "schedule.max_steps=2",
+                               "optimizer.lr=1e-3", "precision.mixed=bf16", "network.save_precision=fp32")
+    folder, single = run / "ft-diffusers", run / "ft.safetensors"
+    assert [e["outputs"] for e in events if e["event"] == "done"] == [[str(single), str(folder)]]
+    pipe = family.pipeline_class().from_pretrained(str(folder), local_files_only=True)  # plain diffusers
+    from_file, base = load_model(str(single)), load_model(str(model_dir))
+    assert from_file.family is family
+
+    def diff(a, b) -> float:
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys()
+        return max((sa[k].float() - sb[k].float()).abs().max().item() for k in sa)
+
+    trained = getattr(pipe, family.denoiser_name)
+    assert diff(trained, from_file.denoiser) == 0.0
+    assert diff(trained, base.denoiser) > 1e-5, "the denoiser did not change"
+    assert diff(pipe.vae, base.vae) == 0.0
+    for name, loaded, original in zip(family.text_encoder_names, from_file.text_encoders, base.text_encoders):
+        assert diff(getattr(pipe, name), original) == 0.0, name
+        assert diff(loaded, original) == 0.0, name
