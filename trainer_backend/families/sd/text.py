@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .loader import LoadedModel
+from ..base import LoadedModel
 
 
 CHUNK = 75  # caption tokens per CLIP window (77 with BOS and EOS)
