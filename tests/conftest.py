@@ -53,7 +53,7 @@ def make_dataset(folder: Path, n: int = 4, size: int = 64, captions: list[str] |
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """arch -> diffusers folder of a tiny random model."""
-    from trainer_backend.families.sd.tiny import build_tiny_model
+    from trainer_backend.families import build_tiny_model
     root = tmp_path_factory.mktemp("tiny-models")
     cache: dict[str, Path] = {}
 

@@ -52,7 +52,7 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     out = run / f"{arch}-lora.safetensors"
     with safe_open(str(out), "pt") as f:
         keys, meta = list(f.keys()), f.metadata()
-    assert any(k.endswith(".alpha") for k in keys)
+    assert keys, "the LoRA file is empty"
     assert meta["ss_network_dim"] == "4" and meta["ss_steps"] == "3"
     assert meta["ss_base_model_version"] == family.base_model_version
     assert meta["modelspec.architecture"].startswith(family.modelspec_architecture)
@@ -70,8 +70,8 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     before = _image(pipe)
     pipe.load_lora_weights(str(out))
     assert (_image(pipe) - before).abs().max() > 1e-3, "the LoRA did not change the output"
-    # the text-encoder adapters loaded too
-    for name in family.text_encoder_names:
+    # the text-encoder adapters loaded too (the encoders the family trains; T5 stays frozen)
+    for name in family.trained_text_encoders or family.text_encoder_names:
         assert any("lora" in n for n, _ in getattr(pipe, name).named_parameters()), name
 
 
@@ -114,7 +114,8 @@ def test_gradient_accumulation_equals_bigger_batch(tmp_path, tiny_models, arch):
     worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item()
                 for k in a if not k.endswith(".alpha"))
     assert worst <= 1e-5, f"max relative difference {worst:.2e}"
-    assert any(a[k].abs().max() > 0 for k in a if k.endswith("lora_up.weight")), "training did not move"
+    # lora_up / lora_B start at zero: a non-zero one means training moved the weights
+    assert any(a[k].abs().max() > 0 for k in a if "lora_up" in k or "lora_B" in k), "training did not move"
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -145,8 +146,7 @@ def test_full_finetune_outputs_load_and_hold_the_trained_weights(tmp_path, tiny_
     folder, single = run / "ft-diffusers", run / "ft.safetensors"
     assert [e["outputs"] for e in events if e["event"] == "done"] == [[str(single), str(folder)]]
     pipe = family.pipeline_class().from_pretrained(str(folder), local_files_only=True)  # plain diffusers
-    from_file, base = load_model(str(single)), load_model(str(model_dir))
-    assert from_file.family is family
+    base = load_model(str(model_dir))
 
     def diff(a, b) -> float:
         sa, sb = a.state_dict(), b.state_dict()
@@ -154,9 +154,15 @@ def test_full_finetune_outputs_load_and_hold_the_trained_weights(tmp_path, tiny_
         return max((sa[k].float() - sb[k].float()).abs().max().item() for k in sa)
 
     trained = getattr(pipe, family.denoiser_name)
-    assert diff(trained, from_file.denoiser) == 0.0
     assert diff(trained, base.denoiser) > 1e-5, "the denoiser did not change"
     assert diff(pipe.vae, base.vae) == 0.0
-    for name, loaded, original in zip(family.text_encoder_names, from_file.text_encoders, base.text_encoders):
+    for name, original in zip(family.text_encoder_names, base.text_encoders):
         assert diff(getattr(pipe, name), original) == 0.0, name
-        assert diff(loaded, original) == 0.0, name
+    if family.single_file_is_whole_model:  # one file with everything (SD checkpoints)
+        from_file = load_model(str(single))
+        assert from_file.family is family
+        assert diff(trained, from_file.denoiser) == 0.0
+        for loaded, original in zip(from_file.text_encoders, base.text_encoders):
+            assert diff(loaded, original) == 0.0
+    else:  # the denoiser alone, in the family's original layout (Flux, as ComfyUI keeps it)
+        assert diff(trained, family.load_denoiser_file(single, like=base.denoiser)) == 0.0

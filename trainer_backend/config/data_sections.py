@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import ARCH_CHOICES
+from ..families.registry import ARCH_CHOICES, FAMILY_NAMES
 from .base import F, Section
 
 
@@ -18,8 +18,8 @@ class Output(Section):
 class Model(Section):
     """The base model."""
     TAB: ClassVar[str] = "Model"
-    path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, or builtin:tiny-sd1|tiny-sd2|tiny-sdxl.",
-                  widget="path")
+    path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, or builtin:tiny-<family> "
+                      "(" + ", ".join(f"builtin:tiny-{n}" for n in FAMILY_NAMES) + ").", widget="path")
     arch: Literal[ARCH_CHOICES] = F("auto", "Model family; auto detects it from the model.")
     vae: str = F("", "Optional VAE to use instead of the model's own (diffusers folder or file).",
                  widget="path", advanced=True)
@@ -29,6 +29,11 @@ class Model(Section):
     tokenizer: str = F("", "CLIP tokenizer for a single-file checkpoint that carries none: a diffusers model folder of "
                            "any SD family, or a folder with vocab.json + merges.txt. Empty = look in the Hugging "
                            "Face cache (offline).", widget="path", advanced=True)
+    guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
+                             "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
+                        ge=0.0, le=100.0, advanced=True)
+    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption; 0 = the model's own (Flux dev "
+                              "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True)
 
 
 class DatasetSubset(Section):

@@ -70,6 +70,20 @@ class Loss(Section):
     min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0)
     timestep_min: int = F(0, "Lowest training timestep.", ge=0, le=999, advanced=True)
     timestep_max: int = F(1000, "Highest training timestep (exclusive).", ge=1, le=1000, advanced=True)
+    # flow-matching families (flux, sd3): how σ is drawn, shifted and weighted
+    timestep_sampling: Literal["logit_normal", "uniform", "sigmoid", "mode"] = F(
+        "logit_normal", "Flow-matching families (flux, sd3) only: the density σ is drawn from (SD3 paper; sigmoid = "
+        "logit-normal with mean 0, std 1).", advanced=True)
+    logit_mean: float = F(0.0, "Flow-matching families only: mean of the logit-normal density.", ge=-10.0, le=10.0,
+                          advanced=True)
+    logit_std: float = F(1.0, "Flow-matching families only: std of the logit-normal density.", gt=0.0, le=10.0,
+                         advanced=True)
+    mode_scale: float = F(1.29, "Flow-matching families only: scale of the mode density.", ge=0.0, le=10.0,
+                          advanced=True)
+    flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3: 3.0; flux: "
+                               "resolution-dependent, as its scheduler samples).", ge=0.0, le=100.0, advanced=True)
+    flow_weighting: Literal["none", "sigma_sqrt", "cosmap"] = F(
+        "none", "Flow-matching families only: per-sample loss weighting (SD3 paper).", advanced=True)
 
 
 class Precision(Section):

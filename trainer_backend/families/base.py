@@ -33,6 +33,7 @@ class LoadedModel:
     source: str               # resolved path of the base model
     vae_scale_factor: int     # pixels per latent cell along one side
     scheduler_config: dict = field(default_factory=dict)  # the model's own (inference) scheduler config
+    text_max_length: int = 0  # model.t5_max_length: tokens per caption for T5-style encoders; 0 = the model's own
 
     @property
     def arch(self) -> str:
@@ -43,6 +44,13 @@ class LoadedModel:
     def unet(self):
         """The denoiser under the name diffusers' UNet pipelines use."""
         return self.denoiser
+
+    def trained_text_encoders(self) -> list[tuple[str, Any]]:
+        """(name, module) of the text encoders network.train_text_encoder trains."""
+        if self.family is None:
+            return []
+        names = self.family.trained_text_encoders or self.family.text_encoder_names
+        return [(n, te) for n, te in zip(self.family.text_encoder_names, self.text_encoders) if n in names]
 
     def components(self) -> dict[str, Any]:
         """Pipeline component name -> module, for every trainable-or-frozen part."""
@@ -58,6 +66,10 @@ class Family:
     label: str = ""                             # human name
     denoiser_name: str = "unet"                 # pipeline component name of the trained network
     text_encoder_names: tuple[str, ...] = ("text_encoder",)
+    # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families)
+    trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names
+    # a full fine-tune's single file holds the whole model (SD) or the denoiser alone (Flux, as ComfyUI keeps it)
+    single_file_is_whole_model: bool = True
     # adapters: peft target module names on the denoiser and on the text encoders
     default_targets: tuple[str, ...] = ()
     default_text_encoder_targets: tuple[str, ...] = ()
@@ -112,8 +124,9 @@ class Family:
         raise NotImplementedError
 
     def predict(self, model: LoadedModel, denoiser, noisy: "torch.Tensor", timesteps: "torch.Tensor",
-                text: dict[str, "torch.Tensor"], batch: dict, dtype) -> "torch.Tensor":
-        """The denoiser's prediction, with the family's extra conditioning taken from the batch."""
+                text: dict[str, "torch.Tensor"], batch: dict, dtype, cfg=None) -> "torch.Tensor":
+        """The denoiser's prediction in the latents' layout, with the family's extra conditioning
+        taken from the batch (and training options from the run's config `cfg`, e.g. Flux guidance)."""
         raise NotImplementedError
 
     def use_plain_attention(self, model: LoadedModel) -> None:
@@ -125,6 +138,10 @@ class Family:
     def pipeline_class(self):
         """The diffusers pipeline class of this family (loads its folders and LoRA files)."""
         raise NotImplementedError
+
+    def pipeline_call_options(self, model: LoadedModel) -> dict:
+        """Extra keyword arguments for the pipeline's __call__ when sampling (e.g. Flux's T5 length)."""
+        return {}
 
     def build_pipeline(self, model: LoadedModel, scheduler: str = "euler"):
         """A diffusers pipeline over the model's own module objects (adapters included)."""
@@ -148,6 +165,10 @@ class Family:
     def save_full_model(self, model: LoadedModel, folder: Path | None, single_file: Path, dtype=None,
                         metadata: dict[str, str] | None = None) -> list[Path]:
         """A full fine-tune's outputs: a diffusers folder (when `folder` is given) and one single file."""
+        raise NotImplementedError
+
+    def load_denoiser_file(self, path: Path, like):
+        """For families whose single file is the denoiser alone: a copy of `like` with its weights."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

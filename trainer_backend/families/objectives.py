@@ -8,6 +8,8 @@ and multi-GPU runs equal to single-GPU ones, and resume exact. Every objective k
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -78,3 +80,89 @@ def snr_weights(scheduler, timesteps: torch.Tensor, gamma: float, prediction_typ
     snr = alphas / (1 - alphas)
     clipped = torch.clamp(snr, max=gamma)
     return clipped / (snr + 1) if prediction_type == "v_prediction" else clipped / snr
+
+
+# ----------------------------------------------------------------------------- flow matching
+
+def sample_u(scheme: str, generator: torch.Generator, *, logit_mean: float = 0.0, logit_std: float = 1.0,
+             mode_scale: float = 1.29) -> torch.Tensor:
+    """One draw in (0, 1) from the timestep density `scheme` (SD3 paper §3.1; the schemes diffusers'
+    training_utils and kohya's flux trainer offer): uniform, logit_normal, sigmoid (= logit-normal
+    with mean 0, std 1), mode."""
+    if scheme in ("logit_normal", "sigmoid"):
+        mean, std = (logit_mean, logit_std) if scheme == "logit_normal" else (0.0, 1.0)
+        return torch.sigmoid(torch.normal(mean=mean, std=std, size=(1,), generator=generator))
+    u = torch.rand((1,), generator=generator)
+    if scheme == "mode":
+        return 1 - u - mode_scale * (torch.cos(math.pi * u / 2) ** 2 - 1 + u)
+    return u
+
+
+def shift_sigma(sigma: torch.Tensor, shift: float) -> torch.Tensor:
+    """The timestep shift of SD3/Flux schedulers: more steps at high noise for shift > 1."""
+    return shift * sigma / (1 + (shift - 1) * sigma)
+
+
+def resolution_shift(image_seq_len: int, base_seq_len: int = 256, max_seq_len: int = 4096,
+                     base_shift: float = 0.5, max_shift: float = 1.15) -> float:
+    """Flux's resolution-dependent shift exp(mu), mu linear in the packed latent's token count."""
+    m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    return math.exp(image_seq_len * m + base_shift - m * base_seq_len)
+
+
+def flow_loss_weights(scheme: str, sigmas: torch.Tensor) -> torch.Tensor | None:
+    """Per-sample loss weights of the SD3 paper: none, sigma_sqrt (σ⁻²) or cosmap."""
+    if scheme == "sigma_sqrt":
+        return sigmas.float() ** -2.0
+    if scheme == "cosmap":
+        return 2 / (math.pi * (1 - 2 * sigmas.float() + 2 * sigmas.float() ** 2))
+    return None
+
+
+class FlowMatchObjective(Objective):
+    """Rectified flow (SD3, Flux): x_σ = (1 − σ)·x + σ·ε, the denoiser predicts ε − x.
+
+    Timesteps are σ·1000 (floats), as diffusers' flow-matching schedulers count them. σ comes from
+    loss.timestep_sampling, then the shift: loss.flow_shift when > 0, else the family's own
+    (`shift`, or Flux's resolution-dependent one when `resolution_shift` is set), then is mapped
+    into [loss.timestep_min, loss.timestep_max) / 1000 (the whole range by default)."""
+
+    def __init__(self, shift: float = 1.0, dynamic_shift: dict | None = None):
+        self.shift, self.dynamic_shift = shift, dynamic_shift
+
+    def _shift(self, latent_shape: tuple[int, ...], loss) -> float:
+        if loss.flow_shift > 0:
+            return loss.flow_shift
+        if self.dynamic_shift is not None:  # Flux: tokens of the 2x2-packed latent
+            return resolution_shift((latent_shape[-2] // 2) * (latent_shape[-1] // 2), **self.dynamic_shift)
+        return self.shift
+
+    def draw(self, indices, seed, epoch, latent_shape, loss):
+        shift = self._shift(latent_shape, loss)
+        lo, hi = loss.timestep_min / 1000, loss.timestep_max / 1000
+        noises, steps, eps = [], [], []
+        for index in indices:
+            g = sample_generator(seed, epoch, index)
+            noise = torch.randn(latent_shape, generator=g)
+            if loss.noise_offset:
+                noise = noise + loss.noise_offset * torch.randn((latent_shape[0], 1, 1), generator=g)
+            noises.append(noise)
+            u = sample_u(loss.timestep_sampling, g, logit_mean=loss.logit_mean, logit_std=loss.logit_std,
+                         mode_scale=loss.mode_scale)
+            steps.append((lo + shift_sigma(u, shift) * (hi - lo)) * 1000)
+            eps.append(torch.randn(latent_shape, generator=g))
+        return torch.stack(noises), torch.cat(steps), torch.stack(eps)
+
+    @staticmethod
+    def _sigmas(timesteps: torch.Tensor, ndim: int) -> torch.Tensor:
+        return (timesteps.float() / 1000).reshape(-1, *([1] * (ndim - 1)))
+
+    def noisy(self, latents, noise, timesteps):
+        sigmas = self._sigmas(timesteps, latents.ndim).to(latents)
+        return (1 - sigmas) * latents + sigmas * noise
+
+    def target(self, latents, noise, timesteps):
+        return noise - latents
+
+    def weights(self, timesteps, loss):
+        return flow_loss_weights(loss.flow_weighting, timesteps.float() / 1000)

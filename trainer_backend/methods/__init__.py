@@ -32,8 +32,10 @@ def load_method_model(cfg: TrainConfig):
         from .vae import load_vae_model
         return load_vae_model(cfg)
     from ..families import load_model
-    return load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
-                      prediction_type=cfg.model.prediction_type, tokenizer=cfg.model.tokenizer)
+    model = load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
+                       prediction_type=cfg.model.prediction_type, tokenizer=cfg.model.tokenizer)
+    model.text_max_length = cfg.model.t5_max_length
+    return model
 
 
 def method_loss(cfg: TrainConfig, model, modules: dict, weight_dtype, accelerator):

@@ -72,7 +72,8 @@ def generate_class_images(model, indices: list[int], folder: Path, cfg: TrainCon
             images = generate(pipe, device, weight_dtype, prompt=[ds.class_prompt] * len(chunk),
                               negative_prompt=negative, width=ds.resolution, height=ds.resolution,
                               num_inference_steps=ds.class_generation_steps, guidance_scale=ds.class_guidance_scale,
-                              generator=[torch.Generator("cpu").manual_seed(class_seed(i)) for i in chunk])
+                              generator=[torch.Generator("cpu").manual_seed(class_seed(i)) for i in chunk],
+                              **model.family.pipeline_call_options(model))
             for i, image in zip(chunk, images):
                 save_png(image, folder / class_image_name(i))
             bar.update(len(chunk))

@@ -21,10 +21,11 @@ SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloa
 def setup_full(model, cfg: TrainConfig) -> Trainable:
     model.vae.requires_grad_(False)
     modules: dict[str, torch.nn.Module] = {model.family.denoiser_name: model.denoiser.requires_grad_(True)}
-    for name, encoder in zip(model.family.text_encoder_names, model.text_encoders):
-        encoder.requires_grad_(cfg.network.train_text_encoder)
-        if cfg.network.train_text_encoder:
-            modules[name] = encoder
+    for encoder in model.text_encoders:
+        encoder.requires_grad_(False)
+    if cfg.network.train_text_encoder:
+        for name, encoder in model.trained_text_encoders():
+            modules[name] = encoder.requires_grad_(True)
     groups = fp32_param_groups(modules, cfg.optimizer.lr, cfg.network.text_encoder_lr or cfg.optimizer.lr)
     return Trainable(modules=modules, param_groups=groups, kind="full")
 

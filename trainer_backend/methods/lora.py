@@ -63,7 +63,7 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
     model.denoiser.add_adapter(adapter_config(cfg, family.denoiser_name))
     modules: dict[str, torch.nn.Module] = {family.denoiser_name: model.denoiser}
     if cfg.network.train_text_encoder:
-        for name, encoder in zip(family.text_encoder_names, model.text_encoders):
+        for name, encoder in model.trained_text_encoders():
             encoder.add_adapter(adapter_config(cfg, name))
             modules[name] = encoder
     groups = fp32_param_groups(modules, cfg.optimizer.lr, cfg.network.text_encoder_lr or cfg.optimizer.lr)

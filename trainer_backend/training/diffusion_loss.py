@@ -37,7 +37,7 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
                                                                 cfg.dataset.max_token_length)]
         text = family.encode_text(model, input_ids, text_encoders)
 
-    pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype)
+    pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype, cfg=cfg)
     target = objective.target(latents, noise, timesteps)
     per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=tuple(range(1, pred.ndim)))
     weights = objective.weights(timesteps, cfg.loss)

@@ -134,6 +134,8 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
     vae = pipe.vae
     cfg = vae.config
     latents = latents.to(vae.dtype)
+    if latents.ndim == 3 and hasattr(pipe, "_unpack_latents"):  # Flux: 2x2-packed tokens back to an image grid
+        latents = pipe._unpack_latents(latents, call["height"], call["width"], pipe.vae_scale_factor)
     mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
     if mean is not None and std is not None:  # as the SDXL pipeline decodes
         shape = (1, -1, 1, 1)
@@ -214,7 +216,8 @@ class SampleImages:
                 (image,) = generate(pipe, device, self.weight_dtype, prompt=p.prompt,
                                     negative_prompt=p.negative or None, width=p.width, height=p.height,
                                     num_inference_steps=p.steps, guidance_scale=p.cfg_scale,
-                                    generator=torch.Generator("cpu").manual_seed(p.seed))
+                                    generator=torch.Generator("cpu").manual_seed(p.seed),
+                                    **model.family.pipeline_call_options(model))
                 path = self.dir / f"step-{step:08d}_p{i:02d}.png"
                 save_png(image, path)
                 self.run.events.image(f"samples/p{i:02d}", np.asarray(image), step)

@@ -89,14 +89,15 @@ def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
     if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
         model.denoiser.to(accelerator.device, dtype=trained)
     model.vae.to(accelerator.device, dtype=torch.float32)
+    trained_encoders = {id(te) for _, te in model.trained_text_encoders()} if cfg.network.train_text_encoder else set()
     for encoder in model.text_encoders:
-        encoder.to(accelerator.device, dtype=trained if cfg.network.train_text_encoder else weight_dtype)
+        encoder.to(accelerator.device, dtype=trained if id(encoder) in trained_encoders else weight_dtype)
     if cfg.precision.attention == "default" and model.denoiser is not None:
         model.family.use_plain_attention(model)
     if cfg.precision.gradient_checkpointing:
         (model.vae if model.denoiser is None else model.denoiser).enable_gradient_checkpointing()
-        if cfg.network.train_text_encoder:
-            for encoder in model.text_encoders:
+        for encoder in model.text_encoders:
+            if id(encoder) in trained_encoders:
                 encoder.gradient_checkpointing_enable()
     return weight_dtype
 

@@ -65,7 +65,7 @@ class StableDiffusionFamily(Family):
         from ..objectives import DDPMObjective
         return DDPMObjective(model.noise_scheduler, model.prediction_type)
 
-    def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype):
+    def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
         hidden = text["hidden"].to(noisy.device)
         added = self.extra_conditioning(batch, text, noisy.device, hidden.dtype)
         return denoiser(noisy.to(dtype), timesteps, hidden.to(dtype), added_cond_kwargs=added).sample

@@ -1,0 +1,9 @@
+"""Flux.1 dev and schnell (families/base.py's contract); heavy imports happen on first use."""
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    if name in ("FLUX", "FluxFamily"):
+        from . import family
+        return getattr(family, name)
+    raise AttributeError(name)

@@ -1,0 +1,176 @@
+"""Flux.1 (dev and schnell) behind the family contract: a FluxTransformer2DModel trained with
+rectified flow on 2×2-packed 16-channel latents, conditioned on T5 hidden states, the pooled
+CLIP-L embedding, position ids and (dev) a distilled guidance value."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...errors import ConfigError
+from ..base import Family, LoadedModel
+
+PIPELINES = ("FluxPipeline", "FluxImg2ImgPipeline", "FluxInpaintPipeline")
+CLIP_MAX_LENGTH = 77
+
+
+class FluxFamily(Family):
+    name = "flux"
+    label = "Flux.1 (dev, schnell)"
+    denoiser_name = "transformer"
+    text_encoder_names = ("text_encoder", "text_encoder_2")
+    trained_text_encoders = ("text_encoder",)  # CLIP-L; T5-XXL stays frozen
+    single_file_is_whole_model = False
+    # attention of the double blocks (image and text streams), the single blocks' attention and MLP input
+    default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+                       "proj_mlp")
+    default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+    base_model_version = "flux1"
+    modelspec_architecture = "flux-1-dev"
+
+    # ---- detection and loading
+    def detect_folder(self, folder: Path, index: dict) -> bool:
+        return index.get("_class_name", "") in PIPELINES
+
+    def detect_file(self, shapes, metadata) -> bool:
+        return any(k.endswith("double_blocks.0.img_attn.qkv.weight") for k in shapes)
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
+        import torch
+        from diffusers import FluxPipeline
+        from ..sd.loader import _first_line, _load_vae
+        if not src.is_dir():
+            raise ConfigError(f"model.path: {src} is a Flux transformer file; Flux loads from a diffusers folder "
+                              "(single files with separate CLIP-L/T5/VAE files are not supported yet)")
+        if prediction_type not in ("auto", "flow"):
+            raise ConfigError(f"model.prediction_type: Flux predicts the flow (noise − image); {prediction_type!r} "
+                              "does not apply (use \"auto\")")
+        try:
+            pipe = FluxPipeline.from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise ConfigError(f"model.path: cannot load {src} as a Flux model ({_first_line(e)})") from None
+        if vae:
+            pipe.vae = _load_vae(vae, pipe.vae)
+        return LoadedModel(family=self, denoiser=pipe.transformer, vae=pipe.vae,
+                           text_encoders=[pipe.text_encoder, pipe.text_encoder_2],
+                           tokenizers=[pipe.tokenizer, pipe.tokenizer_2], noise_scheduler=pipe.scheduler,
+                           prediction_type="flow", source=str(src),
+                           vae_scale_factor=2 ** (len(pipe.vae.config.block_out_channels) - 1),
+                           scheduler_config=dict(pipe.scheduler.config))
+
+    def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
+        from .tiny import build_tiny_flux
+        return build_tiny_flux(out_dir, seed=seed, **options)
+
+    def meta_denoiser(self):
+        import torch
+        from diffusers import FluxTransformer2DModel
+        from ..sd.loader import ASSETS_CONFIGS
+        config = json.loads((ASSETS_CONFIGS / "flux" / "transformer" / "config.json").read_text())
+        with torch.device("meta"):
+            return FluxTransformer2DModel.from_config(config)
+
+    # ---- text
+    def t5_length(self, model) -> int:
+        """model.t5_max_length, else the model's own (dev 512, schnell 256), within its tokenizer's limit."""
+        own = 512 if model.denoiser.config.guidance_embeds else 256
+        return min(model.text_max_length or own, model.tokenizers[1].model_max_length)
+
+    def tokenize(self, model, captions, max_token_length):
+        clip, t5 = model.tokenizers
+        clip_ids = clip(list(captions), padding="max_length", max_length=CLIP_MAX_LENGTH, truncation=True,
+                        return_tensors="pt").input_ids
+        t5_ids = t5(list(captions), padding="max_length", max_length=self.t5_length(model), truncation=True,
+                    return_tensors="pt").input_ids
+        return [clip_ids, t5_ids]
+
+    def encode_text(self, model, input_ids, encoders=None):
+        clip, t5 = encoders or model.text_encoders
+        pooled = clip(input_ids[0].to(_device(clip)), output_hidden_states=False).pooler_output
+        hidden = t5(input_ids[1].to(_device(t5)), output_hidden_states=False)[0]
+        return {"hidden": hidden, "pooled": pooled}
+
+    # ---- objective and forward
+    def objective(self, model):
+        from ..objectives import FlowMatchObjective
+        c = model.scheduler_config
+        dynamic = None
+        if c.get("use_dynamic_shifting"):
+            dynamic = dict(base_seq_len=c.get("base_image_seq_len", 256), max_seq_len=c.get("max_image_seq_len", 4096),
+                           base_shift=c.get("base_shift", 0.5), max_shift=c.get("max_shift", 1.15))
+        return FlowMatchObjective(shift=c.get("shift", 1.0), dynamic_shift=dynamic)
+
+    def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
+        import torch
+        b, c, h, w = noisy.shape
+        packed = noisy.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
+        img_ids = torch.zeros(h // 2, w // 2, 3)
+        img_ids[..., 1] += torch.arange(h // 2)[:, None]
+        img_ids[..., 2] += torch.arange(w // 2)[None, :]
+        hidden = text["hidden"].to(noisy.device)
+        txt_ids = torch.zeros(hidden.shape[1], 3)
+        guidance = None
+        if getattr(_unwrap(denoiser).config, "guidance_embeds", False):
+            value = cfg.model.guidance if cfg is not None else 1.0
+            guidance = torch.full((b,), float(value), device=noisy.device, dtype=torch.float32)
+        out = denoiser(hidden_states=packed.to(dtype), encoder_hidden_states=hidden.to(dtype),
+                       pooled_projections=text["pooled"].to(noisy.device, dtype), timestep=(timesteps / 1000).to(dtype),
+                       img_ids=img_ids.reshape(-1, 3).to(noisy.device, dtype), txt_ids=txt_ids.to(noisy.device, dtype),
+                       guidance=guidance, return_dict=False)[0]
+        return out.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+    # ---- sampling and outputs
+    def pipeline_class(self):
+        from diffusers import FluxPipeline
+        return FluxPipeline
+
+    def build_pipeline(self, model, scheduler: str = "euler"):
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        if scheduler not in ("default", "euler"):
+            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to Flux (use euler or default)")
+        pipe = self.pipeline_class()(
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
+            text_encoder=model.text_encoders[0], tokenizer=model.tokenizers[0], text_encoder_2=model.text_encoders[1],
+            tokenizer_2=model.tokenizers[1], transformer=model.denoiser)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def pipeline_call_options(self, model) -> dict:
+        return {"max_sequence_length": self.t5_length(model)}
+
+    def lora_file_state(self, model, adapter_states, alpha):
+        from .lora_keys import to_diffusers_lora
+        return to_diffusers_lora(adapter_states, alpha)
+
+    def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
+        converted = self.pipeline_class().lora_state_dict(dict(file_state))
+        state = converted[0] if isinstance(converted, tuple) else converted
+        prefix = self.denoiser_name + "."
+        return {k[len(prefix):].rsplit(".lora_", 1)[0] for k in state if k.startswith(prefix)}
+
+    def lora_metadata(self) -> dict[str, str]:
+        return {"ss_base_model_version": self.base_model_version,
+                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
+
+    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
+        from .single_file import export_transformer
+        out = []
+        if folder is not None:
+            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
+            out.append(Path(folder))
+        out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
+        return out
+
+    def load_denoiser_file(self, path, like):
+        from .single_file import load_transformer_file
+        return load_transformer_file(path, like)
+
+
+def _device(module):
+    return next(module.parameters()).device
+
+
+def _unwrap(module):
+    return getattr(module, "module", module)  # DDP
+
+
+FLUX = FluxFamily()
