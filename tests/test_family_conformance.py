@@ -144,7 +144,8 @@ def test_full_finetune_outputs_load_and_hold_the_trained_weights(tmp_path, tiny_
     run, events, _ = train_run(tmp_path, model_dir, data, "ft", "network.type=full", "schedule.max_steps=2",
                                "optimizer.lr=1e-3", "precision.mixed=bf16", "network.save_precision=fp32")
     folder, single = run / "ft-diffusers", run / "ft.safetensors"
-    assert [e["outputs"] for e in events if e["event"] == "done"] == [[str(single), str(folder)]]
+    written = [str(single), str(folder)] if family.full_single_file else [str(folder)]
+    assert [e["outputs"] for e in events if e["event"] == "done"] == [written]
     pipe = family.pipeline_class().from_pretrained(str(folder), local_files_only=True)  # plain diffusers
     base = load_model(str(model_dir))
 
@@ -158,11 +159,11 @@ def test_full_finetune_outputs_load_and_hold_the_trained_weights(tmp_path, tiny_
     assert diff(pipe.vae, base.vae) == 0.0
     for name, original in zip(family.text_encoder_names, base.text_encoders):
         assert diff(getattr(pipe, name), original) == 0.0, name
-    if family.single_file_is_whole_model:  # one file with everything (SD checkpoints)
+    if family.full_single_file == "whole":  # one file with everything (SD checkpoints)
         from_file = load_model(str(single))
         assert from_file.family is family
         assert diff(trained, from_file.denoiser) == 0.0
         for loaded, original in zip(from_file.text_encoders, base.text_encoders):
             assert diff(loaded, original) == 0.0
-    else:  # the denoiser alone, in the family's original layout (Flux, as ComfyUI keeps it)
+    elif family.full_single_file == "denoiser":  # the denoiser alone, in the original layout (Flux)
         assert diff(trained, family.load_denoiser_file(single, like=base.denoiser)) == 0.0

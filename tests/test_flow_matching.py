@@ -78,7 +78,17 @@ def test_draws_are_per_sample_and_respect_the_range():
     assert large[0] > small[0]  # same u, bigger image: shifted towards noise
 
 
-def test_tiny_flux_overfits(tmp_path, tiny_models):
+# the family's default targets plus the projections in and out of the token stream
+OVERFIT_TARGETS = {
+    "flux": "['to_q','to_k','to_v','to_out.0','add_q_proj','add_k_proj','add_v_proj','to_add_out','proj_mlp',"
+            "'proj_out','x_embedder']",
+    "sd3": "['to_q','to_k','to_v','to_out.0','add_q_proj','add_k_proj','add_v_proj','to_add_out','proj_out','net.0.proj','net.2',"
+           "'pos_embed.proj']",
+}
+
+
+@pytest.mark.parametrize("arch", list(OVERFIT_TARGETS))
+def test_tiny_flow_model_overfits(tmp_path, tiny_models, arch):
     """Two identical images and captions at high noise (σ ≥ 0.7, where the target ε − x is learnable:
     the input is mostly ε, so x is what must be memorised): the loss drops by at least 30%."""
     import sys
@@ -87,14 +97,10 @@ def test_tiny_flux_overfits(tmp_path, tiny_models):
     from conftest import make_dataset
     from method_runs import train_run
     data = make_dataset(tmp_path / "data", n=2, size=32, captions=["a red square", "a red square"])
-    # the family's default targets plus the projections in and out of the token stream
-    targets = "['to_q','to_k','to_v','to_out.0','add_q_proj','add_k_proj','add_v_proj','to_add_out','proj_mlp'," \
-              "'proj_out','x_embedder']"
-    _, events, _ = train_run(tmp_path, tiny_models("flux"), data, "overfit", "schedule.max_steps=60",
-                             "network.rank=8", "network.alpha=8",
-                             "optimizer.lr=1e-2", "schedule.batch_size=2", "optimizer.weight_decay=0",
-                             f"network.target_modules={targets}", "loss.timestep_sampling=uniform",
-                             "loss.timestep_min=700")
+    _, events, _ = train_run(tmp_path, tiny_models(arch), data, "overfit", "schedule.max_steps=60",
+                             "network.rank=8", "network.alpha=8", "optimizer.lr=1e-2", "schedule.batch_size=2",
+                             "optimizer.weight_decay=0", f"network.target_modules={OVERFIT_TARGETS[arch]}",
+                             "loss.timestep_sampling=uniform", "loss.timestep_min=700")
     losses = [e["loss"] for e in events if e["event"] == "step"]
     first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert last <= 0.7 * first, f"loss went from {first:.4f} to {last:.4f}"

@@ -68,8 +68,9 @@ class Family:
     text_encoder_names: tuple[str, ...] = ("text_encoder",)
     # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families)
     trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names
-    # a full fine-tune's single file holds the whole model (SD) or the denoiser alone (Flux, as ComfyUI keeps it)
-    single_file_is_whole_model: bool = True
+    # a full fine-tune's single file: the whole model ("whole", SD checkpoints), the denoiser alone
+    # ("denoiser", Flux, as ComfyUI keeps it), or none (None: the diffusers folder only)
+    full_single_file: str | None = "whole"
     # adapters: peft target module names on the denoiser and on the text encoders
     default_targets: tuple[str, ...] = ()
     default_text_encoder_targets: tuple[str, ...] = ()
@@ -164,7 +165,8 @@ class Family:
 
     def save_full_model(self, model: LoadedModel, folder: Path | None, single_file: Path, dtype=None,
                         metadata: dict[str, str] | None = None) -> list[Path]:
-        """A full fine-tune's outputs: a diffusers folder (when `folder` is given) and one single file."""
+        """A full fine-tune's outputs: the single file (see full_single_file; none when it is None) first,
+        then the diffusers folder when `folder` is given."""
         raise NotImplementedError
 
     def load_denoiser_file(self, path: Path, like):

@@ -23,6 +23,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("sd1", "Stable Diffusion 1.x", "trainer_backend.families.sd", "SD1"),
     FamilyEntry("sd2", "Stable Diffusion 2.x", "trainer_backend.families.sd", "SD2"),
     FamilyEntry("sdxl", "Stable Diffusion XL", "trainer_backend.families.sd", "SDXL"),
+    FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3"),
     FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX"),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)

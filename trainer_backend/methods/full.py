@@ -66,7 +66,7 @@ def save_full_outputs(cfg: TrainConfig, run_dir: Path, model, trainable: Trainab
     folder = Path(run_dir) / f"{name}-diffusers"
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    single, _ = family.save_full_model(out_model, tmp, Path(run_dir) / f"{name}.safetensors", metadata=metadata)
+    paths = family.save_full_model(out_model, tmp, Path(run_dir) / f"{name}.safetensors", metadata=metadata)
     _replace_dir(tmp, folder)
-    LOG.info("saved %s and %s (%s)", folder, single, cfg.network.save_precision)
-    return [single, folder]
+    LOG.info("saved %s (%s)", ", ".join(str(p) for p in [*paths[:-1], folder]), cfg.network.save_precision)
+    return [*paths[:-1], folder]

@@ -19,7 +19,7 @@ class FluxFamily(Family):
     denoiser_name = "transformer"
     text_encoder_names = ("text_encoder", "text_encoder_2")
     trained_text_encoders = ("text_encoder",)  # CLIP-L; T5-XXL stays frozen
-    single_file_is_whole_model = False
+    full_single_file = "denoiser"
     # attention of the double blocks (image and text streams), the single blocks' attention and MLP input
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "proj_mlp")

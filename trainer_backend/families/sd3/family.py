@@ -1,0 +1,158 @@
+"""Stable Diffusion 3 / 3.5 (Medium, Large) behind the family contract: an SD3Transformer2DModel
+trained with rectified flow (shift 3) on 16-channel latents, conditioned on CLIP-L and CLIP-G
+penultimate hidden states (padded to the T5 width) followed by T5 hidden states, and the two
+CLIPs' pooled projections. T5 is optional: a model saved without it gets zeros in its place, as
+the diffusers pipeline does."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...errors import ConfigError
+from ..base import Family, LoadedModel
+
+CLIP_MAX_LENGTH = 77
+
+
+class SD3Family(Family):
+    name = "sd3"
+    label = "Stable Diffusion 3 / 3.5"
+    denoiser_name = "transformer"
+    text_encoder_names = ("text_encoder", "text_encoder_2", "text_encoder_3")
+    trained_text_encoders = ("text_encoder", "text_encoder_2")  # the CLIPs; T5 stays frozen
+    full_single_file = None  # full fine-tunes: the diffusers folder (original-layout export: not yet)
+    # the joint blocks' attention on both streams, and their MLPs' projections
+    default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+    default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+    base_model_version = "sd3"
+    modelspec_architecture = "stable-diffusion-v3-medium"
+
+    # ---- detection and loading
+    def detect_folder(self, folder: Path, index: dict) -> bool:
+        return index.get("_class_name", "").startswith("StableDiffusion3")
+
+    def detect_file(self, shapes, metadata) -> bool:
+        return any(k.endswith("joint_blocks.0.x_block.attn.qkv.weight") for k in shapes)
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
+        import torch
+        from diffusers import StableDiffusion3Pipeline
+        from ..sd.loader import _first_line, _load_vae
+        if not src.is_dir():
+            raise ConfigError(f"model.path: {src} is an SD3 single file; SD3 loads from a diffusers folder "
+                              "(single files are not supported yet)")
+        if prediction_type not in ("auto", "flow"):
+            raise ConfigError(f"model.prediction_type: SD3 predicts the flow (noise − image); {prediction_type!r} "
+                              "does not apply (use \"auto\")")
+        try:
+            pipe = StableDiffusion3Pipeline.from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise ConfigError(f"model.path: cannot load {src} as an SD3 model ({_first_line(e)})") from None
+        if vae:
+            pipe.vae = _load_vae(vae, pipe.vae)
+        encoders = [e for e in (pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3) if e is not None]
+        tokenizers = [t for t in (pipe.tokenizer, pipe.tokenizer_2, pipe.tokenizer_3) if t is not None]
+        return LoadedModel(family=self, denoiser=pipe.transformer, vae=pipe.vae, text_encoders=encoders,
+                           tokenizers=tokenizers, noise_scheduler=pipe.scheduler, prediction_type="flow",
+                           source=str(src), vae_scale_factor=2 ** (len(pipe.vae.config.block_out_channels) - 1),
+                           scheduler_config=dict(pipe.scheduler.config))
+
+    def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
+        from .tiny import build_tiny_sd3
+        return build_tiny_sd3(out_dir, seed=seed)
+
+    def meta_denoiser(self):
+        import torch
+        from diffusers import SD3Transformer2DModel
+        from ..sd.loader import ASSETS_CONFIGS
+        config = json.loads((ASSETS_CONFIGS / "sd3" / "transformer" / "config.json").read_text())
+        with torch.device("meta"):
+            return SD3Transformer2DModel.from_config(config)
+
+    # ---- text
+    def t5_length(self, model) -> int:
+        limit = model.tokenizers[2].model_max_length if len(model.tokenizers) > 2 else 256
+        return min(model.text_max_length or 256, limit)
+
+    def tokenize(self, model, captions, max_token_length):
+        ids = [tok(list(captions), padding="max_length", max_length=CLIP_MAX_LENGTH, truncation=True,
+                   return_tensors="pt").input_ids for tok in model.tokenizers[:2]]
+        if len(model.tokenizers) > 2:
+            ids.append(model.tokenizers[2](list(captions), padding="max_length", max_length=self.t5_length(model),
+                                           truncation=True, return_tensors="pt").input_ids)
+        return ids
+
+    def encode_text(self, model, input_ids, encoders=None):
+        import torch
+        encoders = encoders or model.text_encoders
+        hidden, pooled = [], []
+        for encoder, ids in zip(encoders[:2], input_ids[:2]):
+            out = encoder(ids.to(_device(encoder)), output_hidden_states=True)
+            pooled.append(out[0])
+            hidden.append(out.hidden_states[-2])
+        clip = torch.cat(hidden, dim=-1)
+        width = _unwrap(model.denoiser).config.joint_attention_dim
+        if len(encoders) > 2:
+            t5 = encoders[2](input_ids[2].to(_device(encoders[2])))[0]
+        else:  # no T5: zeros in its place, as the pipeline does
+            t5 = torch.zeros(clip.shape[0], self.t5_length(model), width, device=clip.device, dtype=clip.dtype)
+        clip = torch.nn.functional.pad(clip, (0, width - clip.shape[-1]))
+        return {"hidden": torch.cat([clip, t5.to(clip.dtype)], dim=-2), "pooled": torch.cat(pooled, dim=-1)}
+
+    # ---- objective and forward
+    def objective(self, model):
+        from ..objectives import FlowMatchObjective
+        return FlowMatchObjective(shift=model.scheduler_config.get("shift", 3.0))
+
+    def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
+        return denoiser(hidden_states=noisy.to(dtype), timestep=timesteps.to(dtype),
+                        encoder_hidden_states=text["hidden"].to(noisy.device, dtype),
+                        pooled_projections=text["pooled"].to(noisy.device, dtype), return_dict=False)[0]
+
+    # ---- sampling and outputs
+    def pipeline_class(self):
+        from diffusers import StableDiffusion3Pipeline
+        return StableDiffusion3Pipeline
+
+    def build_pipeline(self, model, scheduler: str = "euler"):
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        if scheduler not in ("default", "euler"):
+            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to SD3 (use euler or default)")
+        encoders = list(model.text_encoders) + [None] * (3 - len(model.text_encoders))
+        tokenizers = list(model.tokenizers) + [None] * (3 - len(model.tokenizers))
+        pipe = self.pipeline_class()(
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
+            text_encoder=encoders[0], tokenizer=tokenizers[0], text_encoder_2=encoders[1], tokenizer_2=tokenizers[1],
+            text_encoder_3=encoders[2], tokenizer_3=tokenizers[2], transformer=model.denoiser)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def pipeline_call_options(self, model) -> dict:
+        return {"max_sequence_length": self.t5_length(model)}
+
+    def lora_file_state(self, model, adapter_states, alpha):
+        from ..flux.lora_keys import to_diffusers_lora
+        return to_diffusers_lora(adapter_states, alpha)
+
+    def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
+        converted = self.pipeline_class().lora_state_dict(dict(file_state))
+        state = converted[0] if isinstance(converted, tuple) else converted
+        prefix = self.denoiser_name + "."
+        return {k[len(prefix):].rsplit(".lora_", 1)[0] for k in state if k.startswith(prefix)}
+
+    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
+        if folder is None:
+            return []  # no single-file export for SD3 yet: intermediate exports are skipped
+        self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
+        return [Path(folder)]
+
+
+def _device(module):
+    return next(module.parameters()).device
+
+
+def _unwrap(module):
+    return getattr(module, "module", module)  # DDP
+
+
+SD3 = SD3Family()
