@@ -71,6 +71,8 @@ class Family:
     # a full fine-tune's single file: the whole model ("whole", SD checkpoints), the denoiser alone
     # ("denoiser", Flux, as ComfyUI keeps it), or none (None: the diffusers folder only)
     full_single_file: str | None = "whole"
+    # the text-encoder output cache's dtype: T5 outputs are large, and fp16 halves them
+    text_cache_dtype: str = "float32"
     # adapters: peft target module names on the denoiser and on the text encoders
     default_targets: tuple[str, ...] = ()
     default_text_encoder_targets: tuple[str, ...] = ()

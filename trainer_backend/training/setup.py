@@ -141,9 +141,11 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
 
     def encode(captions: list[str]) -> dict:
         text = family.encode_text(model, family.tokenize(model, captions, cfg.dataset.max_token_length))
-        return {name: tensor.float().cpu() for name, tensor in text.items()}
+        dtype = getattr(torch, family.text_cache_dtype)
+        return {name: tensor.to(dtype).cpu() for name, tensor in text.items()}
 
-    if dataset.cache_text(encode, key=f"{model.source}|{cfg.dataset.max_token_length}"):
+    key = f"{model.source}|{cfg.dataset.max_token_length}|{model.text_max_length}|{family.text_cache_dtype}"
+    if dataset.cache_text(encode, key=key):
         LOG.info("cached text-encoder outputs for the dataset's captions")
 
 

@@ -24,6 +24,7 @@ class FluxFamily(Family):
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "proj_mlp")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+    text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
     base_model_version = "flux1"
     modelspec_architecture = "flux-1-dev"
 

@@ -24,6 +24,7 @@ class SD3Family(Family):
     # the joint blocks' attention on both streams, and their MLPs' projections
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+    text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
     base_model_version = "sd3"
     modelspec_architecture = "stable-diffusion-v3-medium"
 
