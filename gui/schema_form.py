@@ -189,6 +189,16 @@ def error_field(fields: list[FormField], error: ConfigError | str) -> FormField 
     return best
 
 
+def form_problems(fields: list[FormField], values: list[Any]) -> tuple[TrainConfig | None, list[ConfigError]]:
+    """Form values -> (config, []) or (config or None, every problem): a value the schema refuses, else
+    every cross-field rule the config breaks (trainer_backend/config/rules.py), each naming its key."""
+    from trainer_backend.config import rules
+    cfg, error = validate_values(fields, values)
+    if error is not None:
+        return None, [error]
+    return cfg, [ConfigError(message) for message in rules.problems(cfg)]
+
+
 def validate_values(fields: list[FormField], values: list[Any]) -> tuple[TrainConfig | None, ConfigError | None]:
     """Form values -> (config, None) or (None, the first error, naming its key)."""
     try:

@@ -10,10 +10,10 @@ from trainer_backend.config import ConfigError
 from gui import dataset_view as dv
 from gui.shared_state import Studio
 from gui.run_control import StartRefused
-from gui.schema_form import error_field, validate_values
+from gui.schema_form import error_field, form_problems
 from gui.secrets_panel import build_secrets_panel, env_from_rows, status_markdown
 from gui.system_monitor import gpus_markdown
-from gui.widgets import FormWidgets, error_updates, render_form, tab_id
+from gui.widgets import FormWidgets, error_updates, render_form, tab_id, unplaced_errors
 
 
 @dataclass
@@ -75,12 +75,11 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         """Validate, inspect the dataset (cached), recompute the plan and the command preview."""
         n = len(fields)
         values, typed, seen = list(args[:n]), env_from_rows(list(args[n:-1])), args[-1]
-        cfg, error = validate_values(fields, values)
-        placed = error_updates(fields, error)
+        cfg, errors = form_problems(fields, values)
+        placed = error_updates(fields, errors)
         keep = [gr.skip()] * 9
-        if error is not None:
-            unplaced = "" if error_field(fields, error) else f"⚠️ {error}"
-            return [*placed, unplaced, *keep, seen]
+        if errors:  # every problem of the form at once, each under its field
+            return [*placed, unplaced_errors(fields, errors), *keep, seen]
         shell, argv, toml = studio.command_preview(cfg)
         secrets = status_markdown(cfg, typed)
         try:
@@ -115,7 +114,8 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
           trigger_mode="always_last", show_progress="hidden")
 
     def on_start(*args):
-        cfg, error = validate_values(fields, list(args[:len(fields)]))
+        cfg, errors = form_problems(fields, list(args[:len(fields)]))
+        error = errors[0] if errors else None
         if error is None:
             try:
                 run_dir = studio.manager.start(cfg, secret_env=env_from_rows(list(args[len(fields):])))
@@ -128,7 +128,8 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                         gr.skip(), gr.Tabs(selected="run")]
         target = error_field(fields, error)
         hint = f" (tab {target.tab})" if target else ""
-        return [*error_updates(fields, error), f"⚠️ Not started: {error}{hint}",
+        more = f" (and {len(errors) - 1} more, shown under their fields)" if len(errors) > 1 else ""
+        return [*error_updates(fields, errors or error), f"⚠️ Not started: {error}{hint}{more}",
                 gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip()]
 
     start.click(on_start, inputs=[*form.inputs, *secret_boxes], outputs=[*form.errors, message, form.tabs, main_tabs],

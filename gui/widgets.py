@@ -105,13 +105,19 @@ def render_form(fields: list[FormField], values: list[Any],
                        errors=[errors[f.dotted] for f in fields], tabs=tabs)
 
 
-def error_updates(fields: list[FormField], error: ConfigError | str | None) -> list[dict]:
-    """One update per error line: show the message under the field it names, hide the rest."""
-    target = error_field(fields, error) if error else None
-    out = []
-    for f in fields:
-        if target is not None and f is target:
-            out.append(gr.update(value=f"⚠️ {error}", visible=True))
-        else:
-            out.append(gr.update(value="", visible=False))
-    return out
+def error_updates(fields: list[FormField], error: ConfigError | str | list | None) -> list[dict]:
+    """One update per error line: each message shown under the field it names (several at once when
+    given a list), the other lines hidden."""
+    errors = error if isinstance(error, list) else ([error] if error else [])
+    shown: dict[str, list[str]] = {}
+    for e in errors:
+        target = error_field(fields, e)
+        if target is not None:
+            shown.setdefault(target.dotted, []).append(f"⚠️ {e}")
+    return [gr.update(value="  \n".join(shown[f.dotted]), visible=True) if f.dotted in shown
+            else gr.update(value="", visible=False) for f in fields]
+
+
+def unplaced_errors(fields: list[FormField], errors: list) -> str:
+    """The errors that name no field of the form (shown above it)."""
+    return "  \n".join(f"⚠️ {e}" for e in errors if error_field(fields, e) is None)

@@ -72,6 +72,13 @@ def _dispatch(args) -> int:
         else:
             print(config_reference())
         return exitcodes.OK
+    if args.command == "validate":  # every cross-field problem at once, one line each
+        from .config import rules
+        found = rules.problems(load_config(args.config, args.overrides))
+        if found:
+            for message in found:
+                print(f"error: {message}", file=sys.stderr)
+            return exitcodes.BAD_CONFIG
     cfg = _load(args)
     if args.command == "validate":
         print(f"ok: {args.config or 'defaults'} is valid")

@@ -1,29 +1,12 @@
-"""Checks that need the file system (the schema checks types and bounds)."""
+"""Checks that need the file system, run before a run starts (the schema checks types and bounds;
+config/rules.py the combinations of options)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from . import ConfigError, TrainConfig
 
-BUILTIN_PREFIX = "builtin:"
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-def resolve_path(value: str) -> str:
-    """Relative paths are taken from the working directory, else from the project root
-    (so the built-in presets' `assets/...` work from anywhere)."""
-    if not value or value.startswith(BUILTIN_PREFIX) or Path(value).is_absolute() or Path(value).exists():
-        return value
-    candidate = PROJECT_ROOT / value
-    return str(candidate) if candidate.exists() else value
-
-
-def resolve_paths(cfg: TrainConfig) -> TrainConfig:
-    cfg.model.path = resolve_path(cfg.model.path)
-    cfg.dataset.path = resolve_path(cfg.dataset.path)
-    if cfg.model.vae:
-        cfg.model.vae = resolve_path(cfg.model.vae)
-    return cfg
+from .paths import BUILTIN_PREFIX, PROJECT_ROOT, resolve_path, resolve_paths  # noqa: F401 (re-exported)
 
 
 def _check_dataset_path(cfg: TrainConfig) -> None:
@@ -50,16 +33,6 @@ def validate_for_run(cfg: TrainConfig) -> TrainConfig:
     if cfg.model.vae and not Path(cfg.model.vae).exists():
         raise ConfigError(f"model.vae: {cfg.model.vae} does not exist")
     _check_dataset_path(cfg)
-    if cfg.loss.timestep_min >= cfg.loss.timestep_max:
-        raise ConfigError(f"loss.timestep_min: must be below loss.timestep_max ({cfg.loss.timestep_max}), "
-                          f"got {cfg.loss.timestep_min}")
-    from ..methods.checks import check_method_config  # method, EMA, DreamBooth and sample options
-    check_method_config(cfg)
-    from ..training.full_half_precision import check_precision_options  # full_bf16/full_fp16, VAE fp16
-    check_precision_options(cfg)
-    try:
-        from ..launch.argv import validate_hardware
-    except ImportError:
-        return cfg
-    validate_hardware(cfg)
+    from ..methods.checks import check_method_config  # the cross-field rules (config/rules.py), then
+    check_method_config(cfg)                          # the DreamBooth and sample options that read files
     return cfg

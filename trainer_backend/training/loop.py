@@ -17,7 +17,7 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from ..config import TrainConfig
+from ..config import TrainConfig, rules
 from ..data.indexed import IndexedDataset, collate_with_index
 from ..methods import method_loss, method_run_config, method_validator, save_outputs, setup_method
 from ..methods.class_images import prepare_class_images
@@ -44,7 +44,8 @@ class TrainingDiverged(RuntimeError):
 def train(cfg: TrainConfig) -> int:
     from accelerate.utils import set_seed
     from ..launch.plan import plan_from_config
-    cfg = method_run_config(cfg)  # the method's adjustments (a VAE run: its own precision, no caches)
+    cfg = method_run_config(rules.check(cfg))  # refuse bad combinations before anything loads; the method's
+    # adjustments (a VAE run: its own precision, no caches)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.schedule.seed)
     run = open_run(cfg, accelerator)

@@ -67,7 +67,7 @@ def validation_scan(cfg: TrainConfig):
     from dataclasses import replace
     from pathlib import Path
     from ..data import scan_dataset
-    from ..config.checks import resolve_path
+    from ..config.paths import resolve_path
     val = cfg.validation
     if val.path and (val.fraction or cfg.dataset.validation_every_nth):
         raise ConfigError("validation.path: set either a separate validation folder or a held-out share "
