@@ -39,6 +39,12 @@ def _check(state, config, *overrides, processes=1, scan=False):
     ("schedule.seed=7", "schedule.seed"),
     ("precision.mixed='fp16'", "precision.mixed: changed from no to fp16"),
     ("dataset.bucketing=true", "dataset.bucketing"),
+    # adapter options that once counted as safe: the new adapters silently started from scratch
+    ("network.dora=true", "network.dora: changed from False to True"),
+    ("network.conv_rank=4", "network.conv_rank: changed from 0 to 4"),
+    ("network.conv_alpha=2.0", "network.conv_alpha"),
+    ("network.conv_target_modules=['conv1']", "network.conv_target_modules"),
+    ("network.lokr_factor=4", "network.lokr_factor"),
 ])
 def test_unsafe_option_changes_are_refused(reference_run, override, key):
     state = load_state(checkpoints_dir(reference_run["run_dir"]) / "step-00000008")
@@ -109,3 +115,17 @@ def test_more_steps_continue_and_a_finished_run_only_exports(zygote, reference_r
     steps = [e["step"] for e in read_events(run) if e["event"] == "step"]
     assert steps == [13, 14, 15, 16]
     assert "schedule.max_steps: 12 -> 16" in (run / "train.log").read_text()
+
+
+def test_every_option_declares_what_changing_it_means_for_a_resume():
+    """Declared on the field itself (F(resume=...)), nested tables included; unsafe ones give a reason."""
+    from trainer_backend.config import DatasetSubset, WebhookTarget, all_fields
+    from trainer_backend.config.base import RESUME_KINDS, RESUME_REASONS
+    declared = [(f"{f['section']}.{f['key']}", f["resume"]) for f in all_fields()]
+    for cls in (DatasetSubset, WebhookTarget):
+        declared += [(f"{cls.__name__}.{k}", (i.json_schema_extra or {}).get("resume", ""))
+                     for k, i in cls.model_fields.items()]
+    for key, resume in declared:
+        kind, _, reason = resume.partition(":")
+        assert kind in RESUME_KINDS, f"{key}: no resume declaration ({resume!r})"
+        assert not kind.startswith("unsafe") or reason in RESUME_REASONS, key

@@ -10,10 +10,34 @@ from ..errors import ConfigError  # noqa: F401  (re-exported: the schema's error
 CONFIG_VERSION = 1
 
 
-def F(default: Any, help: str, *, widget: str = "", advanced: bool = False,
+# Why a changed option cannot continue a checkpoint (resume="unsafe:<reason>").
+RESUME_REASONS = {
+    "arch": "the trained weights belong to another architecture",
+    "prediction": "the UNet was trained to predict something else",
+    "network": "the checkpoint holds another kind of network",
+    "shape": "the adapter weights in the checkpoint have another shape",
+    "scale": "the adapter weights were trained with another scale",
+    "modules": "the checkpoint has adapters on other modules",
+    "adapters": "the checkpoint's adapters were built with another value: new ones would silently start from scratch",
+    "optimizer": "the optimizer state in the checkpoint belongs to another optimizer",
+    "batch": "the position inside the epoch is counted in batches of the old size",
+    "order": "the data order and noise of the rest of the epoch would change",
+    "buckets": "images would be batched differently (the position inside the epoch is lost)",
+    "samples": "each epoch would hold other samples (the position inside the epoch is lost)",
+}
+RESUME_KINDS = ("safe", "ignored", "unsafe", "unsafe_if_bucketing")
+
+
+def F(default: Any, help: str, *, resume: str, widget: str = "", advanced: bool = False,
       secret: bool = False, **bounds: Any) -> Any:
-    """A schema field: default, help text, UI hint, and pydantic bounds (ge, le, ...)."""
-    extra = {"ui": {"widget": widget, "advanced": advanced}, "secret": secret}
+    """A schema field: default, help text, UI hint, pydantic bounds (ge, le, ...), and what changing it
+    means for a resumed run (run/resume.py): "safe" (allowed and logged), "ignored" (where things live or
+    are reported), "unsafe:<reason>" (refused; RESUME_REASONS), "unsafe_if_bucketing:<reason>"."""
+    kind, _, reason = resume.partition(":")
+    if kind not in RESUME_KINDS or (kind.startswith("unsafe") and reason not in RESUME_REASONS):
+        raise ValueError(f"resume={resume!r}: expected one of {RESUME_KINDS}, unsafe ones with a reason from "
+                         f"RESUME_REASONS")
+    extra = {"ui": {"widget": widget, "advanced": advanced}, "secret": secret, "resume": resume}
     return Field(default, description=help, json_schema_extra=extra, **bounds)
 
 

@@ -10,139 +10,162 @@ from .base import F, Section
 class Output(Section):
     """Where the run directory goes."""
     TAB: ClassVar[str] = "Model"
-    dir: str = F("runs", "Folder that holds run directories.", widget="path")
+    dir: str = F("runs", "Folder that holds run directories.", widget="path", resume="ignored")
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
-                  min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$")
+                  min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
 
 
 class Model(Section):
     """The base model."""
     TAB: ClassVar[str] = "Model"
     path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, or builtin:tiny-<family> "
-                      "(" + ", ".join(f"builtin:tiny-{n}" for n in FAMILY_NAMES) + ").", widget="path")
-    arch: Literal[ARCH_CHOICES] = F("auto", "Model family; auto detects it from the model.")
+                      "(" + ", ".join(f"builtin:tiny-{n}" for n in FAMILY_NAMES) + ").", widget="path",
+                      resume="ignored")
+    arch: Literal[ARCH_CHOICES] = F("auto", "Model family; auto detects it from the model.", resume="unsafe:arch")
     vae: str = F("", "Optional VAE to use instead of the model's own (diffusers folder or file).",
-                 widget="path", advanced=True)
+                 widget="path", advanced=True, resume="ignored")
     prediction_type: Literal["auto", "epsilon", "v_prediction"] = F(
         "auto", "What the UNet predicts; auto reads the model's scheduler config (SD2-768 is v_prediction).",
-        advanced=True)
+        advanced=True, resume="unsafe:prediction")
     tokenizer: str = F("", "CLIP tokenizer for a single-file checkpoint that carries none: a diffusers model folder of "
                            "any SD family, or a folder with vocab.json + merges.txt. Empty = look in the Hugging "
-                           "Face cache (offline).", widget="path", advanced=True)
+                           "Face cache (offline).", widget="path", advanced=True, resume="ignored")
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
-                        ge=0.0, le=100.0, advanced=True)
+                        ge=0.0, le=100.0, advanced=True, resume="safe")
     t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption; 0 = the model's own (Flux dev "
-                              "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True)
+                              "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True, resume="safe")
 
 
 class DatasetSubset(Section):
     """One [[dataset.subsets]] entry: another folder with its own repeats, captions and augmentation.
     Options left at "inherit" (or -1 / "") take the value from [dataset]."""
     path: str = F("", "Folder of this subset (images + captions, or the root that metadata paths are relative to).",
-                  widget="path", min_length=1)
-    source: Literal["inherit", "folders", "metadata"] = F("inherit", "folders or metadata (JSON) mode.")
+                  widget="path", min_length=1, resume="ignored")
+    source: Literal["inherit", "folders", "metadata"] = F("inherit", "folders or metadata (JSON) mode.",
+                                                          resume="ignored")
     metadata_path: str = F("", "Metadata JSON file or folder of JSON files; empty = search this subset's path.",
-                           widget="path")
-    repeats: int = F(0, "Repeats; 0 = from an N_concept folder name, else dataset.repeats.", ge=0, le=10000)
+                           widget="path", resume="ignored")
+    repeats: int = F(0, "Repeats; 0 = from an N_concept folder name, else dataset.repeats.", ge=0, le=10000,
+                     resume="ignored")
     caption_extension: str = F("", "Caption file extension; empty = dataset.caption_extension.",
-                               pattern=r"^(\.[A-Za-z0-9_]+)?$")
-    class_tokens: str = F("", "Caption for images without one; empty = the concept of an N_concept folder name.")
-    flip: Literal["inherit", True, False] = F("inherit", "Random horizontal flip.")
-    center_crop: Literal["inherit", True, False] = F("inherit", "Center crop (false: random crop).")
-    caption_dropout: float = F(-1.0, "Probability of an empty caption; -1 = inherit.", ge=-1.0, le=1.0)
-    shuffle_tags: Literal["inherit", True, False] = F("inherit", "Shuffle tags after the first keep_tokens.")
-    keep_tokens: int = F(-1, "Leading tags kept in place; -1 = inherit.", ge=-1, le=1000)
-    tag_dropout: float = F(-1.0, "Probability of dropping each tag; -1 = inherit.", ge=-1.0, le=1.0)
+                               pattern=r"^(\.[A-Za-z0-9_]+)?$", resume="ignored")
+    class_tokens: str = F("", "Caption for images without one; empty = the concept of an N_concept folder name.",
+                          resume="ignored")
+    flip: Literal["inherit", True, False] = F("inherit", "Random horizontal flip.", resume="ignored")
+    center_crop: Literal["inherit", True, False] = F("inherit", "Center crop (false: random crop).", resume="ignored")
+    caption_dropout: float = F(-1.0, "Probability of an empty caption; -1 = inherit.", ge=-1.0, le=1.0,
+                               resume="ignored")
+    shuffle_tags: Literal["inherit", True, False] = F("inherit", "Shuffle tags after the first keep_tokens.",
+                                                      resume="ignored")
+    keep_tokens: int = F(-1, "Leading tags kept in place; -1 = inherit.", ge=-1, le=1000, resume="ignored")
+    tag_dropout: float = F(-1.0, "Probability of dropping each tag; -1 = inherit.", ge=-1.0, le=1.0, resume="ignored")
 
 
 class Dataset(Section):
     """Training images and captions."""
     TAB: ClassVar[str] = "Dataset"
     path: str = F("", "Folder of images with same-named caption files; kohya-style N_concept subfolders give repeats.",
-                  widget="path")
+                  widget="path", resume="ignored")
     source: Literal["folders", "metadata"] = F(
         "folders", "folders: images with caption files (flat or N_concept subfolders); metadata: per-image JSON files "
-                   "with tags, score and path.")
-    metadata_path: str = F("", "Metadata mode: a JSON file or a folder tree of JSON files; empty = search dataset.path.",
-                           widget="path", advanced=True)
+                   "with tags, score and path.", resume="safe")
+    metadata_path: str = F("", "Metadata mode: a JSON file or a folder tree of JSON files; empty = search "
+                              "dataset.path.",
+                           widget="path", advanced=True, resume="ignored")
     subsets: list[DatasetSubset] = F([], "More folders, each with its own repeats, captions and augmentation "
                                          "([[dataset.subsets]] tables); used together with dataset.path.",
-                                     widget="subsets", advanced=True)
+                                     widget="subsets", advanced=True, resume="ignored")
     resolution: int = F(512, "Training resolution (square side, or the target area's side when bucketing).",
-                        ge=32, le=4096, multiple_of=8)
-    caption_extension: str = F(".txt", "Caption file extension.", pattern=r"^\.[A-Za-z0-9_]+$")
+                        ge=32, le=4096, multiple_of=8, resume="unsafe_if_bucketing:buckets")
+    caption_extension: str = F(".txt", "Caption file extension.", pattern=r"^\.[A-Za-z0-9_]+$", resume="safe")
     max_token_length: Literal[75, 150, 225] = F(
         75, "Caption tokens the text encoder sees. 150/225 (kohya's max_token_length): the caption is split "
             "into 75-token chunks, each encoded in its own window and concatenated, as A1111 and ComfyUI do "
-            "with long prompts.", advanced=True)
-    repeats: int = F(1, "Repeats for images in a flat folder (N_concept folders carry their own).", ge=1, le=10000)
+            "with long prompts.", advanced=True, resume="safe")
+    repeats: int = F(1, "Repeats for images in a flat folder (N_concept folders carry their own).", ge=1, le=10000,
+                     resume="safe")
     class_tokens: str = F("", "Caption for flat-folder images that have no caption file (N_concept folders use the "
-                              "concept).")
-    class_path: str = F("", "Class (regularization) images for prior preservation; empty = none.", widget="path")
-    class_prompt: str = F("", "Caption for every class image; empty = their caption files or folder names.")
+                              "concept).", resume="safe")
+    class_path: str = F("", "Class (regularization) images for prior preservation; empty = none.", widget="path",
+                        resume="ignored")
+    class_prompt: str = F("", "Caption for every class image; empty = their caption files or folder names.",
+                          resume="safe")
     class_samples: int = F(0, "Class samples per epoch; 0 = as many as the instance samples (class images are "
-                              "cycled if there are fewer).", ge=0)
+                              "cycled if there are fewer).", ge=0, resume="unsafe:samples")
     num_class_images: int = F(0, "DreamBooth prior preservation: class images wanted. When class_path holds fewer "
                                  "(or is empty), the missing ones are generated with the base model from "
                                  "class_prompt before training, into a cache outside the dataset, and reused by "
-                                 "later runs. 0 = never generate.", ge=0, le=100000)
+                                 "later runs. 0 = never generate.", ge=0, le=100000, resume="safe")
     prior_loss_weight: float = F(1.0, "Weight of the prior-preservation loss (the class samples' loss).", ge=0.0,
-                                 le=100.0)
-    class_negative_prompt: str = F("", "Negative prompt used when generating class images.", advanced=True)
-    class_generation_steps: int = F(30, "Sampling steps per generated class image.", ge=1, le=1000, advanced=True)
-    class_guidance_scale: float = F(7.5, "CFG scale for generated class images.", ge=0.0, le=50.0, advanced=True)
-    class_generation_batch_size: int = F(4, "Class images generated per batch.", ge=1, le=256, advanced=True)
+                                 le=100.0, resume="safe")
+    class_negative_prompt: str = F("", "Negative prompt used when generating class images.", advanced=True,
+                                   resume="safe")
+    class_generation_steps: int = F(30, "Sampling steps per generated class image.", ge=1, le=1000, advanced=True,
+                                    resume="safe")
+    class_guidance_scale: float = F(7.5, "CFG scale for generated class images.", ge=0.0, le=50.0, advanced=True,
+                                    resume="safe")
+    class_generation_batch_size: int = F(4, "Class images generated per batch.", ge=1, le=256, advanced=True,
+                                         resume="safe")
     bucketing: bool = F(False, "Aspect-ratio bucketing: batches of same-shaped images near resolution² in area, "
-                               "instead of square crops.")
+                               "instead of square crops.", resume="unsafe:buckets")
     bucket_min_side: int = F(0, "Smallest bucket side; images whose shorter side is smaller are skipped. "
-                                "0 = resolution/2.", ge=0, le=8192, multiple_of=8, advanced=True)
+                                "0 = resolution/2.", ge=0, le=8192, multiple_of=8, advanced=True,
+                                resume="unsafe_if_bucketing:buckets")
     bucket_max_side: int = F(0, "Largest bucket side; 0 = resolution×2.", ge=0, le=16384, multiple_of=8,
-                             advanced=True)
-    bucket_step: int = F(64, "Bucket sides are multiples of this.", ge=8, le=512, multiple_of=8, advanced=True)
+                             advanced=True, resume="unsafe_if_bucketing:buckets")
+    bucket_step: int = F(64, "Bucket sides are multiples of this.", ge=8, le=512, multiple_of=8, advanced=True,
+                         resume="unsafe_if_bucketing:buckets")
     bucket_no_upscale: bool = F(False, "Never upscale: small images get a smaller bucket of their own size.",
-                                advanced=True)
-    flip: bool = F(False, "Random horizontal flip.")
-    center_crop: bool = F(True, "Center crop (off: random crop).", advanced=True)
+                                advanced=True, resume="unsafe_if_bucketing:buckets")
+    flip: bool = F(False, "Random horizontal flip.", resume="safe")
+    center_crop: bool = F(True, "Center crop (off: random crop).", advanced=True, resume="safe")
     caption_dropout: float = F(0.0, "Probability of training a sample with an empty caption.", ge=0.0, le=1.0,
-                               advanced=True)
-    shuffle_tags: bool = F(False, "Shuffle comma-separated tags (after the first keep_tokens).", advanced=True)
+                               advanced=True, resume="safe")
+    shuffle_tags: bool = F(False, "Shuffle comma-separated tags (after the first keep_tokens).", advanced=True,
+                           resume="safe")
     shuffle_tags_p: float = F(1.0, "Probability that a sample's tags are shuffled when shuffle_tags is on.",
-                              ge=0.0, le=1.0, advanced=True)
-    keep_tokens: int = F(0, "Leading tags kept in place when shuffling.", ge=0, advanced=True)
+                              ge=0.0, le=1.0, advanced=True, resume="safe")
+    keep_tokens: int = F(0, "Leading tags kept in place when shuffling.", ge=0, advanced=True, resume="safe")
     tag_dropout: float = F(0.0, "Probability of dropping each tag (after the first keep_tokens).", ge=0.0, le=1.0,
-                           advanced=True)
+                           advanced=True, resume="safe")
     caption_separator: str = F(",", "Separator between tags in caption files (for shuffle and tag dropout).",
-                               min_length=1, advanced=True)
-    ignore_tags: list[str] = F([], "Metadata mode: skip images that have any of these tags.", advanced=True)
-    remove_tags: list[str] = F([], "Metadata mode: tags removed from captions.", advanced=True)
+                               min_length=1, advanced=True, resume="safe")
+    ignore_tags: list[str] = F([], "Metadata mode: skip images that have any of these tags.", advanced=True,
+                               resume="safe")
+    remove_tags: list[str] = F([], "Metadata mode: tags removed from captions.", advanced=True, resume="safe")
     replace_tags: dict[str, str] = F({}, "Metadata mode: text replaced inside every tag, in order, e.g. "
-                                         "{\" \" = \"_\", \"artist:\" = \"by=\"}.", widget="table", advanced=True)
+                                         "{\" \" = \"_\", \"artist:\" = \"by=\"}.", widget="table", advanced=True,
+                                         resume="safe")
     tag_separator: str = F(", ", "Metadata mode: separator used to join tags into the caption.", min_length=1,
-                           advanced=True)
-    abs_min_score: float = F(0.0, "Metadata mode: skip images whose score is below this; 0 = off.", advanced=True)
+                           advanced=True, resume="safe")
+    abs_min_score: float = F(0.0, "Metadata mode: skip images whose score is below this; 0 = off.", advanced=True,
+                             resume="safe")
     min_score: float = F(0.0, "Metadata mode: skip images whose score plus tag_bonus_scores is below this; 0 = off.",
-                         advanced=True)
+                         advanced=True, resume="safe")
     tag_bonus_scores: dict[str, float] = F({}, "Metadata mode: score added per tag before the min_score check, "
-                                               "e.g. {solo = 100, sketch = -75}.", widget="table", advanced=True)
+                                               "e.g. {solo = 100, sketch = -75}.", widget="table", advanced=True,
+                                               resume="safe")
     score_tags: list[int] = F([], "Metadata mode: score thresholds; the highest one exceeded adds a tag, e.g. "
-                                  "[800, 400] makes score 900 add scr800.", advanced=True)
-    score_tag_prefix: str = F("scr", "Metadata mode: prefix of score tags.", advanced=True)
+                                  "[800, 400] makes score 900 add scr800.", advanced=True, resume="safe")
+    score_tag_prefix: str = F("scr", "Metadata mode: prefix of score tags.", advanced=True, resume="safe")
     validation_every_nth: int = F(0, "Hold out every Nth image (metadata record or file, sorted) for validation; "
-                                     "0 = off.", ge=0, advanced=True)
+                                     "0 = off.", ge=0, advanced=True, resume="safe")
     alpha_background: Literal["white", "black", "gray"] = F(
-        "white", "Background that transparent images are composited on.", advanced=True)
+        "white", "Background that transparent images are composited on.", advanced=True, resume="safe")
     max_image_megapixels: float = F(100.0, "Skip images larger than this (decompression-bomb guard).", gt=0.0,
-                                    le=1000.0, advanced=True)
+                                    le=1000.0, advanced=True, resume="safe")
     verify_images: bool = F(True, "Decode every image while scanning so corrupt files are skipped before training "
-                                  "starts (slower start on very large datasets).", advanced=True)
+                                  "starts (slower start on very large datasets).", advanced=True, resume="safe")
     cache_latents: bool = F(False, "Encode images with the VAE once and reuse the latents (turns off random crop/flip "
-                                   "variety unless both flips are cached).")
-    cache_latents_to_disk: bool = F(False, "Keep cached latents on disk (reused by later runs) instead of in memory.")
+                                   "variety unless both flips are cached).", resume="safe")
+    cache_latents_to_disk: bool = F(False, "Keep cached latents on disk (reused by later runs) instead of in memory.",
+                                    resume="safe")
     cache_dir: str = F("", "Cache folder (outside the dataset); empty = <output.dir>/.cache.", widget="path",
-                       advanced=True)
+                       advanced=True, resume="safe")
     cache_both_flips: bool = F(True, "With flip and latent caching on, cache both orientations (2× encoding); "
-                                     "off = flip is disabled while caching.", advanced=True)
+                                     "off = flip is disabled while caching.", advanced=True, resume="safe")
     cache_text_encoder_outputs: bool = F(False, "Encode each caption once when the text encoders are frozen and "
-                                                "captions are static (no shuffle/dropout).", advanced=True)
-    num_workers: int = F(0, "DataLoader worker processes.", ge=0, le=64, advanced=True)
+                                                "captions are static (no shuffle/dropout).", advanced=True,
+                                                resume="safe")
+    num_workers: int = F(0, "DataLoader worker processes.", ge=0, le=64, advanced=True, resume="safe")

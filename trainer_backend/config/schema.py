@@ -15,7 +15,7 @@ from .train_sections import Ema, Loss, Network, Optimizer, Precision, Samples, S
 class TrainConfig(BaseModel):
     """A complete run configuration."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    version: int = F(CONFIG_VERSION, "Config format version.", ge=1)
+    version: int = F(CONFIG_VERSION, "Config format version.", ge=1, resume="ignored")
     output: Output = Field(default_factory=Output)
     model: Model = Field(default_factory=Model)
     dataset: Dataset = Field(default_factory=Dataset)
@@ -58,7 +58,8 @@ def field_info(section: str, key: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"section": section, "key": key, "help": info.description or "",
                             "tab": sections()[section].TAB,
                             "default": info.get_default(call_default_factory=True),
-                            "ui": dict(extra.get("ui", {})), "secret": extra.get("secret", False)}
+                            "ui": dict(extra.get("ui", {})), "secret": extra.get("secret", False),
+                            "resume": extra.get("resume", "")}
     ann = info.annotation
     if getattr(ann, "__origin__", None) is Literal:
         meta["type"], meta["choices"] = "choice", list(ann.__args__)

@@ -11,114 +11,121 @@ class Network(Section):
     type: Literal["lora", "loha", "lokr", "full", "vae"] = F(
         "lora", "lora / loha / lokr adapters (peft), or full fine-tuning of the UNet (and the text encoders with "
                 "train_text_encoder). With class images this is DreamBooth (see docs/methods.md). vae: fine-tune "
-                "the autoencoder on the dataset's images (see [vae]).")
-    rank: int = F(16, "Adapter rank (dim).", ge=1, le=1024)
-    alpha: float = F(16.0, "Adapter alpha; the update is scaled by alpha/rank.", gt=0)
-    dropout: float = F(0.0, "Dropout on the adapter's input.", ge=0.0, lt=1.0, advanced=True)
+                "the autoencoder on the dataset's images (see [vae]).", resume="unsafe:network")
+    rank: int = F(16, "Adapter rank (dim).", ge=1, le=1024, resume="unsafe:shape")
+    alpha: float = F(16.0, "Adapter alpha; the update is scaled by alpha/rank.", gt=0, resume="unsafe:scale")
+    dropout: float = F(0.0, "Dropout on the adapter's input.", ge=0.0, lt=1.0, advanced=True, resume="safe")
     target_modules: list[str] = F(["to_q", "to_k", "to_v", "to_out.0"],
-                                  "UNet module names that get adapters.", advanced=True)
-    train_text_encoder: bool = F(False, "Also train adapters on the text encoder(s).")
+                                  "UNet module names that get adapters.", advanced=True, resume="unsafe:modules")
+    train_text_encoder: bool = F(False, "Also train adapters on the text encoder(s).", resume="unsafe:modules")
     text_encoder_lr: float = F(0.0, "Learning rate for text-encoder adapters; 0 = optimizer.lr.", ge=0.0,
-                               advanced=True)
+                               advanced=True, resume="safe")
     text_encoder_target_modules: list[str] = F(["q_proj", "k_proj", "v_proj", "out_proj"],
-                                               "Text-encoder module names that get adapters.", advanced=True)
+                                               "Text-encoder module names that get adapters.", advanced=True,
+                                               resume="unsafe:modules")
     dora: bool = F(False, "LoRA only: weight-decomposed LoRA (DoRA). Saved in diffusers format (no kohya/webui "
-                          "DoRA format is written).")
+                          "DoRA format is written).", resume="unsafe:adapters")
     conv_rank: int = F(0, "Also put adapters on the UNet's convolutions (LoCon-style) with this rank; 0 = off.",
-                       ge=0, le=1024)
-    conv_alpha: float = F(1.0, "Alpha of the convolution adapters.", gt=0)
+                       ge=0, le=1024, resume="unsafe:adapters")
+    conv_alpha: float = F(1.0, "Alpha of the convolution adapters.", gt=0, resume="unsafe:scale")
     conv_target_modules: list[str] = F(["conv1", "conv2", "conv_shortcut", "downsamplers.0.conv",
                                         "upsamplers.0.conv"], "UNet convolution names that get adapters when "
-                                       "conv_rank > 0.", advanced=True)
+                                       "conv_rank > 0.", advanced=True, resume="unsafe:adapters")
     lokr_factor: int = F(-1, "LoKr: Kronecker factor of the weight's dimensions; -1 = as square as possible.",
-                         ge=-1, le=1024, advanced=True)
+                         ge=-1, le=1024, advanced=True, resume="unsafe:adapters")
     save_precision: Literal["fp32", "fp16", "bf16"] = F(
-        "fp16", "Full fine-tune: precision of the saved diffusers folder and single-file checkpoint.")
+        "fp16", "Full fine-tune: precision of the saved diffusers folder and single-file checkpoint.", resume="safe")
 
 
 class Optimizer(Section):
     """Optimizer and learning-rate schedule."""
     TAB: ClassVar[str] = "Optimizer & schedule"
     name: Literal["adamw", "adamw8bit", "prodigy", "lion", "adafactor", "sgd"] = F(
-        "adamw", "Optimizer; adamw8bit/prodigy/lion need their packages installed.")
-    lr: float = F(1e-4, "Learning rate.", gt=0.0, le=10.0)
-    weight_decay: float = F(0.01, "Decoupled weight decay.", ge=0.0, advanced=True)
-    beta1: float = F(0.9, "Adam beta1.", ge=0.0, lt=1.0, advanced=True)
-    beta2: float = F(0.999, "Adam beta2.", ge=0.0, lt=1.0, advanced=True)
-    eps: float = F(1e-8, "Adam epsilon.", gt=0.0, advanced=True)
-    max_grad_norm: float = F(1.0, "Clip gradients to this norm; 0 = off.", ge=0.0)
+        "adamw", "Optimizer; adamw8bit/prodigy/lion need their packages installed.", resume="unsafe:optimizer")
+    lr: float = F(1e-4, "Learning rate.", gt=0.0, le=10.0, resume="safe")
+    weight_decay: float = F(0.01, "Decoupled weight decay.", ge=0.0, advanced=True, resume="safe")
+    beta1: float = F(0.9, "Adam beta1.", ge=0.0, lt=1.0, advanced=True, resume="safe")
+    beta2: float = F(0.999, "Adam beta2.", ge=0.0, lt=1.0, advanced=True, resume="safe")
+    eps: float = F(1e-8, "Adam epsilon.", gt=0.0, advanced=True, resume="safe")
+    max_grad_norm: float = F(1.0, "Clip gradients to this norm; 0 = off.", ge=0.0, resume="safe")
     scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts",
-                       "polynomial"] = F("constant", "Learning-rate schedule.")
-    warmup_steps: int = F(0, "Warmup optimizer steps.", ge=0)
-    lr_cycles: int = F(1, "Cycles for cosine_with_restarts.", ge=1, advanced=True)
+                       "polynomial"] = F("constant", "Learning-rate schedule.", resume="safe")
+    warmup_steps: int = F(0, "Warmup optimizer steps.", ge=0, resume="safe")
+    lr_cycles: int = F(1, "Cycles for cosine_with_restarts.", ge=1, advanced=True, resume="safe")
 
 
 class Schedule(Section):
     """Batching and length."""
     TAB: ClassVar[str] = "Optimizer & schedule"
-    batch_size: int = F(1, "Batch size per GPU/process.", ge=1, le=4096)
-    grad_accum: int = F(1, "Gradient accumulation steps per optimizer step.", ge=1, le=4096)
-    epochs: int = F(10, "Epochs (used when max_steps is 0).", ge=1, le=100000)
-    max_steps: int = F(0, "Total optimizer steps; 0 = use epochs.", ge=0)
-    seed: int = F(42, "Random seed (data order, noise, initial weights).", ge=0)
+    batch_size: int = F(1, "Batch size per GPU/process.", ge=1, le=4096, resume="unsafe:batch")
+    grad_accum: int = F(1, "Gradient accumulation steps per optimizer step.", ge=1, le=4096, resume="safe")
+    epochs: int = F(10, "Epochs (used when max_steps is 0).", ge=1, le=100000, resume="safe")
+    max_steps: int = F(0, "Total optimizer steps; 0 = use epochs.", ge=0, resume="safe")
+    seed: int = F(42, "Random seed (data order, noise, initial weights).", ge=0, resume="unsafe:order")
 
 
 class Loss(Section):
     """Noise and loss shaping."""
     TAB: ClassVar[str] = "Optimizer & schedule"
-    noise_offset: float = F(0.0, "Noise offset (helps very dark/bright images).", ge=0.0, le=1.0)
-    min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0)
-    timestep_min: int = F(0, "Lowest training timestep.", ge=0, le=999, advanced=True)
-    timestep_max: int = F(1000, "Highest training timestep (exclusive).", ge=1, le=1000, advanced=True)
+    noise_offset: float = F(0.0, "Noise offset (helps very dark/bright images).", ge=0.0, le=1.0, resume="safe")
+    min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0, resume="safe")
+    timestep_min: int = F(0, "Lowest training timestep.", ge=0, le=999, advanced=True, resume="safe")
+    timestep_max: int = F(1000, "Highest training timestep (exclusive).", ge=1, le=1000, advanced=True, resume="safe")
     # flow-matching families (flux, sd3): how σ is drawn, shifted and weighted
     timestep_sampling: Literal["logit_normal", "uniform", "sigmoid", "mode"] = F(
         "logit_normal", "Flow-matching families (flux, sd3) only: the density σ is drawn from (SD3 paper; sigmoid = "
-        "logit-normal with mean 0, std 1).", advanced=True)
+        "logit-normal with mean 0, std 1).", advanced=True, resume="safe")
     logit_mean: float = F(0.0, "Flow-matching families only: mean of the logit-normal density.", ge=-10.0, le=10.0,
-                          advanced=True)
+                          advanced=True, resume="safe")
     logit_std: float = F(1.0, "Flow-matching families only: std of the logit-normal density.", gt=0.0, le=10.0,
-                         advanced=True)
+                         advanced=True, resume="safe")
     mode_scale: float = F(1.29, "Flow-matching families only: scale of the mode density.", ge=0.0, le=10.0,
-                          advanced=True)
+                          advanced=True, resume="safe")
     flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3: 3.0; flux: "
-                               "resolution-dependent, as its scheduler samples).", ge=0.0, le=100.0, advanced=True)
+                               "resolution-dependent, as its scheduler samples).", ge=0.0, le=100.0, advanced=True,
+                               resume="safe")
     flow_weighting: Literal["none", "sigma_sqrt", "cosmap"] = F(
-        "none", "Flow-matching families only: per-sample loss weighting (SD3 paper).", advanced=True)
+        "none", "Flow-matching families only: per-sample loss weighting (SD3 paper).", advanced=True, resume="safe")
 
 
 class Precision(Section):
     """Precision and memory."""
     TAB: ClassVar[str] = "Precision & memory"
-    mixed: Literal["no", "fp16", "bf16"] = F("bf16", "Mixed precision; frozen weights in this dtype, trainable in fp32.")
-    gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.")
+    mixed: Literal["no", "fp16", "bf16"] = F("bf16", "Mixed precision; frozen weights in this dtype, trainable in "
+                                                     "fp32.",
+                                             resume="safe")
+    gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.", resume="safe")
     attention: Literal["sdpa", "default"] = F("sdpa", "Attention kernel: PyTorch SDPA or the plain one.",
-                                               advanced=True)
+                                               advanced=True, resume="safe")
     full_bf16: bool = F(False, "Keep the trained weights themselves in bf16, with no fp32 master copy (weights, "
                                "gradients and optimizer state take about half the memory; what made full fine-tunes "
                                "and DreamBooth fit on 24 GB cards). Needs mixed = bf16. Meant for network.type = "
-                               "full; see half_weights_rounding.", advanced=True)
+                               "full; see half_weights_rounding.", advanced=True, resume="safe")
     full_fp16: bool = F(False, "Like full_bf16 in fp16 (needs mixed = fp16). fp16's narrow range overflows more "
-                               "easily than bf16: prefer full_bf16 where the GPU supports bf16.", advanced=True)
+                               "easily than bf16: prefer full_bf16 where the GPU supports bf16.", advanced=True,
+                               resume="safe")
     half_weights_rounding: Literal["stochastic", "kahan", "nearest"] = F(
         "stochastic", "With full_bf16/full_fp16 and the adamw or sgd optimizer: how each update is written into "
                       "the half-precision weights. stochastic: randomly rounded up or down in proportion, so small "
                       "updates survive on average (no extra memory); kahan: a compensation buffer keeps the rounding "
                       "error (2 more bytes per weight, the most exact); nearest: plain rounding (updates below the "
-                      "weight's precision are lost).", advanced=True)
+                      "weight's precision are lost).", advanced=True, resume="safe")
 
 
 class Ema(Section):
     """Exponential moving average of the trained weights (full fine-tune or adapters)."""
     TAB: ClassVar[str] = "Network"
-    enabled: bool = F(False, "Keep an EMA copy of the trainable weights.")
+    enabled: bool = F(False, "Keep an EMA copy of the trainable weights.", resume="safe")
     decay: float = F(0.999, "EMA decay per optimizer step (0.999 averages over roughly the last 1000 steps).",
-                     gt=0.0, lt=1.0)
+                     gt=0.0, lt=1.0, resume="safe")
     every_n_steps: int = F(1, "Update the EMA every N optimizer steps (decay^N per update, so the average spans "
-                              "the same steps; saves time when the EMA is on the CPU).", ge=1, le=100000)
+                              "the same steps; saves time when the EMA is on the CPU).", ge=1, le=100000, resume="safe")
     device: Literal["cpu", "accelerator"] = F("cpu", "cpu: EMA weights in system RAM (saves GPU memory); "
-                                                     "accelerator: next to the weights (faster updates).")
-    use_for_samples: bool = F(True, "Generate sample images with the EMA weights.")
-    use_for_output: bool = F(True, "Save the EMA weights as the final output (checkpoints always hold both).")
+                                                     "accelerator: next to the weights (faster updates).",
+                                                     resume="safe")
+    use_for_samples: bool = F(True, "Generate sample images with the EMA weights.", resume="safe")
+    use_for_output: bool = F(True, "Save the EMA weights as the final output (checkpoints always hold both).",
+                             resume="safe")
 
 
 class Samples(Section):
@@ -126,20 +133,21 @@ class Samples(Section):
     TAB: ClassVar[str] = "Samples"
     prompts: str = F("", "One prompt per line. Options after the prompt, kohya style: --n negative prompt, "
                          "--w width, --h height, --d seed, --s steps, --l CFG scale. Lines starting with # are "
-                         "ignored.", widget="textarea")
+                         "ignored.", widget="textarea", resume="safe")
     prompt_file: str = F("", "Text file with more prompts, same format (used after samples.prompts).",
-                         widget="path")
-    every_n_steps: int = F(0, "Sample every N optimizer steps; 0 = off.", ge=0)
-    every_n_epochs: int = F(0, "Sample at the end of every N-th epoch; 0 = off.", ge=0)
-    before_first_step: bool = F(False, "Also sample once before training starts (the untrained model).")
-    width: int = F(0, "Default width; 0 = dataset.resolution.", ge=0, le=4096, multiple_of=8)
-    height: int = F(0, "Default height; 0 = dataset.resolution.", ge=0, le=4096, multiple_of=8)
-    steps: int = F(20, "Default sampling steps.", ge=1, le=1000)
-    cfg_scale: float = F(7.0, "Default classifier-free guidance scale.", ge=0.0, le=50.0)
-    seed: int = F(1234, "Seed of the first prompt; prompt i uses seed + i unless its line sets --d.", ge=0)
-    negative_prompt: str = F("", "Default negative prompt.")
+                         widget="path", resume="safe")
+    every_n_steps: int = F(0, "Sample every N optimizer steps; 0 = off.", ge=0, resume="safe")
+    every_n_epochs: int = F(0, "Sample at the end of every N-th epoch; 0 = off.", ge=0, resume="safe")
+    before_first_step: bool = F(False, "Also sample once before training starts (the untrained model).", resume="safe")
+    width: int = F(0, "Default width; 0 = dataset.resolution.", ge=0, le=4096, multiple_of=8, resume="safe")
+    height: int = F(0, "Default height; 0 = dataset.resolution.", ge=0, le=4096, multiple_of=8, resume="safe")
+    steps: int = F(20, "Default sampling steps.", ge=1, le=1000, resume="safe")
+    cfg_scale: float = F(7.0, "Default classifier-free guidance scale.", ge=0.0, le=50.0, resume="safe")
+    seed: int = F(1234, "Seed of the first prompt; prompt i uses seed + i unless its line sets --d.", ge=0,
+                  resume="safe")
+    negative_prompt: str = F("", "Default negative prompt.", resume="safe")
     scheduler: Literal["euler", "euler_a", "ddim", "dpmpp_2m", "pndm", "unipc", "ddpm", "default"] = F(
-        "euler", "Sampler; default = the model's own scheduler.", advanced=True)
+        "euler", "Sampler; default = the model's own scheduler.", advanced=True, resume="safe")
 
 
 class Validation(Section):
@@ -147,27 +155,31 @@ class Validation(Section):
     (off by default; costs nothing when off). The images: validation.path, else the ones held out by
     validation.fraction or dataset.validation_every_nth."""
     TAB: ClassVar[str] = "Samples"
-    every_n_steps: int = F(0, "Compute the validation loss every N optimizer steps; 0 = off.", ge=0)
-    every_n_epochs: int = F(0, "Compute the validation loss at the end of every N-th epoch; 0 = off.", ge=0)
+    every_n_steps: int = F(0, "Compute the validation loss every N optimizer steps; 0 = off.", ge=0, resume="safe")
+    every_n_epochs: int = F(0, "Compute the validation loss at the end of every N-th epoch; 0 = off.", ge=0,
+                            resume="safe")
     path: str = F("", "A separate folder of validation images with captions; empty = hold images out of the "
-                      "dataset (fraction or dataset.validation_every_nth).", widget="path")
+                      "dataset (fraction or dataset.validation_every_nth).", widget="path", resume="safe")
     fraction: float = F(0.0, "Hold out this fraction of the dataset's images (spread evenly, in sorted order) for "
-                             "validation; 0 = off.", ge=0.0, lt=1.0)
+                             "validation; 0 = off.", ge=0.0, lt=1.0, resume="safe")
     timesteps: int = F(4, "Fixed timesteps per image, evenly spread over the training range: more gives a "
-                          "steadier loss at proportional cost.", ge=1, le=100, advanced=True)
-    batch_size: int = F(0, "Validation batch size; 0 = schedule.batch_size.", ge=0, le=4096, advanced=True)
+                          "steadier loss at proportional cost.", ge=1, le=100, advanced=True, resume="safe")
+    batch_size: int = F(0, "Validation batch size; 0 = schedule.batch_size.", ge=0, le=4096, advanced=True,
+                        resume="safe")
 
 
 class Vae(Section):
     """Autoencoder (VAE) fine-tuning, with network.type = vae: reconstruct the dataset's images."""
     TAB: ClassVar[str] = "Network"
     loss: Literal["l1", "mse"] = F("l1", "Reconstruction loss on pixels: l1 keeps edges sharper, mse penalises "
-                                         "large errors more (no perceptual loss: it needs pretrained weights).")
+                                         "large errors more (no perceptual loss: it needs pretrained weights).",
+                                         resume="safe")
     kl_weight: float = F(1e-6, "Weight of the KL term that keeps the latents close to a unit Gaussian (encoder "
-                               "training only).", ge=0.0, le=1.0)
+                               "training only).", ge=0.0, le=1.0, resume="safe")
     decoder_only: bool = F(True, "Train only the decoder. The encoder, and so the latent space, stays as it was: "
-                                 "LoRAs and checkpoints trained on the base VAE's latents keep working.")
+                                 "LoRAs and checkpoints trained on the base VAE's latents keep working.", resume="safe")
     precision: Literal["fp32", "bf16", "fp16"] = F(
         "fp32", "Training precision (precision.mixed does not apply). fp32 is the safe default; fp16 is refused: "
-                "the VAE's activations overflow fp16 and the loss turns NaN.")
-    save_precision: Literal["fp32", "fp16", "bf16"] = F("fp32", "Precision of the saved VAE folder and file.")
+                "the VAE's activations overflow fp16 and the loss turns NaN.", resume="safe")
+    save_precision: Literal["fp32", "fp16", "bf16"] = F("fp32", "Precision of the saved VAE folder and file.",
+                                                        resume="safe")

@@ -16,38 +16,28 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint_files import TrainState, is_valid, list_checkpoints, step_of
-from ..config import ConfigError, TrainConfig, strip_secrets, to_dict
+from ..config import ConfigError, TrainConfig, field_info, sections, strip_secrets, to_dict
+from ..config.base import RESUME_REASONS
 
 LOG = logging.getLogger("trainer")
 
-UNSAFE: dict[str, str] = {
-    "model.arch": "the trained weights belong to another architecture",
-    "model.prediction_type": "the UNet was trained to predict something else",
-    "network.type": "the checkpoint holds another kind of network",
-    "network.rank": "the adapter weights in the checkpoint have another shape",
-    "network.alpha": "the adapter weights were trained with another scale",
-    "network.target_modules": "the checkpoint has adapters on other modules",
-    "network.train_text_encoder": "the checkpoint has adapters on other modules",
-    "network.text_encoder_target_modules": "the checkpoint has adapters on other modules",
-    "optimizer.name": "the optimizer state in the checkpoint belongs to another optimizer",
-    "schedule.batch_size": "the position inside the epoch is counted in batches of the old size",
-    "schedule.seed": "the data order and noise of the rest of the epoch would change",
-    "dataset.bucketing": "images would be batched differently (the position inside the epoch is lost)",
-    "dataset.resolution": "images would be batched differently (the position inside the epoch is lost)",
-    "dataset.bucket_min_side": "images would be batched differently (the position inside the epoch is lost)",
-    "dataset.bucket_max_side": "images would be batched differently (the position inside the epoch is lost)",
-    "dataset.bucket_step": "images would be batched differently (the position inside the epoch is lost)",
-    "dataset.bucket_no_upscale": "images would be batched differently (the position inside the epoch is lost)",
-    "dataset.class_samples": "each epoch would hold other samples (the position inside the epoch is lost)",
-    "hardware.keep_steps_per_epoch": "each epoch would hold other samples (the position inside the epoch is lost)",
-}
-BUCKET_SHAPE = ("dataset.resolution", "dataset.bucket_min_side", "dataset.bucket_max_side", "dataset.bucket_step",
-                "dataset.bucket_no_upscale")  # unsafe only where bucketing groups the batches
-# Where the data lives or how the run is stored, reported and synced: never a reason to refuse
-# (a fresh machine may keep the dataset or model elsewhere; the contents are compared instead).
-IGNORED_PREFIXES = ("output.", "checkpoints.resume", "cloud.", "webhooks.", "logging.", "dataset.path",
-                    "dataset.subsets", "dataset.metadata_path", "dataset.class_path", "model.path", "model.vae",
-                    "model.tokenizer", "version")
+# What changing each option means for a resumed run is declared on the option itself (config/base.py's
+# F(resume=...)): safe, ignored (where things live or are reported), unsafe with a reason, or unsafe
+# only where bucketing groups the batches.
+
+
+def resume_rule(key: str) -> tuple[str, str]:
+    """(kind, reason) of a dotted option: kind safe | ignored | unsafe | unsafe_if_bucketing."""
+    section, _, name = key.partition(".")
+    if section == "version":
+        return "ignored", ""
+    sections_ = sections()
+    if section not in sections_ or name not in sections_[section].model_fields:
+        return "safe", ""
+    kind, _, reason = field_info(section, name)["resume"].partition(":")
+    return kind, RESUME_REASONS.get(reason, "")
+
+
 OPTIMIZER_HPARAMS = ("weight_decay", "betas", "eps", "momentum")
 
 
@@ -130,13 +120,13 @@ def check_compatible(state: TrainState, cfg: TrainConfig, fingerprint: str, num_
         if key == "precision.mixed" and "fp16" in (old, new):
             raise ConfigError(f"precision.mixed: changed from {old} to {new}; fp16's gradient-scaler state "
                               f"cannot be carried over (bf16 <-> no is fine){hint}")
+        kind, reason = resume_rule(key)
         bucketing = state.config.get("dataset", {}).get("bucketing") or cfg.dataset.bucketing
-        if key in BUCKET_SHAPE and not bucketing:
-            safe.append(f"{key}: {old!r} -> {new!r}")  # without buckets every image is cropped alike
-            continue
-        if key in UNSAFE:
-            raise ConfigError(f"{key}: changed from {old!r} to {new!r} since the checkpoint: {UNSAFE[key]}{hint}")
-        if not key.startswith(IGNORED_PREFIXES):
+        if kind == "unsafe_if_bucketing" and not bucketing:
+            kind = "safe"  # without buckets every image is cropped alike
+        if kind.startswith("unsafe"):
+            raise ConfigError(f"{key}: changed from {old!r} to {new!r} since the checkpoint: {reason}{hint}")
+        if kind == "safe":
             safe.append(f"{key}: {old!r} -> {new!r}")
     if old_model and old_model != new_model:
         safe.append(f"model.path: {old_model} -> {new_model} (same file name)")
