@@ -2,6 +2,7 @@
 and an (initially hidden) error line under every widget for validation messages."""
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Callable
@@ -89,7 +90,8 @@ def render_form(fields: list[FormField], values: list[Any],
                 in_tab = [f for f in fields if f.tab == tab]
                 for section in dict.fromkeys(f.section for f in in_tab):
                     section_fields = [f for f in in_tab if f.section == section]
-                    gr.Markdown(f"#### `[{section}]` {section_heading(section)}", elem_classes=["section-title"],
+                    heading = html.escape(section_heading(section), quote=False)   # `<bucket>` is text, not a tag
+                    gr.Markdown(f"#### `[{section}]` {heading}", elem_classes=["section-title"],
                                 elem_id=f"section-{section}")
                     _field_rows([f for f in section_fields if not f.advanced], by_dotted, inputs, errors)
                     advanced = [f for f in section_fields if f.advanced]

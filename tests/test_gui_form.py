@@ -150,12 +150,13 @@ def test_section_headings_keep_the_whole_first_paragraph(app_config):
     """A docstring wrapped over several lines is one heading, not its first line ("…are copied to")."""
     _, config = app_config
     by_id = {c["props"].get("elem_id"): c for c in config["components"] if c.get("props", {}).get("elem_id")}
-    heading = by_id["section-cloud"]["props"]["value"]
+    import html
+    heading = html.unescape(by_id["section-cloud"]["props"]["value"])
     assert "copied to s3://<bucket>/<prefix>/<output.name>/ in the background" in heading
     assert "never from this config" in heading
     for name, section in sections().items():
         first_paragraph = (section.__doc__ or "").strip().split("\n\n")[0].split()
-        assert by_id[f"section-{name}"]["props"]["value"].split()[-1] == first_paragraph[-1], name
+        assert html.unescape(by_id[f"section-{name}"]["props"]["value"]).split()[-1] == first_paragraph[-1], name
 
 
 def test_labels_are_words_next_to_the_toml_key(fields, app_config):
