@@ -8,14 +8,7 @@ import re
 import time
 import urllib.request
 
-from test_browser_studio import browser, field_input, open_page, server, shot, sync_api, wait_text  # noqa: F401
-
-ROOT_DEMO_CAPTION = re.compile(r"\.(png|jpg)$")
-
-
-def thumbs(page) -> list[str]:
-    return page.eval_on_selector_all("#thumbs img", "els => els.map(e => e.alt || '')")
-
+from test_browser_studio import browser, field_input, open_page, server, shot, wait_text  # noqa: F401
 
 def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):  # noqa: F811
     page = open_page(browser, server.url)
