@@ -30,6 +30,39 @@ class Inspection:
     counts: object          # trainer_backend.launch.plan.DataCounts
 
 
+class InspectFailed(ConfigError):
+    """The scan refused the dataset; `skipped` holds its 'file: skipped: reason' lines."""
+
+    def __init__(self, message: str, skipped: list[str] = ()):
+        super().__init__(message)
+        self.skipped = list(skipped)
+
+
+def failure_markdown(error: Exception, shown: int = 5) -> str:
+    """The inspector's text when the scan refused: the error, then why files were skipped (a
+    count per reason and the first few file names), never a pointer to warnings nobody sees."""
+    lines = [f"⚠️ {error}"]
+    skipped = getattr(error, "skipped", [])
+    if skipped:
+        by_reason: dict[str, int] = {}
+        for line in skipped:
+            reason = line.split(": skipped: ", 1)[1]
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        lines += ["", f"**{len(skipped)} files skipped:** "
+                  + "; ".join(f"{n} × {reason}" for reason, n in by_reason.items()), ""]
+        for line in skipped[:shown]:
+            path, reason = line.split(": skipped: ", 1)
+            lines.append(f"- `{Path(path).name}`: {reason}")
+        if len(skipped) > shown:
+            lines.append(f"- … and {len(skipped) - shown} more")
+    return "\n".join(lines)
+
+
+def empty_views() -> list:
+    """Inspector updates that clear the histogram, tags and thumbnails of a previous folder."""
+    return [buckets_frame({}), tags_frame({}), []]
+
+
 _CACHE: dict[str, Inspection] = {}
 _LOCKS: dict[str, threading.Lock] = {}
 _LOCK = threading.Lock()
@@ -86,7 +119,9 @@ def inspect_dataset(cfg: TrainConfig, python: str = sys.executable, cwd: str | P
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
             errors = [ln[len("error:"):].strip() for ln in lines if ln.startswith("error:")]
-            raise ConfigError(errors[-1] if errors else f"dataset.path: inspect failed ({lines[-1] if lines else '?'})")
+            message = errors[-1] if errors else f"dataset.path: inspect failed ({lines[-1] if lines else '?'})"
+            skipped = [ln for ln in lines if ": skipped: " in ln]
+            raise InspectFailed(message.replace("; see the warnings above", ""), skipped)
         payload = next((json.loads(ln) for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
         if not payload:
             raise ConfigError("dataset.path: the dataset inspector printed no result")
@@ -135,6 +170,11 @@ def tags_frame(summary: dict) -> pd.DataFrame:
     return pd.DataFrame({"tag": [t[0] for t in tags], "count": [int(t[1]) for t in tags]})
 
 
+def name_tail(name: str, width: int = 22) -> str:
+    """A file name as a caption: its end (where names differ: img_0012.png), not its start."""
+    return name if len(name) <= width else "…" + name[-(width - 1):]
+
+
 def thumbnails(summary: dict, limit: int = 24, size: int = 160) -> list:
     """PIL thumbnails of the first images of each subset (PIL objects, so any folder works
     without widening the server's allowed file paths)."""
@@ -149,7 +189,7 @@ def thumbnails(summary: dict, limit: int = 24, size: int = 160) -> list:
             try:
                 with Image.open(p) as im:
                     im.thumbnail((size, size))
-                    out.append((im.convert("RGB"), f"{s.get('name')}/{p.name}"))
+                    out.append((im.convert("RGB"), name_tail(p.name)))
             except OSError:
                 continue
             if len(out) >= limit:

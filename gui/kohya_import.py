@@ -8,26 +8,15 @@ Secrets a kohya file may hold (W&B key, Hugging Face token) are never imported.
 from __future__ import annotations
 
 import json
-import math
-import re
-from collections.abc import Callable
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainer_backend.config import ConfigError, TrainConfig, from_dict
 
+from gui.kohya_keys import (APPROX_OPTIMIZERS, DIRECT, FAMILY_KEYS, LOCON_TYPES, NETWORK_TYPES, OPTIMIZERS,
+                            SAMPLERS, SECRET_KEYS, SPECIAL, _blank, _int, _num, _off, _truthy)
 from gui.schema_form import form_fields
-
-SECRET_KEYS = {"wandb_api_key", "huggingface_token"}
-NETWORK_TYPES = {"standard": "lora", "lycoris/loha": "loha", "lycoris/lokr": "lokr"}
-LOCON_TYPES = {"kohya locon", "locon", "lycoris/locon"}   # LoRA plus conv-layer adapters (conv_dim)
-SAMPLERS = {"euler": "euler", "euler_a": "euler_a", "k_euler": "euler", "k_euler_a": "euler_a", "ddim": "ddim",
-            "dpmsolver++": "dpmpp_2m", "k_dpm_2": "dpmpp_2m", "pndm": "pndm", "ddpm": "ddpm", "unipc": "unipc"}
-OPTIMIZERS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "prodigy": "prodigy", "lion": "lion",
-              "adafactor": "adafactor", "sgd": "sgd"}
-APPROX_OPTIMIZERS = {"pagedadamw8bit": "adamw8bit", "pagedadamw": "adamw", "lion8bit": "lion",
-                     "pagedlion8bit": "lion", "sgdnesterov": "sgd", "sgdnesterov8bit": "sgd",
-                     "adamw_schedulefree": "adamw", "prodigyplus.prodigyplusschedulefree": "prodigy"}
 
 
 class ImportProblem(ValueError):
@@ -46,95 +35,21 @@ class KohyaImport:
         return from_dict(self.data)
 
 
-def _blank(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip())
-
-
-def _off(value: Any) -> bool:
-    """Values kohya uses for 'not set'."""
-    if _blank(value) or value is False:
-        return True
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
-        return True
-    return isinstance(value, str) and value.strip().lower() in ("0", "0.0", "none", "false")
-
-
-def _num(value: Any) -> float:
-    return float(str(value).strip())
-
-
-def _int(value: Any) -> int:
-    return int(round(_num(value)))
-
-
-def _resolution(value: Any) -> int:
-    """kohya's "W,H" -> one side: the square with the same area, on a multiple of 8."""
-    parts = [int(p) for p in re.split(r"[,x ]+", str(value).strip()) if p]
-    side = parts[0] if len(parts) == 1 or parts[0] == parts[1] else math.sqrt(parts[0] * parts[1])
-    return int(round(side / 8) * 8)
-
-
-def _name(value: Any) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9._ -]+", "-", str(value).strip()).lstrip("._ -")
-    return cleaned or "imported"
-
-
-# kohya key -> (studio key, converter). Converters raise ValueError for values we cannot use.
-DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "pretrained_model_name_or_path": ("model.path", str),
-    "vae": ("model.vae", str),
-    "train_data_dir": ("dataset.path", str),
-    "max_resolution": ("dataset.resolution", _resolution),
-    "caption_extension": ("dataset.caption_extension", str),
-    "flip_aug": ("dataset.flip", bool),
-    "random_crop": ("dataset.center_crop", lambda v: not bool(v)),
-    "caption_dropout_rate": ("dataset.caption_dropout", _num),
-    "shuffle_caption": ("dataset.shuffle_tags", bool),
-    "keep_tokens": ("dataset.keep_tokens", _int),
-    "cache_latents": ("dataset.cache_latents", bool),
-    "max_data_loader_n_workers": ("dataset.num_workers", _int),
-    "network_dim": ("network.rank", _int),
-    "network_alpha": ("network.alpha", _num),
-    "network_dropout": ("network.dropout", _num),
-    "learning_rate": ("optimizer.lr", _num),
-    "lr_scheduler_num_cycles": ("optimizer.lr_cycles", _int),
-    "lr_warmup_steps": ("optimizer.warmup_steps", _int),
-    "max_grad_norm": ("optimizer.max_grad_norm", _num),
-    "train_batch_size": ("schedule.batch_size", _int),
-    "gradient_accumulation_steps": ("schedule.grad_accum", _int),
-    "epoch": ("schedule.epochs", _int),
-    "max_train_steps": ("schedule.max_steps", _int),
-    "seed": ("schedule.seed", _int),
-    "noise_offset": ("loss.noise_offset", _num),
-    "min_snr_gamma": ("loss.min_snr_gamma", _num),
-    "min_timestep": ("loss.timestep_min", _int),
-    "max_timestep": ("loss.timestep_max", _int),
-    "mixed_precision": ("precision.mixed", str),
-    "gradient_checkpointing": ("precision.gradient_checkpointing", bool),
-    "num_processes": ("hardware.num_processes", _int),
-    "gpu_ids": ("hardware.gpu_ids", lambda v: str(v).replace(" ", "")),
-    "save_every_n_steps": ("checkpoints.every_n_steps", _int),
-    "save_every_n_epochs": ("checkpoints.every_n_epochs", _int),
-    "prior_loss_weight": ("dataset.prior_loss_weight", _num),
-    "reg_data_dir": ("dataset.class_path", str),
-    "sample_every_n_steps": ("samples.every_n_steps", _int),
-    "sample_every_n_epochs": ("samples.every_n_epochs", _int),
-    "sample_prompts": ("samples.prompts", str),
-    "output_dir": ("output.dir", str),
-    "output_name": ("output.name", _name),
-    "resume": ("checkpoints.resume", str),
-}
-# Keys handled by the special cases below (so they are not reported as unsupported).
-SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimizer_args", "lr_scheduler",
-           "lr_warmup", "max_train_epochs", "unet_lr", "text_encoder_lr", "learning_rate_te",
-           "network_train_unet_only", "xformers", "noise_offset_type", "enable_bucket", "conv_dim", "conv_alpha",
-           "sample_sampler", "dora_wd"}
+def unsupported_family(src: dict) -> str:
+    """Why this kohya file cannot be imported yet (a family we do not have), or "".
+    Replace this when the SD3/Flux families are registered: map the keys to model.arch."""
+    for key, family in FAMILY_KEYS.items():
+        if _truthy(src.get(key)):
+            return (f"{key} = true: this is a kohya_ss {family} preset; the studio cannot train {family} "
+                    f"models yet, so it was not imported (importing it as SD1 would train the wrong model)")
+    return ""
 
 
 class _Builder:
     def __init__(self) -> None:
         self.result = KohyaImport()
         self.known = {f.dotted for f in form_fields()}
+        self.adaptive = False   # the optimizer sets its own step size (lr 1.0)
 
     def put(self, kohya_key: str, dotted: str, value: Any) -> None:
         if dotted not in self.known:
@@ -149,9 +64,11 @@ class _Builder:
 
 
 def _special_cases(src: dict, b: _Builder) -> None:
-    arch = "sdxl" if src.get("sdxl") else "sd2" if src.get("v2") else "sd1"
-    if any(k in src for k in ("sdxl", "v2")):
-        b.put("sdxl/v2", "model.arch", arch)
+    # kohya's LoRA/DreamBooth tabs save `sdxl`, its Finetune tab `sdxl_checkbox`
+    sdxl_key = next((k for k in ("sdxl", "sdxl_checkbox") if _truthy(src.get(k))), None)
+    arch = "sdxl" if sdxl_key else "sd2" if _truthy(src.get("v2")) else "sd1"
+    if any(k in src for k in ("sdxl", "sdxl_checkbox", "v2")):
+        b.put(sdxl_key or ("v2" if arch == "sd2" else "sdxl/v2"), "model.arch", arch)
     if src.get("v_parameterization"):
         b.put("v_parameterization", "model.prediction_type", "v_prediction")
 
@@ -174,16 +91,7 @@ def _special_cases(src: dict, b: _Builder) -> None:
         b.put("(no LoRA_type)", "network.type", "full")
         b.note("no LoRA settings in the file: imported as a full fine-tune (kohya's DreamBooth/Finetune tab)")
 
-    if "optimizer" in src and not _blank(src["optimizer"]):
-        low = str(src["optimizer"]).strip().lower()
-        if low in OPTIMIZERS:
-            b.put("optimizer", "optimizer.name", OPTIMIZERS[low])
-        elif low in APPROX_OPTIMIZERS:
-            b.put("optimizer", "optimizer.name", APPROX_OPTIMIZERS[low])
-            b.note(f"optimizer {src['optimizer']!r} imported as {APPROX_OPTIMIZERS[low]!r}")
-        else:
-            b.result.unsupported.append(("optimizer", src["optimizer"]))
-    _optimizer_args(src.get("optimizer_args", ""), b)
+    _optimizer(src, b)
 
     if src.get("dora_wd"):
         b.put("dora_wd", "network.dora", True)
@@ -195,7 +103,9 @@ def _special_cases(src: dict, b: _Builder) -> None:
             b.result.unsupported.append(("sample_sampler", src["sample_sampler"]))
 
     scheduler = str(src.get("lr_scheduler", "")).strip()
-    if scheduler:
+    if scheduler.lower() == "adafactor" and b.adaptive:   # Adafactor's own relative-step schedule
+        b.put("lr_scheduler", "optimizer.scheduler", "constant")
+    elif scheduler:
         choices = next(f.choices for f in form_fields() if f.dotted == "optimizer.scheduler")
         if scheduler in choices:
             b.put("lr_scheduler", "optimizer.scheduler", scheduler)
@@ -204,7 +114,9 @@ def _special_cases(src: dict, b: _Builder) -> None:
 
     if not _off(src.get("max_train_epochs")):
         b.put("max_train_epochs", "schedule.epochs", _int(src["max_train_epochs"]))
-    if not _off(src.get("unet_lr")) and "network_dim" in src:
+    if b.adaptive:
+        pass  # the adaptive optimizer's lr (1.0) was set by _optimizer
+    elif not _off(src.get("unet_lr")) and "network_dim" in src:
         b.put("unet_lr", "optimizer.lr", _num(src["unet_lr"]))
     te_lr = src.get("text_encoder_lr", src.get("learning_rate_te"))
     te_key = "text_encoder_lr" if "text_encoder_lr" in src else "learning_rate_te"
@@ -233,14 +145,66 @@ def _special_cases(src: dict, b: _Builder) -> None:
 
     if not _off(src.get("noise_offset")) and str(src.get("noise_offset_type", "Original")) != "Original":
         b.result.unsupported.append(("noise_offset_type", src["noise_offset_type"]))
-    if src.get("enable_bucket") is False:
-        b.note("enable_bucket was off in kohya; the studio decides bucketing itself")
 
 
-def _optimizer_args(text: Any, b: _Builder) -> None:
-    """kohya's free-text `weight_decay=0.1 betas=0.9,0.99 eps=1e-8` -> our optimizer fields."""
-    for token in str(text or "").split():
+def _optimizer(src: dict, b: _Builder) -> None:
+    """kohya's optimizer and its free-text arguments. Optimizers that set their own step size
+    (D-Adaptation, relative-step Adafactor) run with lr = 1.0 in kohya: imported as a fixed-LR
+    optimizer that would diverge, so they become Prodigy (adaptive too) with lr 1.0."""
+    args = _parse_optimizer_args(src.get("optimizer_args", ""))
+    name = str(src.get("optimizer") or "").strip()
+    low = name.lower()
+    relative = low == "adafactor" and (str(args.get("relative_step", "")).lower() == "true"
+                                       or str(src.get("lr_scheduler", "")).strip().lower() == "adafactor")
+    if low.startswith("dadapt") or relative:
+        b.adaptive = True
+        b.put("optimizer", "optimizer.name", "prodigy")
+        b.put("optimizer", "optimizer.lr", 1.0)
+        why = ("relative-step Adafactor (lr_scheduler = adafactor / relative_step=True)" if relative
+               else f"{name} (D-Adaptation)")
+        b.note(f"optimizer {why} sets its own learning rate; the studio's {'Adafactor' if relative else 'D-Adaptation'}"
+               " has no such mode, so it was imported as Prodigy (also adaptive; lr 1.0; needs "
+               "the prodigyopt package)" + (". Prodigy keeps two moments per weight: a full fine-tune needs more "
+                                            "memory than with Adafactor" if relative else ""))
+        for key in ("relative_step", "scale_parameter", "warmup_init", "decouple", "use_bias_correction"):
+            args.pop(key, None)
+    elif low in OPTIMIZERS:
+        b.put("optimizer", "optimizer.name", OPTIMIZERS[low])
+    elif low in APPROX_OPTIMIZERS:
+        b.put("optimizer", "optimizer.name", APPROX_OPTIMIZERS[low])
+        b.note(f"optimizer {name!r} imported as {APPROX_OPTIMIZERS[low]!r}")
+    elif name:
+        b.result.unsupported.append(("optimizer", src["optimizer"]))
+    if low == "adafactor" and not relative:
+        for key in ("relative_step", "scale_parameter", "warmup_init"):   # False: what ours does anyway
+            if str(args.get(key, "false")).lower() == "false":
+                args.pop(key, None)
+    _optimizer_args(args, b)
+
+
+def _parse_optimizer_args(text: Any) -> dict[str, str]:
+    """`weight_decay=0.1 betas=0.9,0.99` or `"weight_decay=0.1" "betas=(0.9, 0.99)"` -> {key: value}."""
+    text = str(text or "").strip()
+    try:
+        tokens = shlex.split(text)
+    except ValueError:
+        tokens = text.replace('"', " ").replace("'", " ").split()
+    merged: list[str] = []
+    for token in tokens:   # `betas=0.9, 0.99`: a value split at the space after a comma
+        if merged and "=" not in token and merged[-1].endswith(","):
+            merged[-1] += token
+        elif token:
+            merged.append(token)
+    out = {}
+    for token in merged:
         key, sep, value = token.partition("=")
+        out[key.strip()] = value.strip().strip("()[]") if sep else "True"
+    return out
+
+
+def _optimizer_args(args: dict[str, str], b: _Builder) -> None:
+    """Parsed optimizer arguments -> our optimizer fields; the rest is reported."""
+    for key, value in args.items():
         try:
             if key == "weight_decay":
                 b.put("optimizer_args weight_decay", "optimizer.weight_decay", _num(value))
@@ -251,7 +215,7 @@ def _optimizer_args(text: Any, b: _Builder) -> None:
             elif key == "eps":
                 b.put("optimizer_args eps", "optimizer.eps", _num(value))
             else:
-                b.result.unsupported.append((f"optimizer_args {key}", value if sep else True))
+                b.result.unsupported.append((f"optimizer_args {key}", value))
         except ValueError:
             b.result.unsupported.append((f"optimizer_args {key}", value))
 
@@ -266,6 +230,9 @@ def import_kohya(source: str | dict) -> KohyaImport:
             raise ImportProblem(f"not a kohya_ss JSON file: {e.msg} at line {e.lineno}") from None
     if not isinstance(source, dict):
         raise ImportProblem("not a kohya_ss JSON config: expected an object of settings")
+    refusal = unsupported_family(source)
+    if refusal:
+        raise ImportProblem(refusal)
     b = _Builder()
     for key, value in source.items():
         if key in SECRET_KEYS:

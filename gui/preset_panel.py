@@ -32,6 +32,7 @@ class PresetPanel:
     kohya_button: gr.Button
     kohya_report: gr.Markdown
     armed: gr.State
+    expire: gr.Timer          # clears the "press Delete again" message when its window has passed
 
 
 def build_preset_panel(studio: Studio, initial_label: str | None) -> PresetPanel:
@@ -58,7 +59,7 @@ def build_preset_panel(studio: Studio, initial_label: str | None) -> PresetPanel
                 kohya_button = gr.Button("Import and save as preset", elem_id="kohya-import-button")
         kohya_report = gr.Markdown("", elem_id="kohya-report")
     return PresetPanel(dropdown, load, save, name, save_as, delete, reset, message, kohya_file, kohya_name,
-                       kohya_button, kohya_report, gr.State(None))
+                       kohya_button, kohya_report, gr.State(None), gr.Timer(CONFIRM_WINDOW_S, active=False))
 
 
 def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_load) -> None:
@@ -128,22 +129,26 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
 
     def on_delete(label, armed):
         """Two clicks within CONFIRM_WINDOW_S: the first arms, the second deletes."""
+        off = gr.Timer(active=False)
         if not label:
-            return ["Choose a preset to delete.", None, gr.skip()]
+            return ["Choose a preset to delete.", None, gr.skip(), off]
         try:
             preset = studio.store.find(label)
         except PresetError as e:
-            return [preset_error_text(e), None, gr.skip()]
+            return [preset_error_text(e), None, gr.skip(), off]
         if preset.builtin:
-            return [f"⚠️ {preset.label} is read-only and cannot be deleted.", None, gr.skip()]
+            return [f"⚠️ {preset.label} is read-only and cannot be deleted.", None, gr.skip(), off]
         if not armed or armed[0] != label or time.time() - armed[1] > CONFIRM_WINDOW_S:
             return [f"Press **Delete** again within {CONFIRM_WINDOW_S:.0f} s to delete '{preset.name}'.",
-                    (label, time.time()), gr.skip()]
+                    (label, time.time()), gr.skip(), gr.Timer(active=True)]
         studio.store.delete(label)
-        return [f"Deleted preset '{preset.name}'.", None, choices(None)]
+        return [f"Deleted preset '{preset.name}'.", None, choices(None), off]
 
     panel.delete.click(on_delete, inputs=[panel.dropdown, panel.armed],
-                       outputs=[panel.message, panel.armed, panel.dropdown])
+                       outputs=[panel.message, panel.armed, panel.dropdown, panel.expire])
+    # the confirmation window is over: its message goes with it
+    panel.expire.tick(lambda: ["", None, gr.Timer(active=False)], outputs=[panel.message, panel.armed, panel.expire],
+                      show_progress="hidden")
 
     def on_reset(*current):
         values = with_current_secrets(config_to_values(fields, studio.defaults()), list(current))

@@ -51,6 +51,7 @@ class RunManager:
         self.extra_roots: set[Path] = set()
         self.lock = threading.RLock()  # start() holds it while checking live runs (reap locks too)
         self.current: Path | None = None   # the run the Run page follows
+        self.pending: tuple[str, float] | None = None   # (run name, time) while Start is checking/launching
 
     # ------------------------------------------------------------------ discovery
     def roots(self) -> list[Path]:
@@ -103,6 +104,13 @@ class RunManager:
         """Validate, write the run directory's config/command/process files and start the trainer.
         `secret_env` (secret name -> value, typed in the page) reaches the process environment
         only. Raises ConfigError (naming a field) or StartRefused."""
+        self.pending = (cfg.output.name, time.time())   # the Run page shows it as starting at once
+        try:
+            return self._start(cfg, resume, secret_env)
+        finally:
+            self.pending = None
+
+    def _start(self, cfg: TrainConfig, resume: bool, secret_env: dict[str, str] | None) -> Path:
         from trainer_backend.launch.argv import build_launch_argv, build_launch_env, write_strategy_files
         from trainer_backend.config.checks import validate_for_run
 

@@ -171,10 +171,12 @@ def sample_images(run_dir: Path, snap: Snapshot, limit: int = 48) -> list[tuple[
     """(path, caption) of sample images, newest first; paths in events may be relative to the run."""
     out = []
     for ev in reversed(snap.samples):
-        for p in ev.get("paths") or []:
+        prompts = ev.get("prompts") or []
+        for i, p in enumerate(ev.get("paths") or []):
             path = Path(p) if Path(p).is_absolute() else Path(run_dir) / p
             if path.is_file():
-                out.append((str(path), f"step {ev.get('step', '?')}: {path.stem}"))
+                prompt = prompts[i] if i < len(prompts) and len(prompts) == len(ev.get("paths") or []) else ""
+                out.append((str(path), f"step {ev.get('step', '?')}: {prompt or path.stem}"))
     return out[:limit]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from gui import run_monitor as rm
+from gui import run_tools
 from gui.shared_state import Studio
 from gui.run_control import StartRefused, run_started_at
 from gui.run_state import run_status, snapshot
@@ -47,6 +48,9 @@ def build_run_view(prefix: str) -> RunView:
                      interactive=False, elem_id=f"{prefix}-log", elem_classes=["run-log"], buttons=["copy"])
     gallery = gr.Gallery(label="Samples", columns=6, height=240, elem_id=f"{prefix}-samples", visible=False)
     artifacts = gr.Markdown("", elem_id=f"{prefix}-artifacts")
+    # the log box follows its newest line (gradio's autoscroll does not, for values replaced by a timer)
+    log.change(None, js=f"() => {{ setTimeout(() => {{ const t = document.querySelector('#{prefix}-log textarea');"
+                        " if (t) t.scrollTop = t.scrollHeight; }, 50); }", show_progress="hidden")
     return RunView(progress, loss, lr, caption, log, gallery, artifacts)
 
 
@@ -103,6 +107,26 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
     return updates, now
 
 
+def message_meta(run_dir: Path | None, ttl: float) -> dict:
+    """What an action message belongs to: its run, when it was said, how long it may stay."""
+    return {"run": str(run_dir or ""), "status": None, "at": time.time(), "ttl": ttl}
+
+
+def message_update(meta: dict | None, run_dir: Path | None, status: str, now: float | None = None):
+    """(message update, meta) for one tick: a message goes when another run is shown, when the
+    run's status changes after the action took effect, or when it is older than its ttl."""
+    if not meta:
+        return gr.skip(), None
+    now = now or time.time()
+    if meta["run"] != str(run_dir or "") or now - meta["at"] > meta["ttl"]:
+        return "", None
+    if meta["status"] is None:
+        return gr.skip(), {**meta, "status": status}
+    if meta["status"] != status:
+        return "", None
+    return gr.skip(), meta
+
+
 def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
     header = gr.Markdown("", elem_id="run-header")
     with gr.Row(equal_height=True):
@@ -114,47 +138,83 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
         download = gr.DownloadButton("Download full log", value=None, elem_id="run-download-log")
     message = gr.Markdown("", elem_id="run-message")
     view = build_run_view("run")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1):
+            tb_button = gr.Button("Open TensorBoard", elem_id="run-tensorboard", size="md")
+            tb_link = gr.Markdown("", elem_id="run-tensorboard-link")
+        outputs_files = gr.File(label="Output files", file_count="multiple", interactive=False,
+                                elem_id="run-output-files", visible=False, scale=2)
+        with gr.Column(scale=1):
+            zip_button = gr.Button("Download run folder (.zip)", elem_id="run-zip-button", size="md")
+            zip_file = gr.File(label="Run folder", interactive=False, elem_id="run-zip", visible=False)
     with gr.Accordion("System", open=True):
         system = gr.Markdown(system_markdown(studio.manager.runs_dir), elem_id="system-monitor")
         price = gr.Number(label="Cost estimate: $ per GPU-hour (optional)", value=0, minimum=0,
                           elem_id="run-price")
     seen = gr.State({})
     armed = gr.State(None)
+    shown = gr.State("")        # the run this page shows: its buttons act on it, never on a newer one
+    said = gr.State(None)       # message_meta of the message under the buttons
     timer = gr.Timer(studio.settings.refresh_s)
 
-    def tick(price_value, seen_value):
+    def tick(price_value, seen_value, said_value):
         studio.manager.reap()
+        pending = studio.manager.pending
+        if pending is not None:
+            name, since = pending
+            html = ("<div class='run-progress status-starting'><div class='run-status' id='run-status-text'>"
+                    f"starting {name}: checking the config and launching… ({int(time.time() - since)} s)"
+                    "</div></div>")
+            off = gr.update(interactive=False)
+            return [f"### Run: {name}", gr.update(visible=False), None, off, off, off, off, html,
+                    *[gr.skip()] * (len(view.components()) - 1), system_markdown(studio.manager.runs_dir), {},
+                    "", "", None, gr.update(value=None, visible=False)]
         run_dir = studio.manager.current_run()
         updates, now = view_updates(studio, run_dir, seen_value or {}, float(price_value or 0))
         if run_dir is None:
-            head = "### No run yet"
-            can_kill, log = False, None
+            head, can_kill, log, state = "### No run yet", False, None, None
         else:
             head = f"### Run: {run_dir.name}"
-            can_kill = run_status(run_dir).alive and studio.manager.may_kill(run_dir)
+            state = run_status(run_dir)
+            can_kill = state.alive and studio.manager.may_kill(run_dir)
             log = rm.log_path(run_dir)
-        return [head, gr.update(visible=can_kill), str(log) if log else None, *updates,
-                system_markdown(studio.manager.runs_dir), now]
+        if run_dir is not None and (seen_value or {}).get("artifacts") != now.get("artifacts") or \
+                (seen_value or {}).get("run") != now.get("run"):
+            files = run_tools.output_files(run_dir, snapshot(run_dir).outputs) if run_dir else []
+            files_update = gr.update(value=files or None, visible=bool(files))
+        else:
+            files_update = gr.skip()
+        alive = bool(state and state.alive)
+        live = gr.update(interactive=alive)
+        msg, said_next = message_update(said_value, run_dir, state.status if state else "")
+        return [head, gr.update(visible=can_kill), str(log) if log else None, live, live, live,
+                gr.update(interactive=bool(state and state.resumable)), *updates,
+                system_markdown(studio.manager.runs_dir), now, str(run_dir or ""), msg, said_next, files_update]
 
-    outputs = [header, kill, download, *view.components(), system, seen]
-    timer.tick(tick, inputs=[price, seen], outputs=outputs, show_progress="hidden", concurrency_limit=None)
+    outputs = [header, kill, download, stop, save_now, sample_now, resume, *view.components(), system, seen, shown,
+               message, said, outputs_files]
+    timer.tick(tick, inputs=[price, seen, said], outputs=outputs, show_progress="hidden", concurrency_limit=None)
     # components of a hidden tab are drawn when it is shown: send everything again then
-    tab.select(lambda price_value: tick(price_value, {}), inputs=price, outputs=outputs, show_progress="hidden")
+    tab.select(lambda price_value, said_value: tick(price_value, {}, said_value), inputs=[price, said],
+               outputs=outputs, show_progress="hidden")
 
-    def control(action):
-        def handler(*args):
-            run_dir = studio.manager.current_run()
+    def control(action, ttl: float = 30.0):
+        def handler(shown_run, *args):
+            run_dir = Path(shown_run) if shown_run else None
             if run_dir is None:
-                return "No run to control."
+                return "No run to control.", None
             try:
-                return action(run_dir, *args)
+                return action(run_dir, *args), message_meta(run_dir, ttl)
             except StartRefused as e:
-                return f"⚠️ {e}"
+                return f"⚠️ {e}", message_meta(run_dir, ttl)
         return handler
 
-    stop.click(control(lambda d: studio.manager.stop(d)), outputs=message, concurrency_id="run-control")
-    save_now.click(control(lambda d: studio.manager.save_now(d)), outputs=message, concurrency_id="run-control")
-    sample_now.click(control(lambda d: studio.manager.sample_now(d)), outputs=message, concurrency_id="run-control")
+    stop.click(control(lambda d: studio.manager.stop(d), ttl=3600), inputs=shown, outputs=[message, said],
+               concurrency_id="run-control")
+    save_now.click(control(lambda d: studio.manager.save_now(d)), inputs=shown, outputs=[message, said],
+                   concurrency_id="run-control")
+    sample_now.click(control(lambda d: studio.manager.sample_now(d)), inputs=shown, outputs=[message, said],
+                     concurrency_id="run-control")
 
     def do_resume(run_dir, *secret_values):
         from trainer_backend.config import ConfigError
@@ -164,21 +224,38 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
             return f"⚠️ Cannot resume: {e}"
         return f"Resuming **{started.name}** from its last checkpoint…"
 
-    resume.click(control(do_resume), inputs=secret_boxes, outputs=message, concurrency_id="run-control")
+    resume.click(control(do_resume), inputs=[shown, *secret_boxes], outputs=[message, said],
+                 concurrency_id="run-control")
 
-    def do_kill(run_dir, armed_at):
-        if not armed_at or time.time() - armed_at > CONFIRM_WINDOW_S:
-            return (f"Press **Force kill** again within {CONFIRM_WINDOW_S:.0f} s: the process is killed and "
-                    "progress since the last checkpoint is lost."), time.time()
-        return studio.manager.kill(run_dir), None
-
-    def kill_handler(armed_at):
-        run_dir = studio.manager.current_run()
+    def kill_handler(shown_run, armed_at):
+        run_dir = Path(shown_run) if shown_run else None
         if run_dir is None:
-            return "No run to control.", None
+            return "No run to control.", None, None
         try:
-            return do_kill(run_dir, armed_at)
+            if not armed_at or time.time() - armed_at > CONFIRM_WINDOW_S:
+                return (f"Press **Force kill** again within {CONFIRM_WINDOW_S:.0f} s: the process is killed and "
+                        "progress since the last checkpoint is lost."), time.time(), \
+                    message_meta(run_dir, CONFIRM_WINDOW_S)
+            return studio.manager.kill(run_dir), None, message_meta(run_dir, 30.0)
         except StartRefused as e:
-            return f"⚠️ {e}", None
+            return f"⚠️ {e}", None, message_meta(run_dir, 30.0)
 
-    kill.click(kill_handler, inputs=armed, outputs=[message, armed], concurrency_id="run-control")
+    kill.click(kill_handler, inputs=[shown, armed], outputs=[message, armed, said], concurrency_id="run-control")
+
+    def open_tensorboard(shown_run):
+        if not shown_run:
+            return "No run to show."
+        try:
+            url = run_tools.tensorboard_url(Path(shown_run), python=studio.settings.python)
+        except FileNotFoundError as e:
+            return f"⚠️ No TensorBoard logs yet: {e}"
+        return f"TensorBoard (this machine only): [{url}]({url}) — it may take a few seconds to answer."
+
+    tb_button.click(open_tensorboard, inputs=shown, outputs=tb_link)
+
+    def zip_run(shown_run):
+        if not shown_run:
+            return gr.update(value=None, visible=False)
+        return gr.update(value=run_tools.run_zip(Path(shown_run)), visible=True)
+
+    zip_button.click(zip_run, inputs=shown, outputs=zip_file)

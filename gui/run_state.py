@@ -136,9 +136,23 @@ def forget(run_dir: Path) -> None:
         _TAILS.pop((Path(run_dir) / "events.jsonl").resolve(), None)
 
 
-def has_checkpoint(run_dir: Path) -> bool:
-    """A complete checkpoint exists (manifest.json is written last)."""
-    return any((Path(run_dir) / "checkpoints").glob("*/manifest.json"))
+def has_checkpoint(run_dir: Path) -> bool | int:
+    """The step of the newest complete checkpoint (manifest.json is written last), True when its
+    step is not in its name, False when there is none."""
+    steps = [m.parent.name for m in (Path(run_dir) / "checkpoints").glob("*/manifest.json")]
+    numbers = [int(n.rsplit("-", 1)[1]) for n in steps if n.rsplit("-", 1)[-1].isdigit()]
+    return max(numbers) if numbers else bool(steps)
+
+
+def killed_by_sigkill(run_dir: Path) -> bool:
+    """The launcher reported a rank killed by SIGKILL (the OOM killer picks a rank, not the launcher)."""
+    path = Path(run_dir) / procs.CONSOLE_LOG
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, path.stat().st_size - 16384))
+            return b"Signals.SIGKILL" in fh.read()
+    except OSError:
+        return False
 
 
 @dataclass
@@ -149,9 +163,15 @@ class RunStatus:
     resumable: bool
 
 
+KILLED_CODES = (-9, 137)   # SIGKILL seen by Popen, or by a shell/launcher (128 + 9)
+
+
 def derive_status(snap: Snapshot, alive: bool, exit_code: int | None, stop_pressed_at: float | None,
-                  checkpoint: bool, elsewhere: bool = False, error_line: str = "") -> RunStatus:
-    """Pure: the status of a run from its events, its process and its files."""
+                  checkpoint: bool | int, elsewhere: bool = False, error_line: str = "",
+                  killed: bool = False) -> RunStatus:
+    """Pure: the status of a run from its events, its process and its files. `checkpoint`: whether
+    a complete checkpoint exists, or its step; `killed`: the process died of SIGKILL (OOM killer,
+    Force kill), which never leaves an event: interrupted, resumable, like a lost machine."""
     if alive:
         if snap.terminal is not None and snap.terminal["event"] in ("stopped", "preempted"):
             return RunStatus("stopping", f"{snap.terminal['event']} — state saved, process exiting…", True, False)
@@ -174,18 +194,30 @@ def derive_status(snap: Snapshot, alive: bool, exit_code: int | None, stop_press
         if kind == "preempted":
             return RunStatus("preempted", "preempted — state saved (resumable)", False, True)
         message = end.get("message") or error_line or "see the log"
-        return RunStatus("error", f"error: {message}", False, checkpoint)
+        return RunStatus("error", f"error: {message}", False, bool(checkpoint))
+    if killed or exit_code in KILLED_CODES:
+        return _interrupted(checkpoint, "killed by SIGKILL, e.g. the OOM killer")
     if exit_code == exitcodes.STOPPED_SAVED:
         return RunStatus("stopped", "stopped — state saved (resumable)", False, True)
     if exit_code == exitcodes.BAD_CONFIG:
-        return RunStatus("error", f"bad config or input: {error_line or 'see the log'}", False, checkpoint)
+        return RunStatus("error", f"bad config or input: {error_line or 'see the log'}", False, bool(checkpoint))
     if exit_code is not None and exit_code != 0:
-        return RunStatus("error", f"error (exit {exit_code}): {error_line or 'see the log'}", False, checkpoint)
+        return RunStatus("error", f"error (exit {exit_code}): {error_line or 'see the log'}", False,
+                         bool(checkpoint))
     if snap.first_time is None and exit_code is None and not error_line:
         return RunStatus("new", "not started", False, False)
-    if checkpoint:
-        return RunStatus("interrupted", "interrupted (resumable from the last checkpoint)", False, True)
-    return RunStatus("interrupted", "interrupted (no checkpoint yet: resuming starts over)", False, True)
+    return _interrupted(checkpoint, "")
+
+
+def _interrupted(checkpoint: bool | int, why: str) -> RunStatus:
+    how = f"{why}; " if why else ""
+    if checkpoint is True:
+        text = f"interrupted ({how}resumable from the last checkpoint)"
+    elif checkpoint:
+        text = f"interrupted ({how}resumable: resume continues from step {checkpoint})"
+    else:
+        text = f"interrupted ({how}resumable; no checkpoint yet: resuming starts over)"
+    return RunStatus("interrupted", text, False, True)
 
 
 def last_error_line(run_dir: Path) -> str:
@@ -215,5 +247,6 @@ def run_status(run_dir: Path, snap: Snapshot | None = None) -> RunStatus:
     alive = procs.is_alive(record)
     exit_code = procs.read_exit(run_dir)
     error_line = last_error_line(run_dir) if not alive and (exit_code or snap.terminal is None) else ""
+    killed = not alive and snap.terminal is None and exit_code not in (None, 0) and killed_by_sigkill(run_dir)
     return derive_status(snap, alive, exit_code, procs.stop_requested_at(run_dir) if alive else None,
-                         has_checkpoint(run_dir), procs.on_other_host(record), error_line)
+                         has_checkpoint(run_dir), procs.on_other_host(record), error_line, killed)

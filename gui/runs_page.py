@@ -134,5 +134,20 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
             return f"⚠️ {e}", None, gr.skip()
         return done, None, gr.update(choices=run_choices(studio), value=None)
 
-    delete.click(on_delete, inputs=[selector, armed], outputs=[message, armed, selector],
+    expire = gr.Timer(CONFIRM_WINDOW_S, active=False)
+
+    def delete_and_expire(selected, armed_value):
+        text, armed_next, chooser = on_delete(selected, armed_value)
+        return text, armed_next, chooser, gr.Timer(active=armed_next is not None)
+
+    delete.click(delete_and_expire, inputs=[selector, armed], outputs=[message, armed, selector, expire],
                  concurrency_id="run-control")
+    expire.tick(lambda: ["", None, gr.Timer(active=False)], outputs=[message, armed, expire], show_progress="hidden")
+
+    def on_table_select(evt: gr.SelectData):
+        """A click on a row of the table opens that run below."""
+        name = (getattr(evt, "row_value", None) or [None])[0]
+        match = [d for d in studio.manager.run_dirs() if d.name == name]
+        return gr.update(value=str(match[0])) if match else gr.skip()
+
+    table.select(on_table_select, outputs=selector, show_progress="hidden")

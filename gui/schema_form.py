@@ -90,6 +90,25 @@ def form_fields() -> list[FormField]:
     return out
 
 
+ACRONYMS = {"lr": "LR", "ema": "EMA", "vae": "VAE", "cfg": "CFG", "snr": "SNR", "gpu": "GPU", "ids": "IDs",
+            "te": "text encoder", "url": "URL", "ip": "IP", "mb": "(MB)", "s3": "S3", "ddp": "DDP", "fsdp": "FSDP",
+            "kl": "KL", "bf16": "bf16", "fp16": "fp16", "n": "N", "s": "(seconds)", "p": "probability", "dir": "folder",
+            "abs": "absolute", "num": "number of", "max": "max", "min": "min", "cpu": "CPU", "wandb": "W&B"}
+
+
+def human_label(f: FormField) -> str:
+    """'Max grad norm · max_grad_norm': words for people next to the TOML key they type."""
+    words = [ACRONYMS.get(w, w) for w in f.key.split("_")]
+    text = " ".join(words).strip()
+    return f"{text[:1].upper()}{text[1:]} · {f.key}"
+
+
+def section_heading(section: str) -> str:
+    """A section's docstring up to its first blank line, as one line (however it was wrapped)."""
+    doc = (sections()[section].__doc__ or "").strip()
+    return " ".join(line.strip() for line in doc.split("\n\n", 1)[0].splitlines())
+
+
 def tabs_in_order(fields: list[FormField]) -> list[str]:
     """Tab names in the order their first section appears in the schema."""
     seen: list[str] = []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,9 @@ import psutil
 
 _NVML_LOCK = threading.Lock()
 _NVML_STATE: dict = {"ready": None, "error": ""}
+_CPU_LOCK = threading.Lock()
+_CPU = {"at": None, "value": 0.0}
+CPU_MIN_INTERVAL_S = 0.5   # shorter windows say little (and psutil's very first says 0)
 
 
 @dataclass
@@ -78,9 +82,25 @@ def gpus_markdown(infos: list[GpuInfo] | None = None) -> str:
     return "\n".join(rows)
 
 
+def cpu_percent() -> float:
+    """System CPU use over at least CPU_MIN_INTERVAL_S. psutil measures since its previous call
+    (the first call returns 0.0, and every page or session calling it shortens the window), so
+    one shared measurement is kept: the first call waits for a real window, later calls reuse the
+    last value until a new window is long enough."""
+    with _CPU_LOCK:
+        now = time.monotonic()
+        if _CPU["at"] is None:
+            psutil.cpu_percent(interval=None)
+            time.sleep(CPU_MIN_INTERVAL_S)
+            _CPU.update(at=time.monotonic(), value=psutil.cpu_percent(interval=None))
+        elif now - _CPU["at"] >= CPU_MIN_INTERVAL_S:
+            _CPU.update(at=now, value=psutil.cpu_percent(interval=None))
+        return _CPU["value"]
+
+
 def system_markdown(runs_dir: Path) -> str:
     """GPU table plus CPU, RAM and the free space where runs are written."""
-    cpu = psutil.cpu_percent(interval=None)
+    cpu = cpu_percent()
     mem = psutil.virtual_memory()
     folder = Path(runs_dir)
     while not folder.exists() and folder != folder.parent:

@@ -53,21 +53,26 @@ def _gpus(ui: dict) -> None:
 def _preview(ui: dict) -> None:
     gr.Markdown("The exact command the Start button runs, and the config file it writes "
                 "(secrets never appear here: they go to the process environment only).")
+    # sized to their content (no inner scrollbar for a few lines; long ones scroll past 40 lines)
     ui["cmd_shell"] = gr.Code(label="Command", language="shell", interactive=False, elem_id="cmd-shell",
-                              wrap_lines=True)
-    ui["cmd_argv"] = gr.Code(label="argv (JSON list)", language="json", interactive=False, elem_id="cmd-argv")
-    ui["cmd_toml"] = gr.Code(label="config.toml", language=None, interactive=False, elem_id="cmd-toml")
+                              wrap_lines=True, lines=1, max_lines=12)
+    with gr.Accordion("argv and config.toml", open=False):
+        ui["cmd_argv"] = gr.Code(label="argv (JSON list)", language="json", interactive=False, elem_id="cmd-argv",
+                                 lines=1, max_lines=40)
+        ui["cmd_toml"] = gr.Code(label="config.toml", language=None, interactive=False, elem_id="cmd-toml",
+                                 lines=1, max_lines=40)
 
 
 def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs) -> TrainingPage:
     ui: dict = {}
     form = render_form(studio.fields, initial_values,
-                       extras={"Dataset": lambda: _inspector(ui), "GPUs": lambda: _gpus(ui)},
-                       extra_tabs=[("Command preview", lambda: _preview(ui))])
+                       extras={"Dataset": lambda: _inspector(ui), "GPUs": lambda: _gpus(ui)})
     secret_boxes, secret_status = build_secrets_panel()
     with gr.Row(equal_height=True):
         start = gr.Button("▶ Start training", variant="primary", elem_id="start-training", scale=1)
         message = gr.Markdown("", elem_id="training-message")
+    with gr.Accordion("Command preview", open=True, elem_id="command-preview"):   # a panel, not a hidden tab
+        _preview(ui)
     inspected = gr.State("")
     fields = studio.fields
 
@@ -84,11 +89,11 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         secrets = status_markdown(cfg, typed)
         try:
             inspection = dv.inspect_dataset(cfg, python=studio.settings.python, cwd=studio.manager.cwd)
-        except ConfigError as e:
+        except ConfigError as e:   # no folder, or nothing usable in it: say why, drop the old folder's views
             placed = error_updates(fields, e)
             msg = "" if error_field(fields, e) else f"⚠️ {e}"
             return [*placed, msg, "The plan needs a dataset that can be scanned.", shell, argv, toml,
-                    f"⚠️ {e}", gr.skip(), gr.skip(), gr.skip(), secrets, ""]
+                    dv.failure_markdown(e), *dv.empty_views(), secrets, ""]
         except Exception as e:  # timeouts, a broken backend: say so, keep the page usable
             return [*placed, f"⚠️ dataset inspector failed: {e}", gr.skip(), shell, argv, toml,
                     gr.skip(), gr.skip(), gr.skip(), gr.skip(), secrets, seen]

@@ -2,6 +2,7 @@
 and an (initially hidden) error line under every widget for validation messages."""
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Callable
@@ -10,9 +11,9 @@ from typing import Any
 
 import gradio as gr
 
-from trainer_backend.config import ConfigError, sections
+from trainer_backend.config import ConfigError
 
-from gui.schema_form import FormField, error_field, tabs_in_order
+from gui.schema_form import FormField, error_field, human_label, section_heading, tabs_in_order
 
 FIELDS_PER_ROW = 3
 
@@ -39,7 +40,7 @@ def _number_step(f: FormField) -> float:
 def make_widget(f: FormField, value: Any) -> gr.components.Component:
     """The widget for one field: type, choices and help come from the schema. Bounds are shown
     in the help text and enforced by the schema's validation (so the message names the key)."""
-    common = dict(label=f.key, info=f.info(), elem_id=f.elem_id, interactive=True)
+    common = dict(label=human_label(f), info=f.info(), elem_id=f.elem_id, interactive=True)
     if f.type == "bool":
         return gr.Checkbox(value=bool(value), **common)
     if f.type == "choice":
@@ -89,8 +90,9 @@ def render_form(fields: list[FormField], values: list[Any],
                 in_tab = [f for f in fields if f.tab == tab]
                 for section in dict.fromkeys(f.section for f in in_tab):
                     section_fields = [f for f in in_tab if f.section == section]
-                    doc = (sections()[section].__doc__ or "").strip().splitlines()[0]
-                    gr.Markdown(f"#### `[{section}]` {doc}", elem_classes=["section-title"])
+                    heading = html.escape(section_heading(section), quote=False)   # `<bucket>` is text, not a tag
+                    gr.Markdown(f"#### `[{section}]` {heading}", elem_classes=["section-title"],
+                                elem_id=f"section-{section}")
                     _field_rows([f for f in section_fields if not f.advanced], by_dotted, inputs, errors)
                     advanced = [f for f in section_fields if f.advanced]
                     if advanced:

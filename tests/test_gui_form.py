@@ -144,3 +144,26 @@ def test_gui_never_imports_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "IMPORTED []" in out.stdout, out.stdout
+
+
+def test_section_headings_keep_the_whole_first_paragraph(app_config):
+    """A docstring wrapped over several lines is one heading, not its first line ("…are copied to")."""
+    _, config = app_config
+    by_id = {c["props"].get("elem_id"): c for c in config["components"] if c.get("props", {}).get("elem_id")}
+    import html
+    heading = html.unescape(by_id["section-cloud"]["props"]["value"])
+    assert "copied to s3://<bucket>/<prefix>/<output.name>/ in the background" in heading
+    assert "never from this config" in heading
+    for name, section in sections().items():
+        first_paragraph = (section.__doc__ or "").strip().split("\n\n")[0].split()
+        assert html.unescape(by_id[f"section-{name}"]["props"]["value"]).split()[-1] == first_paragraph[-1], name
+
+
+def test_labels_are_words_next_to_the_toml_key(fields, app_config):
+    _, config = app_config
+    by_id = {c["props"].get("elem_id"): c for c in config["components"] if c.get("props", {}).get("elem_id")}
+    for f in fields:
+        label = by_id[f.elem_id]["props"]["label"]
+        assert label.endswith(f" · {f.key}") and len(label) > len(f.key) + 3, label
+    assert by_id["field-optimizer-max_grad_norm"]["props"]["label"] == "Max grad norm · max_grad_norm"
+    assert by_id["field-network-text_encoder_lr"]["props"]["label"] == "Text encoder LR · text_encoder_lr"

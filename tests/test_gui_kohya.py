@@ -69,20 +69,20 @@ def test_sdxl_dreambooth_config_becomes_a_full_finetune():
                            "learning_rate": 1e-6, "train_batch_size": 1, "optimizer": "Adafactor",
                            "lr_scheduler": "adafactor", "xformers": "none"})
     cfg = result.config()
-    assert cfg.model.arch == "sdxl" and cfg.network.type == "full" and cfg.optimizer.name == "adafactor"
-    assert cfg.precision.attention == "default"
-    assert ("lr_scheduler", "adafactor") in result.unsupported
+    # kohya's lr_scheduler "adafactor" is Adafactor's relative-step mode: adaptive, imported as Prodigy
+    assert cfg.model.arch == "sdxl" and cfg.network.type == "full" and cfg.optimizer.name == "prodigy"
+    assert cfg.precision.attention == "default" and cfg.optimizer.lr == 1.0
     assert any("full fine-tune" in n for n in result.notes)
 
 
 def test_values_the_schema_rejects_are_reported_not_imported():
     result = import_kohya({"train_batch_size": 100000, "network_dim": 8, "LoRA_type": "LyCORIS/LoKr",
-                           "optimizer": "DAdaptAdam"})
+                           "optimizer": "SGDP"})
     cfg = result.config()
     assert cfg.schedule.batch_size == 1 and cfg.network.type == "lokr" and cfg.network.rank == 8
     rejected = dict(result.unsupported)
     assert "rejected" in str(rejected["train_batch_size"]) and "4096" in str(rejected["train_batch_size"])
-    assert rejected["optimizer"] == "DAdaptAdam"
+    assert rejected["optimizer"] == "SGDP"
 
 
 def test_not_json_is_a_clear_error():

@@ -96,3 +96,24 @@ def test_broken_preset_reports_the_key(store):
     (store.user_dir / "bad.toml").write_text("version = 1\n[schedule]\nbatch_sise = 2\n")
     with pytest.raises(PresetError, match=r"schedule\.batch_sise.*batch_size"):
         store.load("bad")
+
+
+def test_sdxl_dreambooth_preset_generates_class_images_by_default(store, tmp_path):
+    """Its comment promises prior preservation: with only subject images, the scan plans class
+    images to generate and the plan counts them."""
+    from PIL import Image
+
+    from trainer_backend.config import from_dict, to_dict
+    from trainer_backend.data.scan import scan_dataset
+
+    subject = tmp_path / "dog"
+    subject.mkdir()
+    for i in range(3):
+        Image.new("RGB", (64, 64), (40 * i, 80, 120)).save(subject / f"{i}.png")
+    data = to_dict(store.load("sdxl-dreambooth-lora (built-in)"))
+    assert data["dataset"]["class_prompt"] and data["dataset"]["num_class_images"] > 0
+    data["dataset"].update(path=str(subject), resolution=64)
+    data["model"]["path"] = "builtin:tiny-sdxl"
+    scan = scan_dataset(from_dict(data))
+    assert scan.summary["class_images_to_generate"] == data["dataset"]["num_class_images"]
+    assert scan.counts.class_images > 0

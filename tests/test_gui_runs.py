@@ -245,3 +245,27 @@ def test_multi_node_preview_lists_every_machine(tmp_path):
     assert "machine_rank 0" in shell and "machine_rank 1" in shell and "10.0.0.1" in shell
     assert json.loads(argv)[-2:-1] == ["--config"] and json.loads(argv)[-1].endswith("my-lora/config.toml")
     assert "[hardware]" in toml and "num_machines = 2" in toml
+
+
+def test_a_run_killed_with_sigkill_is_interrupted_and_resumable_from_its_checkpoint(tmp_path):
+    """The OOM killer or a lost machine: no final event, exit -9. The README promises
+    'interrupted (resumable)', and says where resume continues."""
+    run = make_run(tmp_path, "oom", [ev("plan"), *steps(5)])
+    (run / "checkpoints" / "step-00000004").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000004" / "manifest.json").write_text("{}")
+    manager = RunManager(tmp_path)
+    proc = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), run)
+    manager.children[run] = proc
+    assert run_status(run).status == "running"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    manager.reap()
+    assert procs.read_exit(run) == -9
+    state = run_status(run)
+    assert state.status == "interrupted" and state.resumable and "error" not in state.text
+    assert "SIGKILL" in state.text and "step 4" in state.text
+    # a rank killed under accelerate launch: the launcher exits 1 and names the signal
+    other = make_run(tmp_path, "oom-rank", [ev("plan"), *steps(2)])
+    procs.write_exit(other, 1)
+    (other / procs.CONSOLE_LOG).write_text("subprocess.CalledProcessError: died with <Signals.SIGKILL: 9>.\n")
+    assert run_status(other).status == "interrupted" and "no checkpoint yet" in run_status(other).text

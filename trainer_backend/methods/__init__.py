@@ -136,5 +136,9 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable
         outputs = [str(p) for p in paths]
         for p in outputs:
             LOG.info("saved %s", p)
+    if accelerator.is_main_process:
+        from ..run.file_modes import respect_umask
+        for p in outputs:   # safetensors writes 0600: readable by a webui running as another user
+            respect_umask(p)
     accelerator.wait_for_everyone()
     return outputs

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .file_modes import respect_umask
+
 LOG = logging.getLogger("trainer")
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.json"
@@ -250,6 +252,7 @@ def _finalise(tmp: Path, final: Path, state: TrainState, metrics: dict | None, t
     (tmp / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
     _fsync_tree(tmp)
     write_manifest(tmp, state.global_step, metrics, trigger)
+    respect_umask(tmp)   # safetensors/accelerate write 0600
     old = final.parent / f".old-{final.name}"
     if final.exists():  # only after a crash between two saves of one step
         os.replace(final, old)

@@ -107,7 +107,9 @@ class StableDiffusionFamily(Family):
         from .single_file_export import export_single_file
         out = []
         if folder is not None:
+            from .transformers4_layout import write_transformers4_layout
             self.build_pipeline(model, scheduler="default").save_pretrained(str(folder), safe_serialization=True)
+            write_transformers4_layout(folder)   # readable by transformers-4 tools too (kohya, old diffusers)
             out.append(Path(folder))
         out.insert(0, export_single_file(model, single_file, dtype=dtype, extra_metadata=metadata))
         return out

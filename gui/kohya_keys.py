@@ -1,0 +1,125 @@
+"""kohya_ss GUI keys and values: the tables and value converters the importer uses (pure)."""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+SECRET_KEYS = {"wandb_api_key", "huggingface_token"}
+NETWORK_TYPES = {"standard": "lora", "lycoris/loha": "loha", "lycoris/lokr": "lokr"}
+LOCON_TYPES = {"kohya locon", "locon", "lycoris/locon"}   # LoRA plus conv-layer adapters (conv_dim)
+SAMPLERS = {"euler": "euler", "euler_a": "euler_a", "k_euler": "euler", "k_euler_a": "euler_a", "ddim": "ddim",
+            "dpmsolver++": "dpmpp_2m", "k_dpm_2": "dpmpp_2m", "pndm": "pndm", "ddpm": "ddpm", "unipc": "unipc"}
+OPTIMIZERS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "prodigy": "prodigy", "lion": "lion",
+              "adafactor": "adafactor", "sgd": "sgd"}
+APPROX_OPTIMIZERS = {"pagedadamw8bit": "adamw8bit", "pagedadamw": "adamw", "lion8bit": "lion",
+                     "pagedlion8bit": "lion", "sgdnesterov": "sgd", "sgdnesterov8bit": "sgd",
+                     "adamw_schedulefree": "adamw", "prodigyplus.prodigyplusschedulefree": "prodigy"}
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true") or value == 1
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _off(value: Any) -> bool:
+    """Values kohya uses for 'not set'."""
+    if _blank(value) or value is False:
+        return True
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return True
+    return isinstance(value, str) and value.strip().lower() in ("0", "0.0", "none", "false")
+
+
+def _num(value: Any) -> float:
+    return float(str(value).strip())
+
+
+def _int(value: Any) -> int:
+    return int(round(_num(value)))
+
+
+def _resolution(value: Any) -> int:
+    """kohya's "W,H" -> one side: the square with the same area, on a multiple of 8."""
+    parts = [int(p) for p in re.split(r"[,x ]+", str(value).strip()) if p]
+    side = parts[0] if len(parts) == 1 or parts[0] == parts[1] else math.sqrt(parts[0] * parts[1])
+    return int(round(side / 8) * 8)
+
+
+def _name(value: Any) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9._ -]+", "-", str(value).strip()).lstrip("._ -")
+    return cleaned or "imported"
+
+
+# kohya key -> (studio key, converter). Converters raise ValueError for values we cannot use.
+DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "pretrained_model_name_or_path": ("model.path", str),
+    "vae": ("model.vae", str),
+    "train_data_dir": ("dataset.path", str),
+    "max_resolution": ("dataset.resolution", _resolution),
+    "caption_extension": ("dataset.caption_extension", str),
+    "flip_aug": ("dataset.flip", bool),
+    "random_crop": ("dataset.center_crop", lambda v: not bool(v)),
+    "caption_dropout_rate": ("dataset.caption_dropout", _num),
+    "shuffle_caption": ("dataset.shuffle_tags", bool),
+    "keep_tokens": ("dataset.keep_tokens", _int),
+    "cache_latents": ("dataset.cache_latents", bool),
+    "max_data_loader_n_workers": ("dataset.num_workers", _int),
+    "network_dim": ("network.rank", _int),
+    "network_alpha": ("network.alpha", _num),
+    "network_dropout": ("network.dropout", _num),
+    "learning_rate": ("optimizer.lr", _num),
+    "lr_scheduler_num_cycles": ("optimizer.lr_cycles", _int),
+    "lr_warmup_steps": ("optimizer.warmup_steps", _int),
+    "max_grad_norm": ("optimizer.max_grad_norm", _num),
+    "train_batch_size": ("schedule.batch_size", _int),
+    "gradient_accumulation_steps": ("schedule.grad_accum", _int),
+    "epoch": ("schedule.epochs", _int),
+    "max_train_steps": ("schedule.max_steps", _int),
+    "seed": ("schedule.seed", _int),
+    "noise_offset": ("loss.noise_offset", _num),
+    "min_snr_gamma": ("loss.min_snr_gamma", _num),
+    "min_timestep": ("loss.timestep_min", _int),
+    "max_timestep": ("loss.timestep_max", _int),
+    "mixed_precision": ("precision.mixed", str),
+    "gradient_checkpointing": ("precision.gradient_checkpointing", bool),
+    "num_processes": ("hardware.num_processes", _int),
+    "gpu_ids": ("hardware.gpu_ids", lambda v: str(v).replace(" ", "")),
+    "save_every_n_steps": ("checkpoints.every_n_steps", _int),
+    "save_every_n_epochs": ("checkpoints.every_n_epochs", _int),
+    "prior_loss_weight": ("dataset.prior_loss_weight", _num),
+    "reg_data_dir": ("dataset.class_path", str),
+    "sample_every_n_steps": ("samples.every_n_steps", _int),
+    "sample_every_n_epochs": ("samples.every_n_epochs", _int),
+    "sample_prompts": ("samples.prompts", str),
+    "output_dir": ("output.dir", str),
+    "output_name": ("output.name", _name),
+    "resume": ("checkpoints.resume", str),
+    "enable_bucket": ("dataset.bucketing", bool),
+    "bucket_no_upscale": ("dataset.bucket_no_upscale", bool),
+    "bucket_reso_steps": ("dataset.bucket_step", _int),
+    "min_bucket_reso": ("dataset.bucket_min_side", _int),
+    "max_bucket_reso": ("dataset.bucket_max_side", _int),
+    "max_token_length": ("dataset.max_token_length", _int),
+    "cache_latents_to_disk": ("dataset.cache_latents_to_disk", bool),
+    "sdxl_cache_text_encoder_outputs": ("dataset.cache_text_encoder_outputs", bool),
+    "cache_text_encoder_outputs": ("dataset.cache_text_encoder_outputs", bool),
+    "save_precision": ("network.save_precision", lambda v: {"float": "fp32"}.get(str(v).strip(), str(v).strip())),
+    "full_bf16": ("precision.full_bf16", bool),
+    "full_fp16": ("precision.full_fp16", bool),
+    "num_machines": ("hardware.num_machines", _int),
+    "main_process_port": ("hardware.main_process_port", _int),
+}
+# Keys handled by the special cases below (so they are not reported as unsupported).
+SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimizer_args", "lr_scheduler",
+           "lr_warmup", "max_train_epochs", "unet_lr", "text_encoder_lr", "learning_rate_te",
+           "network_train_unet_only", "xformers", "noise_offset_type", "conv_dim", "conv_alpha",
+           "sample_sampler", "dora_wd", "sdxl_checkbox", "sd3_checkbox", "flux1_checkbox"}
+
+
+# kohya_ss keys that mark a model family the studio does not train yet.
+FAMILY_KEYS = {"sd3_checkbox": "SD3", "flux1_checkbox": "Flux"}

@@ -1,0 +1,99 @@
+"""Issue 16 in a real browser: the inspector drops a previous folder's views and says why files
+were skipped (1), confirmations and action messages do not outlive their moment (2), headings keep
+their whole docstring (6), TensorBoard and downloads (20), labels, the visible command preview,
+captions, and the log following its newest line (22)."""
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+from test_browser_studio import browser, field_input, open_page, server, shot, wait_text  # noqa: F401
+
+def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):  # noqa: F811
+    page = open_page(browser, server.url)
+    # 22: words next to the TOML key; the command preview is on the page, not behind a tab
+    page.get_by_role("tab", name="Optimizer & schedule").click()
+    assert "Batch size · batch_size" in page.locator("#field-schedule-batch_size").inner_text()
+    assert page.locator("#cmd-shell").is_visible()
+    wait_text(page, "#cmd-shell", r"trainer_backend", 60)
+    # 6: a heading keeps its whole first paragraph
+    page.get_by_role("tab", name="Checkpoints & cloud").click()
+    assert "in the background" in page.locator("#section-cloud").inner_text()
+
+    # 1: the demo folder's thumbnails, captioned with the file name's end
+    page.get_by_role("tab", name="Dataset").click()
+    wait_text(page, "#inspect-summary", r"\d+ images", 90)
+    page.wait_for_function("() => document.querySelectorAll('#thumbs img').length > 0", timeout=30_000)
+    assert any("." in t for t in page.locator("#thumbs").inner_text().split()), page.locator("#thumbs").inner_text()
+    bad = tmp_path / "all-broken"
+    bad.mkdir()
+    for i in range(7):
+        (bad / f"photo_{i:03d}.png").write_text("not an image")
+    path = field_input(page, "dataset", "path")
+    path.fill(str(bad))
+    path.press("Tab")
+    text = wait_text(page, "#inspect-summary", r"files skipped", 90)
+    assert "7 files skipped" in text and "photo_000.png" in text and "… and 2 more" in text, text
+    assert "see the warnings above" not in text
+    page.wait_for_function("() => document.querySelectorAll('#thumbs img').length === 0", timeout=30_000)
+    shot(page, "issue16-inspector-all-skipped")
+    path.fill("/no/such/folder")
+    path.press("Tab")
+    wait_text(page, "#inspect-summary", r"not a folder|does not exist", 60)
+
+    # 2: "press Delete again within 10 s" goes when the 10 s are over
+    page.locator("#preset-name input, #preset-name textarea").first.fill("to delete")
+    page.click("#preset-save-as")
+    wait_text(page, "#preset-message", r"Saved", 20)
+    page.click("#preset-delete")
+    wait_text(page, "#preset-message", r"again within 10 s", 20)
+    page.wait_for_function("() => !document.querySelector('#preset-message').innerText.includes('again')",
+                           timeout=30_000)
+    assert (server.presets / "to delete.toml").exists()
+
+
+def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811
+    page = open_page(browser, server.url)
+    page.click("#start-training")
+    wait_text(page, "#run-header", r"demo-sd1-lora", 60)
+    deadline = time.time() + 300
+    while not re.match(r"[2-9]\d* loss points|\d{2,} loss points", page.locator("#run-chart-caption").inner_text()):
+        assert time.time() < deadline, page.locator("#run-progress").inner_text()
+        time.sleep(1)
+    # 2: an action's message belongs to its run and its moment
+    page.click("#run-save-now")
+    wait_text(page, "#run-message", r"checkpoint requested", 20)
+    # 22: the log box shows its newest line (scrolled to the bottom)
+    page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
+                           " return t && t.value.split('\\n').length > 20; }", timeout=120_000)
+    time.sleep(3)
+    at_bottom = page.eval_on_selector(
+        "#run-log textarea", "t => t.scrollHeight - t.clientHeight - t.scrollTop < 30")
+    assert at_bottom, "the log box does not follow its newest line"
+    # 20: TensorBoard on the run's tb/, on the loopback, answering
+    page.click("#run-tensorboard")
+    link = wait_text(page, "#run-tensorboard-link", r"http://127\.0\.0\.1:\d+/", 30)
+    url = re.search(r"http://127\.0\.0\.1:\d+/", link).group(0)
+    deadline = time.time() + 90
+    while True:
+        try:
+            assert urllib.request.urlopen(url, timeout=5).status == 200
+            break
+        except OSError:
+            assert time.time() < deadline, f"TensorBoard at {url} never answered"
+            time.sleep(1)
+    # 20: the run folder as a zip
+    page.click("#run-zip-button")
+    page.wait_for_selector("#run-zip a", timeout=60_000)
+    shot(page, "issue16-run-tools")
+    if "running" in page.locator("#run-progress").inner_text():   # the demo may already be done
+        page.click("#run-stop")
+    end = wait_text(page, "#run-progress", r"done|resumable", 240)
+    # 2: neither "checkpoint requested…" nor "stopping, saving state…" stays next to the ended run
+    page.wait_for_function("() => { const m = document.querySelector('#run-message').innerText;"
+                           " return !m.includes('stopping') && !m.includes('checkpoint requested'); }",
+                           timeout=30_000)
+    if end.startswith("done"):   # 20: each output file to download
+        page.wait_for_selector("#run-output-files a", timeout=60_000)
+        assert ".safetensors" in page.locator("#run-output-files").inner_text()
