@@ -15,7 +15,8 @@ from typing import Any
 from trainer_backend.config import ConfigError, TrainConfig, from_dict
 
 from gui.kohya_keys import (APPROX_OPTIMIZERS, DIRECT, FAMILY_KEYS, LOCON_TYPES, NETWORK_TYPES, OPTIMIZERS,
-                            SAMPLERS, SECRET_KEYS, SPECIAL, _blank, _int, _num, _off, _truthy)
+                            SAMPLERS, SECRET_KEYS, SPECIAL, TIMESTEP_SAMPLING, WEIGHTING_SCHEME, _blank, _int, _num,
+                            _off, _truthy)
 from gui.schema_form import form_fields
 
 
@@ -35,14 +36,31 @@ class KohyaImport:
         return from_dict(self.data)
 
 
-def unsupported_family(src: dict) -> str:
-    """Why this kohya file cannot be imported yet (a family we do not have), or "".
-    Replace this when the SD3/Flux families are registered: map the keys to model.arch."""
-    for key, family in FAMILY_KEYS.items():
-        if _truthy(src.get(key)):
-            return (f"{key} = true: this is a kohya_ss {family} preset; the studio cannot train {family} "
-                    f"models yet, so it was not imported (importing it as SD1 would train the wrong model)")
-    return ""
+def _flow_family(src: dict, b: "_Builder") -> None:
+    """SD3 and Flux presets: the family, and kohya's timestep sampling and weighting scheme."""
+    key = next((k for k in FAMILY_KEYS if _truthy(src.get(k))), None)
+    if key is None:
+        return
+    b.put(key, "model.arch", FAMILY_KEYS[key])
+    sampling = str(src.get("timestep_sampling", "")).strip()
+    if sampling in TIMESTEP_SAMPLING:
+        density, shift = TIMESTEP_SAMPLING[sampling]
+        b.put("timestep_sampling", "loss.timestep_sampling", density)
+        if shift is not None:
+            b.put("timestep_sampling", "loss.flow_shift", shift)
+    elif sampling:
+        b.result.unsupported.append(("timestep_sampling", sampling))
+    scheme = str(src.get("weighting_scheme", "")).strip()
+    if scheme in WEIGHTING_SCHEME:
+        b.put("weighting_scheme", *WEIGHTING_SCHEME[scheme])
+    elif scheme:
+        b.result.unsupported.append(("weighting_scheme", scheme))
+    if str(src.get("model_prediction_type", "raw")).strip() not in ("raw", ""):
+        b.result.unsupported.append(("model_prediction_type", src["model_prediction_type"]))
+    parts = [k for k in ("clip_l", "clip_g", "t5xxl", "ae") if not _blank(src.get(k))]
+    if parts:
+        b.note(f"{', '.join(parts)}: separate component files are not loaded; set model.path to the model's "
+               f"diffusers folder")
 
 
 class _Builder:
@@ -230,9 +248,6 @@ def import_kohya(source: str | dict) -> KohyaImport:
             raise ImportProblem(f"not a kohya_ss JSON file: {e.msg} at line {e.lineno}") from None
     if not isinstance(source, dict):
         raise ImportProblem("not a kohya_ss JSON config: expected an object of settings")
-    refusal = unsupported_family(source)
-    if refusal:
-        raise ImportProblem(refusal)
     b = _Builder()
     for key, value in source.items():
         if key in SECRET_KEYS:
@@ -254,6 +269,7 @@ def import_kohya(source: str | dict) -> KohyaImport:
             else:
                 b.result.unsupported.append((key, value))
     _special_cases(source, b)
+    _flow_family(source, b)
     _drop_invalid(b)
     return b.result
 

@@ -113,13 +113,27 @@ DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "full_fp16": ("precision.full_fp16", bool),
     "num_machines": ("hardware.num_machines", _int),
     "main_process_port": ("hardware.main_process_port", _int),
+    # the flow-matching families (SD3, Flux)
+    "discrete_flow_shift": ("loss.flow_shift", _num),
+    "guidance_scale": ("model.guidance", _num),
+    "t5xxl_max_token_length": ("model.t5_max_length", _int),
 }
 # Keys handled by the special cases below (so they are not reported as unsupported).
 SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimizer_args", "lr_scheduler",
            "lr_warmup", "max_train_epochs", "unet_lr", "text_encoder_lr", "learning_rate_te",
            "network_train_unet_only", "xformers", "noise_offset_type", "conv_dim", "conv_alpha",
-           "sample_sampler", "dora_wd", "sdxl_checkbox", "sd3_checkbox", "flux1_checkbox"}
+           "sample_sampler", "dora_wd", "sdxl_checkbox", "sd3_checkbox", "flux1_checkbox", "timestep_sampling",
+           "weighting_scheme", "model_prediction_type"}
 
 
-# kohya_ss keys that mark a model family the studio does not train yet.
-FAMILY_KEYS = {"sd3_checkbox": "SD3", "flux1_checkbox": "Flux"}
+# kohya_ss keys that mark a flow-matching family -> model.arch
+FAMILY_KEYS = {"sd3_checkbox": "sd3", "flux1_checkbox": "flux"}
+# kohya's timestep_sampling -> (loss.timestep_sampling, loss.flow_shift or None to leave it);
+# "shift" keeps discrete_flow_shift, "flux_shift" is Flux's resolution-dependent shift (flow_shift 0)
+TIMESTEP_SAMPLING = {"sigmoid": ("sigmoid", None), "uniform": ("uniform", 1.0), "sigma": ("uniform", 1.0),
+                     "shift": ("sigmoid", None), "flux_shift": ("sigmoid", 0.0), "logit_normal": ("logit_normal", None)}
+# SD3's weighting_scheme names a timestep density or a loss weighting
+WEIGHTING_SCHEME = {"logit_normal": ("loss.timestep_sampling", "logit_normal"),
+                    "mode": ("loss.timestep_sampling", "mode"), "uniform": ("loss.timestep_sampling", "uniform"),
+                    "sigma_sqrt": ("loss.flow_weighting", "sigma_sqrt"), "cosmap": ("loss.flow_weighting", "cosmap"),
+                    "none": ("loss.flow_weighting", "none")}

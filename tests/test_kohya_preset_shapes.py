@@ -92,7 +92,8 @@ SD3_LORA = {**LORA_COMMON, "sd3_checkbox": True, "clip_g": "/m/clip_g.safetensor
 
 SHAPES = {"sdxl-lora-prodigy": SDXL_LORA_PRODIGY, "sd15-lora-dadapt": SD15_LORA_DADAPT,
           "sdxl-loha-adafactor": SDXL_LOHA_ADAFACTOR, "sdxl-finetune-adafactor": SDXL_FINETUNE_ADAFACTOR,
-          "sdxl-finetune-adamw": SDXL_FINETUNE_ADAMW, "sd15-lora": LORA_COMMON}
+          "sdxl-finetune-adamw": SDXL_FINETUNE_ADAMW, "sd15-lora": LORA_COMMON, "flux-lora": FLUX_LORA,
+          "sd3-lora": SD3_LORA}
 
 # Set in these shapes and truly not expressible in the schema (yet). Anything else reported
 # unsupported is a key we can express and fail to map.
@@ -100,7 +101,8 @@ NOT_EXPRESSIBLE = {"clip_skip", "lora_network_weights", "num_cpu_threads_per_pro
                    "train_on_input", "unit", "optimizer_args decouple", "optimizer_args use_bias_correction",
                    "caption_metadata_filename", "latent_metadata_filename", "create_buckets", "create_caption",
                    "dataset_repeats", "full_path", "use_latent_files", "batch_size", "factor", "conv_alpha",
-                   "conv_dim"}
+                   "conv_dim",
+                   "clip_l", "clip_g", "t5xxl", "ae"}  # ComfyUI-style component files (a diffusers folder is loaded)
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
@@ -131,11 +133,16 @@ def test_finetune_tab_sdxl_checkbox_imports_as_sdxl():
     assert import_kohya({**FINETUNE_COMMON, "sdxl_checkbox": False}).config().model.arch == "sd1"
 
 
-@pytest.mark.parametrize("shape,key,family", [(FLUX_LORA, "flux1_checkbox", "Flux"), (SD3_LORA, "sd3_checkbox", "SD3")])
-def test_sd3_and_flux_presets_are_refused_by_name(shape, key, family):
-    with pytest.raises(ImportProblem) as err:
-        import_kohya(json.dumps(shape))
-    assert key in str(err.value) and family in str(err.value)
+@pytest.mark.parametrize("shape,key,arch", [(FLUX_LORA, "flux1_checkbox", "flux"), (SD3_LORA, "sd3_checkbox", "sd3")])
+def test_sd3_and_flux_presets_import_as_their_family(shape, key, arch):
+    result = import_kohya(json.dumps(shape))
+    cfg = result.config()
+    assert cfg.model.arch == arch and (key, "model.arch", arch) in result.mapped
+    if arch == "flux":  # kohya's flux options: shift 3 with sigmoid sampling, guidance 1
+        assert (cfg.loss.timestep_sampling, cfg.loss.flow_shift, cfg.model.guidance) == ("sigmoid", 3.0, 1.0)
+    else:
+        assert cfg.loss.timestep_sampling == "logit_normal"
+    assert any("component files are not loaded" in n for n in result.notes)
     assert import_kohya({**shape, key: False}).config().model.arch == "sd1"   # the checkbox off: an SD1 file
 
 
