@@ -13,13 +13,13 @@ from pathlib import Path
 
 import psutil
 
-PROCESS_FILE = "process.json"
-EXIT_FILE = "exit.json"
-CONSOLE_LOG = "console.log"
-CONTROL = "control"
-STOP_MARK = "stop"               # trainer: the stop was the user's ("stopped", not "preempted")
-SAVE_MARK = "save_now"           # trainer: save a checkpoint at the next step
-SAMPLE_MARK = "sample_now"       # trainer: render samples at the next step
+from trainer_backend.run.contract import CONSOLE_LOG, EXIT_FILE, PROCESS_FILE  # noqa: F401 (the contract's names)
+from trainer_backend.run.contract import CONTROL_DIR as CONTROL
+from trainer_backend.run.contract import Control
+
+STOP_MARK = Control.STOP.value             # trainer: the stop was the user's ("stopped", not "preempted")
+SAVE_MARK = Control.SAVE_NOW.value         # trainer: save a checkpoint at the next step
+SAMPLE_MARK = Control.SAMPLE_NOW.value     # trainer: render samples at the next step
 STOP_TIME = "stop_requested_at"  # GUI only: when Stop was pressed (drives "stopping…" and the kill timeout)
 LAUNCHER_WORDS = ("launch", "torchrun", "torch.distributed.run", "accelerate")
 

@@ -14,7 +14,8 @@ from trainer_backend.run import exitcodes
 
 from gui import processes as procs
 
-TERMINAL = ("done", "stopped", "preempted", "error")
+from trainer_backend.run.contract import EVENTS_FILE, TERMINAL, Event
+
 RESUMABLE = ("stopped", "preempted", "interrupted")
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 HEAD_BYTES = 128   # the file's first bytes identify it (a rewritten file is read from the start)
@@ -30,6 +31,10 @@ class Snapshot:
     samples: list[dict] = field(default_factory=list)
     uploads: list[dict] = field(default_factory=list)
     validations: list[dict] = field(default_factory=list)  # validation loss events
+    starts: list[dict] = field(default_factory=list)       # start events (fresh or resumed)
+    resumes: list[dict] = field(default_factory=list)      # resumed events: from which checkpoint
+    exports: list[dict] = field(default_factory=list)      # intermediate output files
+    class_images: dict = field(default_factory=dict)       # DreamBooth class images, once ready
     terminal: dict | None = None                          # the last done/stopped/preempted/error
     outputs: list[str] = field(default_factory=list)
     first_time: float | None = None
@@ -69,6 +74,14 @@ def fold_events(events: list[dict], snap: Snapshot | None = None) -> Snapshot:
             snap.uploads.append(ev)
         elif kind == "validation":
             snap.validations.append(ev)
+        elif kind == Event.START:
+            snap.starts.append(ev)
+        elif kind == Event.RESUMED:
+            snap.resumes.append(ev)
+        elif kind == Event.EXPORT:
+            snap.exports.append(ev)
+        elif kind == Event.CLASS_IMAGES:
+            snap.class_images = ev
         elif kind in TERMINAL:
             snap.terminal = ev
             if kind == "done":
@@ -125,7 +138,7 @@ _TAILS_LOCK = threading.Lock()
 
 def snapshot(run_dir: Path) -> Snapshot:
     """The current snapshot of a run (shared, incrementally updated readers)."""
-    path = (Path(run_dir) / "events.jsonl").resolve()
+    path = (Path(run_dir) / EVENTS_FILE).resolve()
     with _TAILS_LOCK:
         tail = _TAILS.setdefault(path, EventTail(path))
     return tail.refresh()
@@ -133,7 +146,7 @@ def snapshot(run_dir: Path) -> Snapshot:
 
 def forget(run_dir: Path) -> None:
     with _TAILS_LOCK:
-        _TAILS.pop((Path(run_dir) / "events.jsonl").resolve(), None)
+        _TAILS.pop((Path(run_dir) / EVENTS_FILE).resolve(), None)
 
 
 def has_checkpoint(run_dir: Path) -> bool | int:

@@ -19,11 +19,12 @@ from typing import Callable
 
 from .s3 import RemoteStore
 from ..config import TrainConfig
+from ..run.contract import CONFIG_FILE, EVENTS_FILE, LOG_FILE
 from ..run.retention import RetentionPolicy, retained_steps
 
 LOG = logging.getLogger("trainer")
 MAX_BACKOFF_S = 60.0
-RUN_FILES = ("config.toml", "train.log", "events.jsonl")
+RUN_FILES = (CONFIG_FILE, LOG_FILE, EVENTS_FILE)
 
 
 @dataclass(eq=False)

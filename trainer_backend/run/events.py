@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from .contract import EVENTS_FILE, LOG_FILE, Event
+
 LOG = logging.getLogger("trainer")
 
 
@@ -70,7 +72,7 @@ class RunEvents:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.run_dir / "events.jsonl", "a", encoding="utf-8")
+        self._file = open(self.run_dir / EVENTS_FILE, "a", encoding="utf-8")
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -78,10 +80,12 @@ class RunEvents:
             except ImportError:  # tensorboard is a dependency; keep training if it is broken
                 LOG.warning("TensorBoard is not available; scalars go to events.jsonl only")
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: Event | str, **fields: Any) -> None:
+        """One events.jsonl line; `event` must be a kind of run/contract.py (ValueError otherwise)."""
+        kind = Event(event).value
         if not self.enabled:
             return
-        record = {"event": event, "time": round(time.time(), 3), **_jsonable(fields)}
+        record = {"event": kind, "time": round(time.time(), 3), **_jsonable(fields)}
         with self._lock:
             if self._file is not None:
                 self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -131,7 +135,7 @@ def setup_logging(run_dir: Path | None, main_process: bool) -> None:
     root.addHandler(console)
     if main_process and run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+        file_handler = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
         file_handler.setFormatter(fmt)
         root.addHandler(file_handler)
     for noisy in ("PIL", "urllib3", "filelock", "matplotlib", "h5py"):

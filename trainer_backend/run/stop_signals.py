@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .contract import CONTROL_DIR, EVENTS_FILE, Control
 from .exitcodes import STOPPED_SAVED
 
 LOG = logging.getLogger("trainer")
@@ -32,7 +33,7 @@ EXIT_IMMEDIATE = 130
 
 class StopSignals:
     def __init__(self, run_dir: Path, is_main: bool = True):
-        self.control = Path(run_dir) / "control"
+        self.control = Path(run_dir) / CONTROL_DIR
         self.is_main = is_main
         self.stop_requested = False
         self.save_requested = False
@@ -62,14 +63,14 @@ class StopSignals:
         """A pending save request (signal, or the control file on the main process), consumed."""
         requested, self.save_requested = self.save_requested, False
         if self.is_main:
-            flag = self.control / "save_now"
+            flag = self.control / Control.SAVE_NOW.value
             if flag.exists():
                 flag.unlink(missing_ok=True)
                 requested = True
         return requested
 
     def user_requested(self) -> bool:
-        return (self.control / "stop").exists()
+        return (self.control / Control.STOP.value).exists()
 
     def agree(self, accelerator, *flags: bool) -> list[bool]:
         """All ranks see the same flags (any rank's request counts), so they act together."""
@@ -87,7 +88,7 @@ class StopSignals:
 
 def _events(run_dir: Path) -> list[str]:
     try:
-        return (Path(run_dir) / "events.jsonl").read_text(encoding="utf-8").splitlines()
+        return (Path(run_dir) / EVENTS_FILE).read_text(encoding="utf-8").splitlines()
     except OSError:
         return []
 

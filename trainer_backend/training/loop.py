@@ -25,6 +25,7 @@ from ..remote.wandb_tracking import start_tracking
 from ..run import exitcodes
 from ..run.checkpoint_files import TrainState
 from ..run.checkpointer import Checkpointer
+from ..run.contract import Event
 from ..run.stop_signals import StopSignals
 from .diffusion_loss import LossParts
 from .ema import make_ema
@@ -144,7 +145,7 @@ def optimizer_step(accelerator, optimizer, lr_scheduler, params, cfg: TrainConfi
 
 def finish_stopped(run, signals, state: TrainState, accelerator) -> int:
     """A stop (user, SIGTERM, preemption) after its checkpoint: say so, let uploads finish, exit 75."""
-    kind = "stopped" if signals.user_requested() else "preempted"
+    kind = Event.STOPPED if signals.user_requested() else Event.PREEMPTED
     run.events.emit(kind, step=state.global_step, epoch=state.epoch)
     LOG.warning("%s at step %d; state saved. Resume by starting the same config again.", kind, state.global_step)
     run.events.close()  # waits (bounded) for the last checkpoint's upload

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, TrainConfig
+from ..run.contract import CONTROL_DIR, Control
 
 LOG = logging.getLogger("trainer")
 _OPTION = re.compile(r"\s+--([a-z]+)(?=\s|$)")
@@ -163,7 +164,7 @@ class SampleImages:
         self.check_schedule(cfg, self.prompts)
         self.enabled = getattr(model, "denoiser", None) is not None  # a VAE run has nothing to sample with
         self.dir = Path(run.dir) / "samples"
-        self.control = Path(run.dir) / "control" / "sample_now"
+        self.control = Path(run.dir) / CONTROL_DIR / Control.SAMPLE_NOW.value
         self.last_step = -1
 
     @staticmethod

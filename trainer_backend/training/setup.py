@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..config import TrainConfig, save_toml, to_dict
+from ..run.contract import COMMAND_FILE, CONFIG_FILE, CONTROL_DIR, Control
 from ..run.events import RunEvents, setup_logging
 
 LOG = logging.getLogger("trainer")
@@ -48,12 +49,12 @@ def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Ru
     setup_logging(run_dir, main)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_toml(to_dict(cfg), run_dir / "config.toml")
-        if not (run_dir / "command.txt").exists():  # the GUI/launcher writes the outer argv itself
-            (run_dir / "command.txt").write_text(json.dumps(argv or sys.argv))
-        (run_dir / "control").mkdir(exist_ok=True)
-        for stale in ("stop", "save_now", "sample_now"):
-            (run_dir / "control" / stale).unlink(missing_ok=True)
+        save_toml(to_dict(cfg), run_dir / CONFIG_FILE)
+        if not (run_dir / COMMAND_FILE).exists():  # the GUI/launcher writes the outer argv itself
+            (run_dir / COMMAND_FILE).write_text(json.dumps(argv or sys.argv))
+        (run_dir / CONTROL_DIR).mkdir(exist_ok=True)
+        for stale in (c.value for c in Control):
+            (run_dir / CONTROL_DIR / stale).unlink(missing_ok=True)
     events = RunEvents(run_dir, enabled=main, tensorboard=cfg.logging.tensorboard)
     return Run(cfg=cfg, dir=run_dir, events=events, is_main=main, started=time.time())
 
