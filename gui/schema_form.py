@@ -34,6 +34,7 @@ class FormField:
     secret: bool = False
     list_of_strings: bool = False   # list[str] is edited as comma-separated text
     item_keys: tuple = ()           # list of tables: the keys one table may hold (for the help text)
+    when: dict = field(default_factory=dict)  # where the option applies (the schema's `when`)
 
     @property
     def dotted(self) -> str:
@@ -86,7 +87,8 @@ def form_fields() -> list[FormField]:
             bounds=bounds, widget=ui.get("widget", ""), advanced=bool(ui.get("advanced")),
             secret=bool(meta.get("secret")),
             list_of_strings=meta["type"] == "list" and item is str,
-            item_keys=tuple(item.model_fields) if isinstance(item, type) and issubclass(item, BaseModel) else ()))
+            item_keys=tuple(item.model_fields) if isinstance(item, type) and issubclass(item, BaseModel) else (),
+            when=dict(meta.get("when") or {})))
     return out
 
 
@@ -206,6 +208,18 @@ def error_field(fields: list[FormField], error: ConfigError | str) -> FormField 
             if best is None or len(f.dotted) > len(best.dotted):
                 best = f
     return best
+
+
+def field_visibility(fields: list[FormField], values: list[Any]) -> list[bool]:
+    """Per field: does it apply to the form's current values (the schema's `when` conditions)?"""
+    from trainer_backend.config.applicability import applies
+    current: dict[str, Any] = {}
+    for f, raw in zip(fields, values, strict=True):
+        try:
+            current[f.dotted] = from_widget_value(f, raw)
+        except ConfigError:
+            current[f.dotted] = raw
+    return [applies(f.when, current) for f in fields]
 
 
 def form_problems(fields: list[FormField], values: list[Any]) -> tuple[TrainConfig | None, list[ConfigError]]:

@@ -10,7 +10,7 @@ from trainer_backend.config import ConfigError
 from gui import dataset_view as dv
 from gui.shared_state import Studio
 from gui.run_control import StartRefused
-from gui.schema_form import error_field, form_problems
+from gui.schema_form import error_field, field_visibility, form_problems
 from gui.secrets_panel import build_secrets_panel, env_from_rows, status_markdown
 from gui.system_monitor import gpus_markdown
 from gui.widgets import FormWidgets, error_updates, render_form, tab_id, unplaced_errors
@@ -115,8 +115,13 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             triggers += [widget.blur, widget.submit]
         else:
             triggers.append(widget.change)
-    gr.on(triggers, refresh, inputs=[*form.inputs, *secret_boxes, inspected], outputs=[*form.errors, *outputs],
-          trigger_mode="always_last", show_progress="hidden")
+    def refresh_with_visibility(*args):
+        """The refresh, plus only the options that apply to the current values shown."""
+        return [*refresh(*args), *form.visibility_updates(field_visibility(fields, list(args[:len(fields)])))]
+
+    gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected],
+          outputs=[*form.errors, *outputs, *form.visibility_outputs], trigger_mode="always_last",
+          show_progress="hidden")
 
     def on_start(*args):
         cfg, errors = form_problems(fields, list(args[:len(fields)]))
@@ -139,6 +144,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     start.click(on_start, inputs=[*form.inputs, *secret_boxes], outputs=[*form.errors, message, form.tabs, main_tabs],
                 concurrency_limit=1, concurrency_id="run-control")
-    return TrainingPage(form=form, message=message, refresh_outputs=outputs, refresh=refresh,
+    return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs],
+                        refresh=refresh_with_visibility,
                         inspected=inspected, start_button=start, secret_boxes=secret_boxes)
 

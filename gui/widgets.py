@@ -6,14 +6,14 @@ import html
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
 
 from trainer_backend.config import ConfigError
 
-from gui.schema_form import FormField, error_field, human_label, section_heading, tabs_in_order
+from gui.schema_form import FormField, error_field, field_visibility, human_label, section_heading, tabs_in_order
 
 FIELDS_PER_ROW = 3
 
@@ -28,6 +28,17 @@ class FormWidgets:
     inputs: list[gr.components.Component]   # parallel to fields
     errors: list[gr.Markdown]               # parallel to fields
     tabs: gr.Tabs
+    cells: list = field(default_factory=list)    # parallel to fields: the column holding widget and error line
+    groups: list = field(default_factory=list)   # (heading or accordion, [field indices]): shown if any field is
+
+    def visibility_updates(self, visible: list[bool]) -> list[dict]:
+        """Show the options that apply, hide the rest (and a heading or accordion left empty)."""
+        cells = [gr.update(visible=v) for v in visible]
+        return cells + [gr.update(visible=any(visible[i] for i in members)) for _, members in self.groups]
+
+    @property
+    def visibility_outputs(self) -> list:
+        return [*self.cells, *(component for component, _ in self.groups)]
 
 
 def _number_step(f: FormField) -> float:
@@ -62,17 +73,20 @@ def make_widget(f: FormField, value: Any) -> gr.components.Component:
     return gr.Textbox(value=value, lines=lines, max_lines=12 if lines > 1 else 1, placeholder=placeholder, **common)
 
 
-def _field_cell(f: FormField, value: Any, inputs: dict, errors: dict) -> None:
-    with gr.Column(min_width=220):
+def _field_cell(f: FormField, value: Any, inputs: dict, errors: dict, cells: dict, visible: dict) -> None:
+    with gr.Column(min_width=220, visible=visible[f.dotted]) as cell:
+        cells[f.dotted] = cell
         inputs[f.dotted] = make_widget(f, value)
-        errors[f.dotted] = gr.Markdown("", visible=False, elem_classes=["field-error"], elem_id=f"err-{f.section}-{f.key}")
+        errors[f.dotted] = gr.Markdown("", visible=False, elem_classes=["field-error"],
+                                       elem_id=f"err-{f.section}-{f.key}")
 
 
-def _field_rows(fields: list[FormField], values: dict, inputs: dict, errors: dict) -> None:
+def _field_rows(fields: list[FormField], values: dict, inputs: dict, errors: dict, cells: dict,
+                visible: dict) -> None:
     for start in range(0, len(fields), FIELDS_PER_ROW):
         with gr.Row(equal_height=False):
             for f in fields[start:start + FIELDS_PER_ROW]:
-                _field_cell(f, values[f.dotted], inputs, errors)
+                _field_cell(f, values[f.dotted], inputs, errors, cells, visible)
 
 
 def render_form(fields: list[FormField], values: list[Any],
@@ -84,6 +98,10 @@ def render_form(fields: list[FormField], values: list[Any],
     by_dotted = {f.dotted: v for f, v in zip(fields, values, strict=True)}
     inputs: dict[str, Any] = {}
     errors: dict[str, Any] = {}
+    cells: dict[str, Any] = {}
+    groups: list = []
+    index = {f.dotted: i for i, f in enumerate(fields)}
+    visible = dict(zip(index, field_visibility(fields, values)))
     with gr.Tabs(elem_id="form-tabs") as tabs:
         for tab in tabs_in_order(fields):
             with gr.Tab(tab, id=tab_id(tab), elem_id=tab_id(tab)):
@@ -91,20 +109,27 @@ def render_form(fields: list[FormField], values: list[Any],
                 for section in dict.fromkeys(f.section for f in in_tab):
                     section_fields = [f for f in in_tab if f.section == section]
                     heading = html.escape(section_heading(section), quote=False)   # `<bucket>` is text, not a tag
-                    gr.Markdown(f"#### `[{section}]` {heading}", elem_classes=["section-title"],
-                                elem_id=f"section-{section}")
-                    _field_rows([f for f in section_fields if not f.advanced], by_dotted, inputs, errors)
+                    members = [index[f.dotted] for f in section_fields]
+                    title = gr.Markdown(f"#### `[{section}]` {heading}", elem_classes=["section-title"],
+                                        elem_id=f"section-{section}",
+                                        visible=any(visible[f.dotted] for f in section_fields))
+                    groups.append((title, members))
+                    _field_rows([f for f in section_fields if not f.advanced], by_dotted, inputs, errors, cells,
+                                visible)
                     advanced = [f for f in section_fields if f.advanced]
                     if advanced:
-                        with gr.Accordion(f"Advanced [{section}]", open=False):
-                            _field_rows(advanced, by_dotted, inputs, errors)
+                        with gr.Accordion(f"Advanced [{section}]", open=False,
+                                          visible=any(visible[f.dotted] for f in advanced)) as accordion:
+                            _field_rows(advanced, by_dotted, inputs, errors, cells, visible)
+                        groups.append((accordion, [index[f.dotted] for f in advanced]))
                 if tab in extras:
                     extras.pop(tab)()
         for title, build in [*extra_tabs, *extras.items()]:
             with gr.Tab(title, id=tab_id(title), elem_id=tab_id(title)):
                 build()
     return FormWidgets(fields=fields, inputs=[inputs[f.dotted] for f in fields],
-                       errors=[errors[f.dotted] for f in fields], tabs=tabs)
+                       errors=[errors[f.dotted] for f in fields], tabs=tabs,
+                       cells=[cells[f.dotted] for f in fields], groups=groups)
 
 
 def error_updates(fields: list[FormField], error: ConfigError | str | list | None) -> list[dict]:

@@ -29,15 +29,18 @@ RESUME_KINDS = ("safe", "ignored", "unsafe", "unsafe_if_bucketing")
 
 
 def F(default: Any, help: str, *, resume: str, widget: str = "", advanced: bool = False,
-      secret: bool = False, **bounds: Any) -> Any:
+      secret: bool = False, when: dict[str, tuple] | None = None, **bounds: Any) -> Any:
     """A schema field: default, help text, UI hint, pydantic bounds (ge, le, ...), and what changing it
     means for a resumed run (run/resume.py): "safe" (allowed and logged), "ignored" (where things live or
-    are reported), "unsafe:<reason>" (refused; RESUME_REASONS), "unsafe_if_bucketing:<reason>"."""
+    are reported), "unsafe:<reason>" (refused; RESUME_REASONS), "unsafe_if_bucketing:<reason>".
+    when: where the option applies, {"section.key": (values…)} (all must hold; config/applicability.py);
+    the studio shows it only there and the README says so."""
     kind, _, reason = resume.partition(":")
     if kind not in RESUME_KINDS or (kind.startswith("unsafe") and reason not in RESUME_REASONS):
         raise ValueError(f"resume={resume!r}: expected one of {RESUME_KINDS}, unsafe ones with a reason from "
                          f"RESUME_REASONS")
-    extra = {"ui": {"widget": widget, "advanced": advanced}, "secret": secret, "resume": resume}
+    extra = {"ui": {"widget": widget, "advanced": advanced}, "secret": secret, "resume": resume,
+             "when": {k: list(v) for k, v in (when or {}).items()}}
     return Field(default, description=help, json_schema_extra=extra, **bounds)
 
 
@@ -45,3 +48,4 @@ class Section(BaseModel):
     """One [table] of the config. TAB names the GUI tab that shows it."""
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
     TAB: ClassVar[str] = "Other"
+    WHEN: ClassVar[dict[str, tuple]] = {}  # where the whole section applies (as F's `when`)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import ARCH_CHOICES, FAMILY_NAMES
+from ..families.registry import ARCH_CHOICES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES
 from .base import F, Section
+
+METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
 
 
 class Output(Section):
@@ -26,15 +28,19 @@ class Model(Section):
                  widget="path", advanced=True, resume="ignored")
     prediction_type: Literal["auto", "epsilon", "v_prediction"] = F(
         "auto", "What the UNet predicts; auto reads the model's scheduler config (SD2-768 is v_prediction).",
-        advanced=True, resume="unsafe:prediction")
+        advanced=True, resume="unsafe:prediction",
+                                                                    when={"model.arch": DDPM_FAMILIES})
     tokenizer: str = F("", "CLIP tokenizer for a single-file checkpoint that carries none: a diffusers model folder of "
                            "any SD family, or a folder with vocab.json + merges.txt. Empty = look in the Hugging "
-                           "Face cache (offline).", widget="path", advanced=True, resume="ignored")
+                           "Face cache (offline).", widget="path", advanced=True, resume="ignored",
+                       when={"model.arch": DDPM_FAMILIES})
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
-                        ge=0.0, le=100.0, advanced=True, resume="safe")
+                        ge=0.0, le=100.0, advanced=True, resume="safe",
+                        when={"model.arch": ("flux",)})
     t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption; 0 = the model's own (Flux dev "
-                              "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True, resume="safe")
+                              "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True, resume="safe",
+                           when={"model.arch": FLOW_FAMILIES})
 
 
 class DatasetSubset(Section):
@@ -72,7 +78,8 @@ class Dataset(Section):
                    "with tags, score and path.", resume="safe")
     metadata_path: str = F("", "Metadata mode: a JSON file or a folder tree of JSON files; empty = search "
                               "dataset.path.",
-                           widget="path", advanced=True, resume="ignored")
+                           widget="path", advanced=True, resume="ignored",
+                           when=METADATA)
     subsets: list[DatasetSubset] = F([], "More folders, each with its own repeats, captions and augmentation "
                                          "([[dataset.subsets]] tables); used together with dataset.path.",
                                      widget="subsets", advanced=True, resume="ignored")
@@ -82,7 +89,8 @@ class Dataset(Section):
     max_token_length: Literal[75, 150, 225] = F(
         75, "Caption tokens the text encoder sees. 150/225 (kohya's max_token_length): the caption is split "
             "into 75-token chunks, each encoded in its own window and concatenated, as A1111 and ComfyUI do "
-            "with long prompts.", advanced=True, resume="safe")
+            "with long prompts.", advanced=True, resume="safe",
+                                                when={"model.arch": DDPM_FAMILIES})
     repeats: int = F(1, "Repeats for images in a flat folder (N_concept folders carry their own).", ge=1, le=10000,
                      resume="safe")
     class_tokens: str = F("", "Caption for flat-folder images that have no caption file (N_concept folders use the "
@@ -138,17 +146,22 @@ class Dataset(Section):
                                          "{\" \" = \"_\", \"artist:\" = \"by=\"}.", widget="table", advanced=True,
                                          resume="safe")
     tag_separator: str = F(", ", "Metadata mode: separator used to join tags into the caption.", min_length=1,
-                           advanced=True, resume="safe")
+                           advanced=True, resume="safe",
+                           when=METADATA)
     abs_min_score: float = F(0.0, "Metadata mode: skip images whose score is below this; 0 = off.", advanced=True,
-                             resume="safe")
+                             resume="safe",
+                             when=METADATA)
     min_score: float = F(0.0, "Metadata mode: skip images whose score plus tag_bonus_scores is below this; 0 = off.",
-                         advanced=True, resume="safe")
+                         advanced=True, resume="safe",
+                         when=METADATA)
     tag_bonus_scores: dict[str, float] = F({}, "Metadata mode: score added per tag before the min_score check, "
                                                "e.g. {solo = 100, sketch = -75}.", widget="table", advanced=True,
-                                               resume="safe")
+                                               resume="safe",
+                                           when=METADATA)
     score_tags: list[int] = F([], "Metadata mode: score thresholds; the highest one exceeded adds a tag, e.g. "
                                   "[800, 400] makes score 900 add scr800.", advanced=True, resume="safe")
-    score_tag_prefix: str = F("scr", "Metadata mode: prefix of score tags.", advanced=True, resume="safe")
+    score_tag_prefix: str = F("scr", "Metadata mode: prefix of score tags.", advanced=True, resume="safe",
+                              when=METADATA)
     validation_every_nth: int = F(0, "Hold out every Nth image (metadata record or file, sorted) for validation; "
                                      "0 = off.", ge=0, advanced=True, resume="safe")
     alpha_background: Literal["white", "black", "gray"] = F(

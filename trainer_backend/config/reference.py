@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from . import all_fields, sections
+from .applicability import describe
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
@@ -34,10 +35,13 @@ def config_reference() -> str:
     for f in all_fields():
         by_section.setdefault(f["section"], []).append(f)
     for name, cls in sections().items():
-        lines += [f"#### `[{name}]` — {(cls.__doc__ or '').strip()} (GUI tab: {cls.TAB})", "",
-                  "| key | default | allowed | what it does |", "|---|---|---|---|"]
+        section_where = f" *Applies {describe(dict(cls.WHEN))}.*" if cls.WHEN else ""
+        lines += [f"#### `[{name}]` — {(cls.__doc__ or '').strip()} (GUI tab: {cls.TAB})", ""]
+        lines += [section_where.strip(), ""] if section_where else []
+        lines += ["| key | default | allowed | what it does |", "|---|---|---|---|"]
         for f in by_section.get(name, []):
-            help_text = f["help"].replace("|", "\\|")
+            where = describe({k: v for k, v in f["when"].items() if k not in cls.WHEN})
+            help_text = (f["help"] + (f" *Applies {where}.*" if where else "")).replace("|", "\\|")
             lines.append(f"| `{f['key']}` | `{_default(f['default'])}` | {_bounds(f)} | {help_text} |")
         lines.append("")
     lines.append(END)

@@ -59,7 +59,9 @@ def field_info(section: str, key: str) -> dict[str, Any]:
                             "tab": sections()[section].TAB,
                             "default": info.get_default(call_default_factory=True),
                             "ui": dict(extra.get("ui", {})), "secret": extra.get("secret", False),
-                            "resume": extra.get("resume", "")}
+                            "resume": extra.get("resume", ""),
+                            "when": {**{k: list(v) for k, v in sections()[section].WHEN.items()},
+                                     **extra.get("when", {})}}
     ann = info.annotation
     if getattr(ann, "__origin__", None) is Literal:
         meta["type"], meta["choices"] = "choice", list(ann.__args__)

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from ..families.registry import DDPM_FAMILIES, FLOW_FAMILIES
 from .base import F, Section
+
+ADAPTERS = ("lora", "loha", "lokr")  # network.type values that train adapters
+
 
 class Network(Section):
     """What is trained."""
@@ -12,29 +16,40 @@ class Network(Section):
         "lora", "lora / loha / lokr adapters (peft), or full fine-tuning of the UNet (and the text encoders with "
                 "train_text_encoder). With class images this is DreamBooth (see docs/methods.md). vae: fine-tune "
                 "the autoencoder on the dataset's images (see [vae]).", resume="unsafe:network")
-    rank: int = F(16, "Adapter rank (dim).", ge=1, le=1024, resume="unsafe:shape")
-    alpha: float = F(16.0, "Adapter alpha; the update is scaled by alpha/rank.", gt=0, resume="unsafe:scale")
-    dropout: float = F(0.0, "Dropout on the adapter's input.", ge=0.0, lt=1.0, advanced=True, resume="safe")
+    rank: int = F(16, "Adapter rank (dim).", ge=1, le=1024, resume="unsafe:shape",
+                  when={"network.type": ADAPTERS})
+    alpha: float = F(16.0, "Adapter alpha; the update is scaled by alpha/rank.", gt=0, resume="unsafe:scale",
+                     when={"network.type": ADAPTERS})
+    dropout: float = F(0.0, "Dropout on the adapter's input.", ge=0.0, lt=1.0, advanced=True, resume="safe",
+                       when={"network.type": ADAPTERS})
     target_modules: list[str] = F(["to_q", "to_k", "to_v", "to_out.0"],
-                                  "UNet module names that get adapters.", advanced=True, resume="unsafe:modules")
+                                  "UNet module names that get adapters.", advanced=True, resume="unsafe:modules",
+                                  when={"network.type": ADAPTERS})
     train_text_encoder: bool = F(False, "Also train adapters on the text encoder(s).", resume="unsafe:modules")
     text_encoder_lr: float = F(0.0, "Learning rate for text-encoder adapters; 0 = optimizer.lr.", ge=0.0,
                                advanced=True, resume="safe")
     text_encoder_target_modules: list[str] = F(["q_proj", "k_proj", "v_proj", "out_proj"],
                                                "Text-encoder module names that get adapters.", advanced=True,
-                                               resume="unsafe:modules")
+                                               resume="unsafe:modules",
+                                               when={"network.type": ADAPTERS})
     dora: bool = F(False, "LoRA only: weight-decomposed LoRA (DoRA). Saved in diffusers format (no kohya/webui "
-                          "DoRA format is written).", resume="unsafe:adapters")
+                          "DoRA format is written).", resume="unsafe:adapters",
+                   when={"network.type": ("lora",)})
     conv_rank: int = F(0, "Also put adapters on the UNet's convolutions (LoCon-style) with this rank; 0 = off.",
-                       ge=0, le=1024, resume="unsafe:adapters")
-    conv_alpha: float = F(1.0, "Alpha of the convolution adapters.", gt=0, resume="unsafe:scale")
+                       ge=0, le=1024, resume="unsafe:adapters",
+                       when={"model.arch": DDPM_FAMILIES, "network.type": ADAPTERS})
+    conv_alpha: float = F(1.0, "Alpha of the convolution adapters.", gt=0, resume="unsafe:scale",
+                          when={"model.arch": DDPM_FAMILIES, "network.type": ADAPTERS})
     conv_target_modules: list[str] = F(["conv1", "conv2", "conv_shortcut", "downsamplers.0.conv",
                                         "upsamplers.0.conv"], "UNet convolution names that get adapters when "
-                                       "conv_rank > 0.", advanced=True, resume="unsafe:adapters")
+                                       "conv_rank > 0.", advanced=True, resume="unsafe:adapters",
+                                       when={"model.arch": DDPM_FAMILIES, "network.type": ADAPTERS})
     lokr_factor: int = F(-1, "LoKr: Kronecker factor of the weight's dimensions; -1 = as square as possible.",
-                         ge=-1, le=1024, advanced=True, resume="unsafe:adapters")
+                         ge=-1, le=1024, advanced=True, resume="unsafe:adapters",
+                         when={"network.type": ("lokr",)})
     save_precision: Literal["fp32", "fp16", "bf16"] = F(
-        "fp16", "Full fine-tune: precision of the saved diffusers folder and single-file checkpoint.", resume="safe")
+        "fp16", "Full fine-tune: precision of the saved diffusers folder and single-file checkpoint.", resume="safe",
+                                                        when={"network.type": ("full",)})
 
 
 class Optimizer(Section):
@@ -68,24 +83,31 @@ class Loss(Section):
     """Noise and loss shaping."""
     TAB: ClassVar[str] = "Optimizer & schedule"
     noise_offset: float = F(0.0, "Noise offset (helps very dark/bright images).", ge=0.0, le=1.0, resume="safe")
-    min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0, resume="safe")
+    min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0, resume="safe",
+                             when={"model.arch": DDPM_FAMILIES})
     timestep_min: int = F(0, "Lowest training timestep.", ge=0, le=999, advanced=True, resume="safe")
     timestep_max: int = F(1000, "Highest training timestep (exclusive).", ge=1, le=1000, advanced=True, resume="safe")
     # flow-matching families (flux, sd3): how σ is drawn, shifted and weighted
     timestep_sampling: Literal["logit_normal", "uniform", "sigmoid", "mode"] = F(
         "logit_normal", "Flow-matching families (flux, sd3) only: the density σ is drawn from (SD3 paper; sigmoid = "
-        "logit-normal with mean 0, std 1).", advanced=True, resume="safe")
+        "logit-normal with mean 0, std 1).", advanced=True, resume="safe",
+                                                                                 when={"model.arch": FLOW_FAMILIES})
     logit_mean: float = F(0.0, "Flow-matching families only: mean of the logit-normal density.", ge=-10.0, le=10.0,
-                          advanced=True, resume="safe")
+                          advanced=True, resume="safe",
+                          when={"model.arch": FLOW_FAMILIES, "loss.timestep_sampling": ("logit_normal",)})
     logit_std: float = F(1.0, "Flow-matching families only: std of the logit-normal density.", gt=0.0, le=10.0,
-                         advanced=True, resume="safe")
+                         advanced=True, resume="safe",
+                         when={"model.arch": FLOW_FAMILIES, "loss.timestep_sampling": ("logit_normal",)})
     mode_scale: float = F(1.29, "Flow-matching families only: scale of the mode density.", ge=0.0, le=10.0,
-                          advanced=True, resume="safe")
+                          advanced=True, resume="safe",
+                          when={"model.arch": FLOW_FAMILIES, "loss.timestep_sampling": ("mode",)})
     flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3: 3.0; flux: "
                                "resolution-dependent, as its scheduler samples).", ge=0.0, le=100.0, advanced=True,
-                               resume="safe")
+                               resume="safe",
+                          when={"model.arch": FLOW_FAMILIES})
     flow_weighting: Literal["none", "sigma_sqrt", "cosmap"] = F(
-        "none", "Flow-matching families only: per-sample loss weighting (SD3 paper).", advanced=True, resume="safe")
+        "none", "Flow-matching families only: per-sample loss weighting (SD3 paper).", advanced=True, resume="safe",
+                                                                when={"model.arch": FLOW_FAMILIES})
 
 
 class Precision(Section):
@@ -115,6 +137,7 @@ class Precision(Section):
 class Ema(Section):
     """Exponential moving average of the trained weights (full fine-tune or adapters)."""
     TAB: ClassVar[str] = "Network"
+    WHEN: ClassVar[dict[str, tuple]] = {"network.type": (*ADAPTERS, "full")}
     enabled: bool = F(False, "Keep an EMA copy of the trainable weights.", resume="safe")
     decay: float = F(0.999, "EMA decay per optimizer step (0.999 averages over roughly the last 1000 steps).",
                      gt=0.0, lt=1.0, resume="safe")
@@ -171,6 +194,7 @@ class Validation(Section):
 class Vae(Section):
     """Autoencoder (VAE) fine-tuning, with network.type = vae: reconstruct the dataset's images."""
     TAB: ClassVar[str] = "Network"
+    WHEN: ClassVar[dict[str, tuple]] = {"network.type": ("vae",)}
     loss: Literal["l1", "mse"] = F("l1", "Reconstruction loss on pixels: l1 keeps edges sharper, mse penalises "
                                          "large errors more (no perceptual loss: it needs pretrained weights).",
                                          resume="safe")

@@ -17,17 +17,21 @@ class FamilyEntry:
     label: str         # what the GUI shows
     module: str        # the folder (package) that implements the family
     attr: str          # the Family object in that package
+    objective: str     # "ddpm" (UNet, epsilon/v-prediction) or "flow" (rectified flow transformers)
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
-    FamilyEntry("sd1", "Stable Diffusion 1.x", "trainer_backend.families.sd", "SD1"),
-    FamilyEntry("sd2", "Stable Diffusion 2.x", "trainer_backend.families.sd", "SD2"),
-    FamilyEntry("sdxl", "Stable Diffusion XL", "trainer_backend.families.sd", "SDXL"),
-    FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3"),
-    FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX"),
+    FamilyEntry("sd1", "Stable Diffusion 1.x", "trainer_backend.families.sd", "SD1", "ddpm"),
+    FamilyEntry("sd2", "Stable Diffusion 2.x", "trainer_backend.families.sd", "SD2", "ddpm"),
+    FamilyEntry("sdxl", "Stable Diffusion XL", "trainer_backend.families.sd", "SDXL", "ddpm"),
+    FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow"),
+    FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX", "flow"),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
+# for options that apply to one kind of family only (config `when` conditions)
+DDPM_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.objective == "ddpm")
+FLOW_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.objective == "flow")
 
 
 def entry(name: str) -> FamilyEntry:
