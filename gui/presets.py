@@ -35,9 +35,9 @@ class Preset:
 
 
 def sanitize_name(name: str) -> str:
-    """A preset name that is a plain file name: letters, digits, . _ - and spaces; anything
-    else becomes '-'. Leading dots/dashes are dropped so '..' or '.hidden' cannot be made."""
-    cleaned = re.sub(r"[^A-Za-z0-9._ -]+", "-", (name or "").strip())
+    """A preset name that is a plain file name: letters and digits of any script, . _ - and spaces;
+    anything else becomes '-'. Leading dots/dashes are dropped so '..' or '.hidden' cannot be made."""
+    cleaned = re.sub(r"[^\w. -]+", "-", (name or "").strip())
     cleaned = re.sub(r"-{2,}", "-", cleaned).lstrip(".- ").rstrip(". ")[:MAX_NAME].strip()
     if not cleaned:
         raise PresetError(f"preset name {name!r} has no usable characters (use letters, digits, . _ -)")

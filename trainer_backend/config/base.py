@@ -46,6 +46,7 @@ def F(default: Any, help: str, *, resume: str, widget: str = "", advanced: bool 
 
 class Section(BaseModel):
     """One [table] of the config. TAB names the GUI tab that shows it."""
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # nan and inf are never a setting: refused naming the key, not mistaken for a bound ("must be ≤ 10")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     TAB: ClassVar[str] = "Other"
     WHEN: ClassVar[dict[str, tuple]] = {}  # where the whole section applies (as F's `when`)

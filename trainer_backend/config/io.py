@@ -68,6 +68,8 @@ def _describe(err: dict) -> str:
         msg = f"must be ≥ {ctx['ge']}"
     elif err["type"] == "less_than_equal":
         msg = f"must be ≤ {ctx['le']}"
+    elif err["type"] == "finite_number":
+        msg = "must be a finite number (not nan or inf)"
     elif err["type"] == "literal_error":
         msg = f"must be one of {ctx.get('expected')}"
     return f"{loc}: {msg}, got {err.get('input')!r}"

@@ -98,8 +98,9 @@ class Cloud(Section):
     secrets_file, never from this config."""
     TAB: ClassVar[str] = "Checkpoints & cloud"
     bucket: str = F("", "Bucket name; empty = no cloud sync.", pattern=r"^[A-Za-z0-9._-]*$", resume="ignored")
-    prefix: str = F("", "Key prefix inside the bucket (the run goes under <prefix>/<output.name>/).",
-                    pattern=r"^[A-Za-z0-9._/ -]*$", resume="ignored")
+    prefix: str = F("", "Key prefix inside the bucket (the run goes under <prefix>/<output.name>/); no '.' or '..' "
+                        "parts.", pattern=r"^([A-Za-z0-9_ -][A-Za-z0-9._ -]*(/[A-Za-z0-9_ -][A-Za-z0-9._ -]*)*/?)?$",
+                    resume="ignored")
     endpoint_url: str = F("", "S3 endpoint for R2, MinIO, …; empty = AWS.", pattern=r"^(https?://\S+)?$",
                           resume="ignored")
     region: str = F("", "Region; empty = the environment's default (R2 uses auto).", resume="ignored")

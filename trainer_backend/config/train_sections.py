@@ -75,7 +75,7 @@ class Schedule(Section):
     batch_size: int = F(1, "Batch size per GPU/process.", ge=1, le=4096, resume="unsafe:batch")
     grad_accum: int = F(1, "Gradient accumulation steps per optimizer step.", ge=1, le=4096, resume="safe")
     epochs: int = F(10, "Epochs (used when max_steps is 0).", ge=1, le=100000, resume="safe")
-    max_steps: int = F(0, "Total optimizer steps; 0 = use epochs.", ge=0, resume="safe")
+    max_steps: int = F(0, "Total optimizer steps; 0 = use epochs.", ge=0, le=10**9, resume="safe")
     seed: int = F(42, "Random seed (data order, noise, initial weights).", ge=0, resume="unsafe:order")
 
 

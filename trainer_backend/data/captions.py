@@ -17,6 +17,8 @@ def read_caption(image: Path, extension: str) -> CaptionRead:
     with replacement characters and reported; an empty file is reported as empty."""
     path = image.with_suffix(extension)
     try:
+        if path.exists() and not path.is_file():  # a FIFO named *.txt would block the read forever
+            return CaptionRead(None, f"caption {path.name} is not a regular file (skipped)")
         raw = path.read_bytes()
     except FileNotFoundError:
         return CaptionRead(None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,7 +137,14 @@ def walk_images(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
             if is_dir:
                 visit(path)
             elif is_image_name(path):
-                out.append(path)
+                try:  # a FIFO or device would block a read forever; a dangling link is reported when read
+                    regular = stat.S_ISREG(os.stat(path).st_mode)
+                except OSError:
+                    regular = True
+                if regular:
+                    out.append(path)
+                else:
+                    problems.append((path, "not a regular file (a FIFO, socket or device): skipped"))
 
     visit(root)
     return out
