@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from gui.security import OPT_OUT_FLAG, SecurityError, check_exposure, parse_auth
+from gui.security import OPT_OUT_FLAG, SecurityError, allowed_hosts, check_exposure, parse_auth
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a graceful Stop may take before Force kill is offered")
     p.add_argument("--inbrowser", action="store_true", help="open a browser tab")
     return p
+
+
+def _host_guard(host: str, share: bool) -> list:
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    return [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(host, share))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,5 +67,5 @@ def main(argv: list[str] | None = None) -> int:
     app.launch(server_name=host, server_port=args.port, auth=auth, share=args.share,
                root_path=args.root_path or None, allowed_paths=[str(runs_dir.resolve())],
                inbrowser=args.inbrowser, css=CSS, theme="soft", show_error=True, quiet=True,
-               footer_links=["api", "settings"])
+               footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share)})
     return 0

@@ -115,6 +115,7 @@ class RunManager:
         from trainer_backend.config.checks import validate_for_run
 
         validate_for_run(cfg.model_copy(deep=True))  # path checks, errors name the key
+        _check_secret_names(cfg, secret_env or {})
         cfg = cfg.model_copy(deep=True)
         cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
         run_dir = cfg.run_dir
@@ -228,3 +229,15 @@ def run_started_at(run_dir: Path) -> float | None:
     if record and isinstance(record.get("started"), (int, float)):
         return float(record["started"])
     return snapshot(run_dir).first_time
+
+
+def _check_secret_names(cfg: TrainConfig, secret_env: dict[str, str]) -> None:
+    """Secrets typed in the page may only be the ones this config names (cloud keys, webhook tokens,
+    the W&B key): never LD_PRELOAD, PYTHONPATH or any other variable that changes what runs."""
+    from gui.secrets_panel import secret_names
+    allowed = {name for _, name in secret_names(cfg)}
+    unknown = sorted(set(secret_env) - allowed)
+    if unknown:
+        names = ", ".join(f"{k} = {n}" for k, n in secret_names(cfg)) or "none"
+        raise StartRefused(f"secret {', '.join(unknown)}: not a secret this config refers to, so it is not passed "
+                           f"to the trainer (the config's secrets: {names})")

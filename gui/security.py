@@ -79,3 +79,18 @@ def check_exposure(host: str, share: bool, auth: list[tuple[str, str]] | None, a
             f"refusing to serve on {where} without --auth user:password. Anyone who can reach it could start "
             f"jobs and read files on this machine. Add --auth, or pass {OPT_OUT_FLAG} if you really mean it.")
     return f"WARNING: serving on {where} WITHOUT authentication ({OPT_OUT_FLAG})."
+
+
+def allowed_hosts(host: str, share: bool) -> list[str]:
+    """Host headers the studio answers (a guard against DNS rebinding: a web page the user visits
+    must not reach a loopback studio through a name it rebinds to 127.0.0.1). Loopback names and
+    the bound host; any host when the studio listens on all interfaces or is shared (both need
+    --auth, which is then the guard)."""
+    bound = host.strip().strip("[]")
+    if share or bound in ("0.0.0.0", "::"):
+        return ["*"]
+    names = ["localhost", "127.0.0.1", "::1", "[::1]"]
+    if bound not in names:
+        names.append(f"[{bound}]" if ":" in bound else bound)
+    return names
+

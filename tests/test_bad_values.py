@@ -61,3 +61,16 @@ def test_a_fifo_in_the_dataset_is_skipped_not_waited_on(tmp_path):
     summary = json.loads(out.stdout.strip().splitlines()[-1])["summary"]
     text = json.dumps(summary)
     assert "pipe.png" in text and "not a regular file" in text
+
+
+def test_only_the_configs_own_secrets_reach_the_trainer(tmp_path):
+    """Secrets typed in the studio: LD_PRELOAD or PYTHONPATH would change what runs; refused by name."""
+    from gui.run_control import RunManager, StartRefused, _check_secret_names
+    data = make_dataset(tmp_path / "data", n=1, size=32)
+    cfg = load_config(None, ["model.path=builtin:tiny-sd1", f"dataset.path={data}", f"output.dir={tmp_path / 'runs'}"])
+    _check_secret_names(cfg, {"WANDB_API_KEY": "k"})  # a name the config refers to (logging.wandb_key_name)
+    manager = RunManager(tmp_path / "runs", cwd=tmp_path)
+    for name in ("LD_PRELOAD", "PYTHONPATH"):
+        with pytest.raises(StartRefused, match=f"secret {name}: not a secret this config refers to"):
+            manager.start(cfg, secret_env={name: "/tmp/evil.so"})
+    assert not (tmp_path / "runs" / cfg.output.name).exists()  # nothing was started or written

@@ -110,3 +110,35 @@ def test_secret_typed_in_the_gui_reaches_the_trainer_and_no_file(tmp_path):
         assert secret.encode() not in path.read_bytes(), f"the secret leaked into {path}"
         assert b"s3cr3t" not in path.read_bytes(), f"the secret leaked into {path}"
     assert "STUDIO_HOOK_TOKEN" not in os.environ            # the studio's own environment is untouched
+
+
+def test_allowed_hosts_for_each_binding():
+    from gui.security import allowed_hosts
+    assert set(allowed_hosts("127.0.0.1", False)) == {"localhost", "127.0.0.1", "::1", "[::1]"}
+    assert "studio.lan" in allowed_hosts("studio.lan", False)
+    assert allowed_hosts("0.0.0.0", False) == ["*"] and allowed_hosts("127.0.0.1", True) == ["*"]
+
+
+def test_a_rebound_host_name_is_refused(tmp_path):
+    """DNS rebinding: a page on evil.example rebinds its name to 127.0.0.1 and POSTs to the studio.
+    The server answers only the host names it was started for."""
+    import http.client
+    from urllib.parse import urlparse
+    from test_browser_studio import Server
+    server = Server(tmp_path).start()
+    try:
+        port = urlparse(server.url).port
+
+        def status(host: str, method: str = "GET", path: str = "/") -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request(method, path, body=b"{}" if method == "POST" else None,
+                         headers={"Host": host, "Content-Type": "application/json"})
+            code = conn.getresponse().status
+            conn.close()
+            return code
+
+        assert status(f"127.0.0.1:{port}") == 200 and status(f"localhost:{port}") == 200
+        assert status(f"evil.example:{port}") == 400
+        assert status(f"evil.example:{port}", "POST", "/gradio_api/run/predict") == 400
+    finally:
+        server.stop()
