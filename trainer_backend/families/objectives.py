@@ -28,7 +28,22 @@ class Objective:
     """The contract: `draw` the per-sample randomness, then `noisy`, `target` and `weights`."""
 
     def draw(self, indices: list[int], seed: int, epoch: int, latent_shape: tuple[int, ...], loss) -> tuple:
-        """(noise [B,...], timesteps [B], vae_eps [B,...]); `loss` is the config's [loss] section."""
+        """(noise [B,...], timesteps [B], vae_eps [B,...]); `loss` is the config's [loss] section.
+        Each sample draws, from its own generator and in this order: noise, the noise offset (when
+        on), its timestep (`timestep`), the VAE posterior's noise."""
+        noises, steps, eps = [], [], []
+        for index in indices:
+            g = sample_generator(seed, epoch, index)
+            noise = torch.randn(latent_shape, generator=g)
+            if loss.noise_offset:
+                noise = noise + loss.noise_offset * torch.randn((latent_shape[0], 1, 1), generator=g)
+            noises.append(noise)
+            steps.append(self.timestep(g, latent_shape, loss))
+            eps.append(torch.randn(latent_shape, generator=g))
+        return torch.stack(noises), torch.cat(steps), torch.stack(eps)
+
+    def timestep(self, generator: torch.Generator, latent_shape: tuple[int, ...], loss) -> torch.Tensor:
+        """One sample's timestep, shape (1,)."""
         raise NotImplementedError
 
     def noisy(self, latents: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
@@ -48,17 +63,8 @@ class DDPMObjective(Objective):
     def __init__(self, scheduler, prediction_type: str):
         self.scheduler, self.prediction_type = scheduler, prediction_type
 
-    def draw(self, indices, seed, epoch, latent_shape, loss):
-        noises, steps, eps = [], [], []
-        for index in indices:
-            g = sample_generator(seed, epoch, index)
-            noise = torch.randn(latent_shape, generator=g)
-            if loss.noise_offset:
-                noise = noise + loss.noise_offset * torch.randn((latent_shape[0], 1, 1), generator=g)
-            noises.append(noise)
-            steps.append(torch.randint(loss.timestep_min, loss.timestep_max, (1,), generator=g))
-            eps.append(torch.randn(latent_shape, generator=g))
-        return torch.stack(noises), torch.cat(steps), torch.stack(eps)
+    def timestep(self, generator, latent_shape, loss):
+        return torch.randint(loss.timestep_min, loss.timestep_max, (1,), generator=generator)
 
     def noisy(self, latents, noise, timesteps):
         return self.scheduler.add_noise(latents, noise, timesteps)
@@ -137,21 +143,11 @@ class FlowMatchObjective(Objective):
             return resolution_shift((latent_shape[-2] // 2) * (latent_shape[-1] // 2), **self.dynamic_shift)
         return self.shift
 
-    def draw(self, indices, seed, epoch, latent_shape, loss):
-        shift = self._shift(latent_shape, loss)
+    def timestep(self, generator, latent_shape, loss):
         lo, hi = loss.timestep_min / 1000, loss.timestep_max / 1000
-        noises, steps, eps = [], [], []
-        for index in indices:
-            g = sample_generator(seed, epoch, index)
-            noise = torch.randn(latent_shape, generator=g)
-            if loss.noise_offset:
-                noise = noise + loss.noise_offset * torch.randn((latent_shape[0], 1, 1), generator=g)
-            noises.append(noise)
-            u = sample_u(loss.timestep_sampling, g, logit_mean=loss.logit_mean, logit_std=loss.logit_std,
-                         mode_scale=loss.mode_scale)
-            steps.append((lo + shift_sigma(u, shift) * (hi - lo)) * 1000)
-            eps.append(torch.randn(latent_shape, generator=g))
-        return torch.stack(noises), torch.cat(steps), torch.stack(eps)
+        u = sample_u(loss.timestep_sampling, generator, logit_mean=loss.logit_mean, logit_std=loss.logit_std,
+                     mode_scale=loss.mode_scale)
+        return (lo + shift_sigma(u, self._shift(latent_shape, loss)) * (hi - lo)) * 1000
 
     @staticmethod
     def _sigmas(timesteps: torch.Tensor, ndim: int) -> torch.Tensor:

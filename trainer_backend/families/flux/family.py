@@ -7,24 +7,21 @@ import json
 from pathlib import Path
 
 from ...errors import ConfigError
-from ..base import Family, LoadedModel
+from ..flow_common import FlowFamily, device_of as _device, unwrap as _unwrap
 
 PIPELINES = ("FluxPipeline", "FluxImg2ImgPipeline", "FluxInpaintPipeline")
 CLIP_MAX_LENGTH = 77
 
 
-class FluxFamily(Family):
+class FluxFamily(FlowFamily):
     name = "flux"
     label = "Flux.1 (dev, schnell)"
-    denoiser_name = "transformer"
     text_encoder_names = ("text_encoder", "text_encoder_2")
     trained_text_encoders = ("text_encoder",)  # CLIP-L; T5-XXL stays frozen
     full_single_file = "denoiser"
     # attention of the double blocks (image and text streams), the single blocks' attention and MLP input
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "proj_mlp")
-    default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
-    text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
     base_model_version = "flux1"
     modelspec_architecture = "flux-1-dev"
 
@@ -34,29 +31,6 @@ class FluxFamily(Family):
 
     def detect_file(self, shapes, metadata) -> bool:
         return any(k.endswith("double_blocks.0.img_attn.qkv.weight") for k in shapes)
-
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
-        import torch
-        from diffusers import FluxPipeline
-        from ..sd.loader import _first_line, _load_vae
-        if not src.is_dir():
-            raise ConfigError(f"model.path: {src} is a Flux transformer file; Flux loads from a diffusers folder "
-                              "(single files with separate CLIP-L/T5/VAE files are not supported yet)")
-        if prediction_type not in ("auto", "flow"):
-            raise ConfigError(f"model.prediction_type: Flux predicts the flow (noise − image); {prediction_type!r} "
-                              "does not apply (use \"auto\")")
-        try:
-            pipe = FluxPipeline.from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-            raise ConfigError(f"model.path: cannot load {src} as a Flux model ({_first_line(e)})") from None
-        if vae:
-            pipe.vae = _load_vae(vae, pipe.vae)
-        return LoadedModel(family=self, denoiser=pipe.transformer, vae=pipe.vae,
-                           text_encoders=[pipe.text_encoder, pipe.text_encoder_2],
-                           tokenizers=[pipe.tokenizer, pipe.tokenizer_2], noise_scheduler=pipe.scheduler,
-                           prediction_type="flow", source=str(src),
-                           vae_scale_factor=2 ** (len(pipe.vae.config.block_out_channels) - 1),
-                           scheduler_config=dict(pipe.scheduler.config))
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_flux
@@ -135,19 +109,6 @@ class FluxFamily(Family):
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
-    def pipeline_call_options(self, model) -> dict:
-        return {"max_sequence_length": self.t5_length(model)}
-
-    def lora_file_state(self, model, adapter_states, alpha):
-        from .lora_keys import to_diffusers_lora
-        return to_diffusers_lora(adapter_states, alpha)
-
-    def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
-        converted = self.pipeline_class().lora_state_dict(dict(file_state))
-        state = converted[0] if isinstance(converted, tuple) else converted
-        prefix = self.denoiser_name + "."
-        return {k[len(prefix):].rsplit(".lora_", 1)[0] for k in state if k.startswith(prefix)}
-
     def lora_metadata(self) -> dict[str, str]:
         return {"ss_base_model_version": self.base_model_version,
                 "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
@@ -165,13 +126,6 @@ class FluxFamily(Family):
         from .single_file import load_transformer_file
         return load_transformer_file(path, like)
 
-
-def _device(module):
-    return next(module.parameters()).device
-
-
-def _unwrap(module):
-    return getattr(module, "module", module)  # DDP
 
 
 FLUX = FluxFamily()

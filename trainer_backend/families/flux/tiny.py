@@ -20,10 +20,11 @@ def scheduler_config() -> dict:
 
 def build_tiny_flux(out_dir: str | Path, seed: int = 0, schnell: bool = False) -> Path:
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel, T5Tokenizer
     from ..sd.tiny import _text_encoder_config
     from ..sd.tiny_tokenizer import EOS, write_tokenizer
+    from ..flow_common import tiny_vae_16ch
     from ..tiny_t5 import t5_vocab_size, write_t5_tokenizer
 
     out = Path(out_dir)
@@ -41,11 +42,7 @@ def build_tiny_flux(out_dir: str | Path, seed: int = 0, schnell: bool = False) -
                                              pooled_projection_dim=32, guidance_embeds=not schnell,
                                              axes_dims_rope=(4, 6, 6))
         torch.manual_seed(seed + 1)
-        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16, layers_per_block=1,
-                            block_out_channels=(16, 32), norm_num_groups=8, sample_size=32,
-                            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                            scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False,
-                            use_post_quant_conv=False)
+        vae = tiny_vae_16ch(0.3611, 0.1159)
         torch.manual_seed(seed + 2)
         text_encoder = CLIPTextModel(CLIPTextConfig(**_text_encoder_config(32, tokenizer.pad_token_id,
                                                                            open_clip=False)))

@@ -9,22 +9,19 @@ import json
 from pathlib import Path
 
 from ...errors import ConfigError
-from ..base import Family, LoadedModel
+from ..flow_common import FlowFamily, device_of as _device, unwrap as _unwrap
 
 CLIP_MAX_LENGTH = 77
 
 
-class SD3Family(Family):
+class SD3Family(FlowFamily):
     name = "sd3"
     label = "Stable Diffusion 3 / 3.5"
-    denoiser_name = "transformer"
     text_encoder_names = ("text_encoder", "text_encoder_2", "text_encoder_3")
     trained_text_encoders = ("text_encoder", "text_encoder_2")  # the CLIPs; T5 stays frozen
     full_single_file = None  # full fine-tunes: the diffusers folder (original-layout export: not yet)
     # the joint blocks' attention on both streams, and their MLPs' projections
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
-    default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
-    text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
     base_model_version = "sd3"
     modelspec_architecture = "stable-diffusion-v3-medium"
 
@@ -34,29 +31,6 @@ class SD3Family(Family):
 
     def detect_file(self, shapes, metadata) -> bool:
         return any(k.endswith("joint_blocks.0.x_block.attn.qkv.weight") for k in shapes)
-
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
-        import torch
-        from diffusers import StableDiffusion3Pipeline
-        from ..sd.loader import _first_line, _load_vae
-        if not src.is_dir():
-            raise ConfigError(f"model.path: {src} is an SD3 single file; SD3 loads from a diffusers folder "
-                              "(single files are not supported yet)")
-        if prediction_type not in ("auto", "flow"):
-            raise ConfigError(f"model.prediction_type: SD3 predicts the flow (noise − image); {prediction_type!r} "
-                              "does not apply (use \"auto\")")
-        try:
-            pipe = StableDiffusion3Pipeline.from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-            raise ConfigError(f"model.path: cannot load {src} as an SD3 model ({_first_line(e)})") from None
-        if vae:
-            pipe.vae = _load_vae(vae, pipe.vae)
-        encoders = [e for e in (pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3) if e is not None]
-        tokenizers = [t for t in (pipe.tokenizer, pipe.tokenizer_2, pipe.tokenizer_3) if t is not None]
-        return LoadedModel(family=self, denoiser=pipe.transformer, vae=pipe.vae, text_encoders=encoders,
-                           tokenizers=tokenizers, noise_scheduler=pipe.scheduler, prediction_type="flow",
-                           source=str(src), vae_scale_factor=2 ** (len(pipe.vae.config.block_out_channels) - 1),
-                           scheduler_config=dict(pipe.scheduler.config))
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_sd3
@@ -128,32 +102,12 @@ class SD3Family(Family):
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
-    def pipeline_call_options(self, model) -> dict:
-        return {"max_sequence_length": self.t5_length(model)}
-
-    def lora_file_state(self, model, adapter_states, alpha):
-        from ..flux.lora_keys import to_diffusers_lora
-        return to_diffusers_lora(adapter_states, alpha)
-
-    def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
-        converted = self.pipeline_class().lora_state_dict(dict(file_state))
-        state = converted[0] if isinstance(converted, tuple) else converted
-        prefix = self.denoiser_name + "."
-        return {k[len(prefix):].rsplit(".lora_", 1)[0] for k in state if k.startswith(prefix)}
-
     def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
         if folder is None:
             return []  # no single-file export for SD3 yet: intermediate exports are skipped
         self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
         return [Path(folder)]
 
-
-def _device(module):
-    return next(module.parameters()).device
-
-
-def _unwrap(module):
-    return getattr(module, "module", module)  # DDP
 
 
 SD3 = SD3Family()

@@ -15,11 +15,12 @@ CLIP_WIDTHS = (32, 48)
 
 def build_tiny_sd3(out_dir: str | Path, seed: int = 0) -> Path:
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     from transformers import (CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5Config, T5EncoderModel,
                               T5Tokenizer)
     from ..sd.tiny import _text_encoder_config
     from ..sd.tiny_tokenizer import EOS, write_tokenizer
+    from ..flow_common import tiny_vae_16ch
     from ..tiny_t5 import t5_vocab_size, write_t5_tokenizer
 
     out = Path(out_dir)
@@ -39,11 +40,7 @@ def build_tiny_sd3(out_dir: str | Path, seed: int = 0) -> Path:
                                             caption_projection_dim=64, pooled_projection_dim=64, out_channels=16,
                                             pos_embed_max_size=32, dual_attention_layers=(0,), qk_norm="rms_norm")
         torch.manual_seed(seed + 1)
-        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16, layers_per_block=1,
-                            block_out_channels=(16, 32), norm_num_groups=8, sample_size=32,
-                            down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                            scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False,
-                            use_post_quant_conv=False)
+        vae = tiny_vae_16ch(1.5305, 0.0609)
         encoders = []
         for i, (width, tok) in enumerate(zip(CLIP_WIDTHS, (tokenizer, tokenizer_2))):
             torch.manual_seed(seed + 2 + i)

@@ -1,0 +1,74 @@
+"""What the rectified-flow transformer families (SD3, Flux) share: loading a diffusers pipeline
+folder, LoRA files in diffusers' layout, the T5-cache dtype and the tiny models' 16-channel VAE."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConfigError
+from .base import Family, LoadedModel
+
+
+class FlowFamily(Family):
+    """A Family whose model is one diffusers pipeline folder with a `transformer` and up to three
+    text encoders (`text_encoder`, `text_encoder_2`, `text_encoder_3`; absent ones are skipped)."""
+    denoiser_name = "transformer"
+    text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
+    default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
+        import torch
+        from .sd.loader import _first_line, _load_vae
+        if not src.is_dir():
+            raise ConfigError(f"model.path: {src} is a {self.label} single file; this family loads from a diffusers "
+                              "folder (single files are not supported yet)")
+        if prediction_type not in ("auto", "flow"):
+            raise ConfigError(f"model.prediction_type: {self.label} predicts the flow (noise − image); "
+                              f"{prediction_type!r} does not apply (use \"auto\")")
+        try:
+            pipe = self.pipeline_class().from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise ConfigError(f"model.path: cannot load {src} as a {self.label} model ({_first_line(e)})") from None
+        if vae:
+            pipe.vae = _load_vae(vae, pipe.vae)
+        slots = [(getattr(pipe, name, None), getattr(pipe, name.replace("text_encoder", "tokenizer"), None))
+                 for name in self.text_encoder_names]
+        slots = [(e, t) for e, t in slots if e is not None]
+        return LoadedModel(family=self, denoiser=pipe.transformer, vae=pipe.vae,
+                           text_encoders=[e for e, _ in slots], tokenizers=[t for _, t in slots],
+                           noise_scheduler=pipe.scheduler, prediction_type="flow", source=str(src),
+                           vae_scale_factor=2 ** (len(pipe.vae.config.block_out_channels) - 1),
+                           scheduler_config=dict(pipe.scheduler.config))
+
+    def lora_file_state(self, model, adapter_states, alpha):
+        from .flux.lora_keys import to_diffusers_lora
+        return to_diffusers_lora(adapter_states, alpha)
+
+    def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
+        converted = self.pipeline_class().lora_state_dict(dict(file_state))
+        state = converted[0] if isinstance(converted, tuple) else converted
+        prefix = self.denoiser_name + "."
+        return {k[len(prefix):].rsplit(".lora_", 1)[0] for k in state if k.startswith(prefix)}
+
+    def pipeline_call_options(self, model) -> dict:
+        return {"max_sequence_length": self.t5_length(model)}
+
+    def t5_length(self, model) -> int:
+        raise NotImplementedError
+
+
+def tiny_vae_16ch(scaling_factor: float, shift_factor: float):
+    """The tiny models' 16-channel KL VAE (two levels: a 32 px image is a 16×16 latent)."""
+    from diffusers import AutoencoderKL
+    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16, layers_per_block=1,
+                         block_out_channels=(16, 32), norm_num_groups=8, sample_size=32,
+                         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                         scaling_factor=scaling_factor, shift_factor=shift_factor, use_quant_conv=False,
+                         use_post_quant_conv=False)
+
+
+def device_of(module):
+    return next(module.parameters()).device
+
+
+def unwrap(module):
+    return getattr(module, "module", module)  # DDP
