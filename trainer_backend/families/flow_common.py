@@ -3,6 +3,7 @@ folder, LoRA files in diffusers' layout, the T5-cache dtype and the tiny models'
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..errors import ConfigError
 from .base import Family, LoadedModel
@@ -40,7 +41,6 @@ class FlowFamily(Family):
                            scheduler_config=dict(pipe.scheduler.config))
 
     def lora_file_state(self, model, adapter_states, alpha):
-        from .flux.lora_keys import to_diffusers_lora
         return to_diffusers_lora(adapter_states, alpha)
 
     def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
@@ -72,3 +72,23 @@ def device_of(module):
 
 def unwrap(module):
     return getattr(module, "module", module)  # DDP
+
+
+# LoRA files in diffusers' layout: `transformer.<module>.lora_A.weight` / `lora_B.weight` (and
+# `text_encoder.…`), which diffusers' `load_lora_weights` reads directly and ComfyUI's LoRA loader
+# maps. The layout has no alpha keys (its loaders take alpha = rank), so alpha/rank is folded into
+# lora_B: the file applies exactly the trained update with no scale to get wrong downstream.
+def to_diffusers_lora(state_dicts: dict[str, dict], alpha: float | Callable[[str, str], float]) -> dict:
+    """peft adapter weights per component -> one diffusers-layout LoRA state dict."""
+    out: dict = {}
+    for component, sd in state_dicts.items():
+        for key, tensor in sd.items():
+            if not key.endswith(("lora_A.weight", "lora_B.weight")):
+                raise ValueError(f"unexpected adapter key {key!r}: not a LoRA weight")
+            module = key.rsplit(".lora_", 1)[0]
+            if key.endswith("lora_B.weight"):
+                rank = sd[f"{module}.lora_A.weight"].shape[0]
+                value = alpha(component, module) if callable(alpha) else alpha
+                tensor = tensor * (float(value) / rank)
+            out[f"{component}.{key}"] = tensor.contiguous()
+    return out
