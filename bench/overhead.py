@@ -1,6 +1,6 @@
 """Trainer overhead versus a bare loop, a tiny model, cached latents, same process and data.
 
-    .venv/bin/python bench/overhead.py [--arch sd1|flux|…] [--steps 40] [--rounds 3] [--resolution 64]
+    .venv/bin/python bench/overhead.py [--arch sd1|flux|…] [--steps 40] [--rounds 3] [--resolution 64] [--images 4]
 
 Each round runs the real trainer (`trainer_backend.training.loop.train`: events, TensorBoard,
 progress bar, stop checks, accumulation grouping, per-sample seeded noise) and a bare
@@ -90,6 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sd1", help="a registered family with a tiny model (sd1, flux, …)")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--images", type=int, default=4, help="dataset size (batch 2: images/2 steps per epoch)")
     ap.add_argument("--rounds", type=int, default=5, help="the first round warms up and is not counted")
     ap.add_argument("--resolution", type=int, default=64)
     args = ap.parse_args()
@@ -97,7 +98,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model_dir = build_tiny_model(args.arch, tmp / f"tiny-{args.arch}")
-        data = make_dataset(tmp / "data", n=4, size=args.resolution)
+        data = make_dataset(tmp / "data", n=args.images, size=args.resolution)
         trainer, bare = [], []
         for r in range(args.rounds):
             cfg = validate_for_run(load_config(None, [
