@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import ARCH_CHOICES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES
+from ..families.registry import (ARCH_CHOICES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES, LORA_LAYOUT_CHOICE_FAMILIES,
+                                 LORA_LAYOUTS)
 from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
@@ -15,6 +16,12 @@ class Output(Section):
     dir: str = F("runs", "Folder that holds run directories.", widget="path", resume="ignored")
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
+    lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
+        "auto", "Flux only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 and "
+                "Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's Flux "
+                "layout (lora_unet_double_blocks_…, q/k/v fused, .alpha), read by kohya's sd-scripts, ComfyUI and "
+                "Forge, and by diffusers for the full-size Flux.1 architecture.", advanced=True, resume="safe",
+        when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 
 class Model(Section):

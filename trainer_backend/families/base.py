@@ -150,9 +150,27 @@ class Family:
         """A diffusers pipeline over the model's own module objects (adapters included)."""
         raise NotImplementedError
 
+    def lora_layouts(self) -> tuple[str, ...]:
+        """The LoRA key layouts this family writes (registry.py; the first is its default)."""
+        from .registry import entry
+        return entry(self.name).lora_layouts
+
+    def lora_layout(self, requested: str = "auto") -> str:
+        """output.lora_format resolved for this family ("auto" -> its default); ConfigError when it
+        does not write that layout."""
+        from ..errors import ConfigError
+        layouts = self.lora_layouts()
+        if requested in ("", "auto"):
+            return layouts[0]
+        if requested not in layouts:
+            raise ConfigError(f"output.lora_format: {self.label} LoRA files are written in "
+                              f"{' or '.join(layouts)} layout, not {requested!r}")
+        return requested
+
     def lora_file_state(self, model: LoadedModel, adapter_states: dict[str, dict[str, "torch.Tensor"]],
-                        alpha: float | Callable[[str, str], float]) -> dict[str, "torch.Tensor"]:
-        """peft adapter weights per component -> the LoRA file layout ComfyUI/A1111/kohya/diffusers load."""
+                        alpha: float | Callable[[str, str], float], layout: str = "auto") -> dict[str, "torch.Tensor"]:
+        """peft adapter weights per component -> the LoRA file in `layout` (see lora_layout), the key
+        layout ComfyUI/A1111/kohya/diffusers load."""
         raise NotImplementedError
 
     def diffusers_lora_targets(self, file_state: dict[str, "torch.Tensor"], denoiser) -> set[str]:

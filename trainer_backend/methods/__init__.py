@@ -94,6 +94,7 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
         trainable = setup_full(model, cfg)
     else:
         from .lora import setup_lora
+        model.family.lora_layout(cfg.output.lora_format)  # refused before training, naming the key
         trainable = setup_lora(model, cfg)
     count = sum(p.numel() for p in trainable.parameters())
     LOG.info("method: %s; %s trainable parameters", describe_method(cfg, class_samples), f"{count:,}")

@@ -109,6 +109,12 @@ class FluxFamily(FlowFamily):
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        if self.lora_layout(layout) == "kohya":
+            from .kohya_lora import to_kohya_flux
+            return to_kohya_flux(adapter_states, alpha, model.denoiser)
+        return super().lora_file_state(model, adapter_states, alpha, layout)
+
     def lora_metadata(self) -> dict[str, str]:
         return {"ss_base_model_version": self.base_model_version,
                 "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
@@ -125,7 +131,6 @@ class FluxFamily(FlowFamily):
     def load_denoiser_file(self, path, like):
         from .single_file import load_transformer_file
         return load_transformer_file(path, like)
-
 
 
 FLUX = FluxFamily()
