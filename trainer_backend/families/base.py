@@ -76,6 +76,8 @@ class Family:
     # adapters: peft target module names on the denoiser and on the text encoders
     default_targets: tuple[str, ...] = ()
     default_text_encoder_targets: tuple[str, ...] = ()
+    # model.<option> names of separate text-encoder files a single-file model loads with (Flux: clip_l, t5)
+    text_encoder_file_options: tuple[str, ...] = ()
     # metadata stamped into outputs (kohya's ss_base_model_version, SAI modelspec)
     base_model_version: str = ""
     modelspec_architecture: str = ""
@@ -89,8 +91,10 @@ class Family:
         """True when a single file (weight names -> shapes, and its metadata) is this family."""
         raise NotImplementedError
 
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
-        """Load a detected model in fp32 (errors: ConfigError naming model.*)."""
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
+             text_encoder_files: dict[str, str] | None = None) -> LoadedModel:
+        """Load a detected model in fp32 (errors: ConfigError naming model.*). text_encoder_files:
+        model.<option> -> path, for the options in text_encoder_file_options (only those are passed)."""
         raise NotImplementedError
 
     def build_tiny(self, out_dir: str | Path, seed: int = 0, **options) -> Path:
