@@ -135,3 +135,19 @@ def test_bundled_configs_are_the_published_full_size_components():
     assert count == {"clip": 123_060_480, "t5": 4_762_310_656 + 32128 * 4096, "vae": 83_819_683,
                      "transformer": 11_901_408_320}
     assert vae.config.scaling_factor == 0.3611 and vae.config.shift_factor == 0.1159
+
+
+def test_a_full_finetune_from_the_files_writes_a_transformer_file_that_loads_back(comfy_files, tmp_path):
+    """bf16 mixed precision (the frozen text encoders are reloaded from their files for the output):
+    the trained transformer file loads with the same clip_l/t5/ae files and differs from the base."""
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    f = comfy_files
+    run, _, _ = train_run(tmp_path, f["path"], data, "full", f"model.clip_l={f['clip_l']}", f"model.t5={f['t5']}",
+                          f"model.vae={f['vae']}", f"model.tokenizer={f['folder']}", "network.type=full",
+                          "precision.mixed=bf16", "schedule.max_steps=1", "optimizer.lr=1e-3")
+    trained = _load(f, path=str(run / "full.safetensors"))
+    base = _load(f)
+    moved = max((a - b).abs().max().item() for a, b in zip(trained.denoiser.state_dict().values(),
+                                                           base.denoiser.state_dict().values()))
+    assert moved > 0, "the trained transformer equals the base"
+    assert torch.equal(trained.text_encoders[1].shared.weight, base.text_encoders[1].shared.weight)
