@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import ARCH_CHOICES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES
+from ..families.registry import (ARCH_CHOICES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES, LORA_LAYOUT_CHOICE_FAMILIES,
+                                 LORA_LAYOUTS)
 from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
@@ -15,6 +16,12 @@ class Output(Section):
     dir: str = F("runs", "Folder that holds run directories.", widget="path", resume="ignored")
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
+    lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
+        "auto", "Flux only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 and "
+                "Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's Flux "
+                "layout (lora_unet_double_blocks_…, q/k/v fused, .alpha), read by kohya's sd-scripts, ComfyUI and "
+                "Forge, and by diffusers for the full-size Flux.1 architecture.", advanced=True, resume="safe",
+        when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 
 class Model(Section):
@@ -30,10 +37,18 @@ class Model(Section):
         "auto", "What the UNet predicts; auto reads the model's scheduler config (SD2-768 is v_prediction).",
         advanced=True, resume="unsafe:prediction",
                                                                     when={"model.arch": DDPM_FAMILIES})
-    tokenizer: str = F("", "CLIP tokenizer for a single-file checkpoint that carries none: a diffusers model folder of "
-                           "any SD family, or a folder with vocab.json + merges.txt. Empty = look in the Hugging "
-                           "Face cache (offline).", widget="path", advanced=True, resume="ignored",
-                       when={"model.arch": DDPM_FAMILIES})
+    tokenizer: str = F("", "Tokenizers for a single-file checkpoint that carries none. SD: a diffusers model folder of "
+                           "any SD family, or a folder with vocab.json + merges.txt. Flux: a Flux diffusers folder "
+                           "(tokenizer/ and tokenizer_2/). Empty = look in the Hugging Face cache (offline).",
+                       widget="path", advanced=True, resume="ignored",
+                       when={"model.arch": (*DDPM_FAMILIES, "flux")})
+    clip_l: str = F("", "Flux single file only: the CLIP-L text encoder file (ComfyUI's "
+                        "models/clip/clip_l.safetensors); model.path is the transformer (flux1-dev.safetensors) "
+                        "and model.vae the autoencoder (ae.safetensors).", widget="path", resume="ignored",
+                    when={"model.arch": ("flux",)})
+    t5: str = F("", "Flux single file only: the T5-XXL text encoder file (ComfyUI's "
+                    "models/clip/t5xxl_fp16.safetensors).",
+                widget="path", resume="ignored", when={"model.arch": ("flux",)})
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
                         ge=0.0, le=100.0, advanced=True, resume="safe",

@@ -33,6 +33,14 @@ def _network(cfg: TrainConfig) -> Iterator[str]:
                "convolution (set it to 0)")
 
 
+def _lora_format(cfg: TrainConfig) -> Iterator[str]:
+    from ..families.registry import entry  # pure (no torch); model.arch = auto is checked once the model loads
+    fmt, arch = cfg.output.lora_format, cfg.model.arch
+    if fmt != "auto" and arch != "auto" and fmt not in entry(arch).lora_layouts:
+        yield (f"output.lora_format: {arch} LoRA files are written in {' or '.join(entry(arch).lora_layouts)} "
+               f"layout, not {fmt!r}")
+
+
 def _ema(cfg: TrainConfig) -> Iterator[str]:
     hw = cfg.hardware
     if cfg.ema.enabled and (hw.strategy == "fsdp" or (hw.strategy == "deepspeed" and hw.deepspeed_zero_stage == 3)):
@@ -70,7 +78,7 @@ def _raised(check: Callable[[TrainConfig], None], cfg: TrainConfig) -> Iterator[
 
 
 RULES: tuple[Callable[[TrainConfig], Iterator[str]], ...] = (
-    _timesteps, _network, _ema, _validation, _optimizer_package, _precision, _hardware)
+    _timesteps, _network, _lora_format, _ema, _validation, _optimizer_package, _precision, _hardware)
 
 
 def problems(cfg: TrainConfig) -> list[str]:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from .registry import FAMILY_NAMES, all_families, get_family
 
-__all__ = ["FAMILY_NAMES", "get_family", "all_families", "detect_family", "load_model", "build_tiny_model",
+__all__ = ["FAMILY_NAMES", "get_family", "all_families", "detect_family", "load_model", "load_configured",
+           "build_tiny_model",
            "resolve_model_path", "build_pipeline"]
 
 
@@ -63,14 +64,31 @@ def detect_family(path: str):
                       "original key layout")
 
 
-def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: str = "auto", tokenizer: str = ""):
-    """Detect the family, check it against `model.arch`, and let the family load the model (fp32)."""
+def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
+               text_encoder_files: dict[str, str] | None = None):
+    """Detect the family, check it against `model.arch`, and let the family load the model (fp32).
+    text_encoder_files: model.<option> -> path of separate text-encoder files (Flux single files)."""
     from ..errors import ConfigError
     family = detect_family(path)
     if arch not in ("auto", family.name):
         raise ConfigError(f"model.arch: is {arch!r} but {resolve_model_path(path)} is an {family.name} model "
                           "(use \"auto\")")
-    return family.load(resolve_model_path(path), vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
+    files = {k: v for k, v in (text_encoder_files or {}).items() if v}
+    extra = [k for k in files if k not in family.text_encoder_file_options]
+    if extra:
+        raise ConfigError(f"model.{extra[0]}: does not apply to a {family.label} model")
+    options = {"text_encoder_files": files} if family.text_encoder_file_options else {}
+    return family.load(resolve_model_path(path), vae=vae, prediction_type=prediction_type, tokenizer=tokenizer,
+                       **options)
+
+
+def load_configured(model_section):
+    """load_model with a config's [model] section (its path, arch, vae, prediction_type, tokenizer and
+    every family's text-encoder file options)."""
+    m = model_section
+    options = {name for f in all_families() for name in f.text_encoder_file_options}
+    return load_model(m.path, arch=m.arch, vae=m.vae, prediction_type=m.prediction_type, tokenizer=m.tokenizer,
+                      text_encoder_files={name: getattr(m, name, "") for name in sorted(options)})
 
 
 def build_tiny_model(arch: str, out_dir, seed: int = 0, **options) -> Path:

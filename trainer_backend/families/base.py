@@ -76,6 +76,8 @@ class Family:
     # adapters: peft target module names on the denoiser and on the text encoders
     default_targets: tuple[str, ...] = ()
     default_text_encoder_targets: tuple[str, ...] = ()
+    # model.<option> names of separate text-encoder files a single-file model loads with (Flux: clip_l, t5)
+    text_encoder_file_options: tuple[str, ...] = ()
     # metadata stamped into outputs (kohya's ss_base_model_version, SAI modelspec)
     base_model_version: str = ""
     modelspec_architecture: str = ""
@@ -89,8 +91,10 @@ class Family:
         """True when a single file (weight names -> shapes, and its metadata) is this family."""
         raise NotImplementedError
 
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
-        """Load a detected model in fp32 (errors: ConfigError naming model.*)."""
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
+             text_encoder_files: dict[str, str] | None = None) -> LoadedModel:
+        """Load a detected model in fp32 (errors: ConfigError naming model.*). text_encoder_files:
+        model.<option> -> path, for the options in text_encoder_file_options (only those are passed)."""
         raise NotImplementedError
 
     def build_tiny(self, out_dir: str | Path, seed: int = 0, **options) -> Path:
@@ -150,9 +154,27 @@ class Family:
         """A diffusers pipeline over the model's own module objects (adapters included)."""
         raise NotImplementedError
 
+    def lora_layouts(self) -> tuple[str, ...]:
+        """The LoRA key layouts this family writes (registry.py; the first is its default)."""
+        from .registry import entry
+        return entry(self.name).lora_layouts
+
+    def lora_layout(self, requested: str = "auto") -> str:
+        """output.lora_format resolved for this family ("auto" -> its default); ConfigError when it
+        does not write that layout."""
+        from ..errors import ConfigError
+        layouts = self.lora_layouts()
+        if requested in ("", "auto"):
+            return layouts[0]
+        if requested not in layouts:
+            raise ConfigError(f"output.lora_format: {self.label} LoRA files are written in "
+                              f"{' or '.join(layouts)} layout, not {requested!r}")
+        return requested
+
     def lora_file_state(self, model: LoadedModel, adapter_states: dict[str, dict[str, "torch.Tensor"]],
-                        alpha: float | Callable[[str, str], float]) -> dict[str, "torch.Tensor"]:
-        """peft adapter weights per component -> the LoRA file layout ComfyUI/A1111/kohya/diffusers load."""
+                        alpha: float | Callable[[str, str], float], layout: str = "auto") -> dict[str, "torch.Tensor"]:
+        """peft adapter weights per component -> the LoRA file in `layout` (see lora_layout), the key
+        layout ComfyUI/A1111/kohya/diffusers load."""
         raise NotImplementedError
 
     def diffusers_lora_targets(self, file_state: dict[str, "torch.Tensor"], denoiser) -> set[str]:

@@ -40,7 +40,8 @@ class FlowFamily(Family):
                            vae_scale_factor=2 ** (len(pipe.vae.config.block_out_channels) - 1),
                            scheduler_config=dict(pipe.scheduler.config))
 
-    def lora_file_state(self, model, adapter_states, alpha):
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        self.lora_layout(layout)  # diffusers unless the family overrides this (Flux: kohya too)
         return to_diffusers_lora(adapter_states, alpha)
 
     def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:

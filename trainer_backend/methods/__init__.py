@@ -31,9 +31,8 @@ def load_method_model(cfg: TrainConfig):
     if cfg.network.type == "vae":
         from .vae import load_vae_model
         return load_vae_model(cfg)
-    from ..families import load_model
-    model = load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae,
-                       prediction_type=cfg.model.prediction_type, tokenizer=cfg.model.tokenizer)
+    from ..families import load_configured
+    model = load_configured(cfg.model)
     model.text_max_length = cfg.model.t5_max_length
     return model
 
@@ -94,6 +93,7 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
         trainable = setup_full(model, cfg)
     else:
         from .lora import setup_lora
+        model.family.lora_layout(cfg.output.lora_format)  # refused before training, naming the key
         trainable = setup_lora(model, cfg)
     count = sum(p.numel() for p in trainable.parameters())
     LOG.info("method: %s; %s trainable parameters", describe_method(cfg, class_samples), f"{count:,}")

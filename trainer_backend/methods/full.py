@@ -37,8 +37,8 @@ def original_text_encoders(cfg: TrainConfig, model) -> list:
     if src.is_dir():
         return [type(te).from_pretrained(str(src), subfolder=sub, local_files_only=True, dtype=torch.float32)
                 for te, sub in zip(model.text_encoders, model.family.text_encoder_names)]
-    from ..families import load_model
-    return load_model(cfg.model.path, arch=cfg.model.arch, tokenizer=cfg.model.tokenizer).text_encoders
+    from ..families import load_configured
+    return load_configured(cfg.model).text_encoders
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:

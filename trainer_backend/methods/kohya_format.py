@@ -66,12 +66,13 @@ def kohya_metadata(cfg, family, *, steps: int, epochs: int, num_images: int,
 
 
 def save_lora_file(path: Path, model, state_dicts: dict[str, dict[str, torch.Tensor]], *,
-                   alpha: float | Callable[[str, str], float], metadata: dict[str, str]) -> Path:
-    """The family's LoRA file layout (model.family.lora_file_state), written atomically (temp file +
-    rename) so a crash never leaves a half file under the final name."""
+                   alpha: float | Callable[[str, str], float], metadata: dict[str, str],
+                   layout: str = "auto") -> Path:
+    """The family's LoRA file layout (model.family.lora_file_state; `layout` = output.lora_format), written
+    atomically (temp file + rename) so a crash never leaves a half file under the final name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_file(model.family.lora_file_state(model, state_dicts, alpha), str(tmp), metadata=metadata)
+    save_file(model.family.lora_file_state(model, state_dicts, alpha, layout), str(tmp), metadata=metadata)
     os.replace(tmp, path)
     return path

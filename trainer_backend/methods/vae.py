@@ -140,11 +140,12 @@ def load_vae(cfg: TrainConfig):
     """The VAE to fine-tune in fp32: model.vae when given, else the model's own (a diffusers
     folder's vae/ is read alone; single files go through the full loader)."""
     from diffusers import AutoencoderKL
-    from ..families import load_model, resolve_model_path
+    from ..families import resolve_model_path
     src = resolve_model_path(cfg.model.path) if cfg.model.path else None
     if not cfg.model.vae and src is not None and (src / "vae" / "config.json").is_file():
         return AutoencoderKL.from_pretrained(str(src), subfolder="vae", local_files_only=True, dtype=torch.float32)
-    return load_model(cfg.model.path, arch=cfg.model.arch, vae=cfg.model.vae, tokenizer=cfg.model.tokenizer).vae
+    from ..families import load_configured
+    return load_configured(cfg.model).vae
 
 
 def load_vae_model(cfg: TrainConfig):

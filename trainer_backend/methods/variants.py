@@ -98,7 +98,8 @@ def save_adapter_output(cfg: TrainConfig, path: Path, model, trainable, metadata
     state = adapter_state_dicts(trainable.modules)
     metadata = {**metadata, **network_metadata(cfg)}
     if has_kohya_format(cfg):
-        return save_lora_file(path, model, state, alpha=alpha_for_module(cfg), metadata=metadata)
+        return save_lora_file(path, model, state, alpha=alpha_for_module(cfg), metadata=metadata,
+                              layout=cfg.output.lora_format)
     return save_peft_file(path, state, {name: adapter_config(cfg, name) for name in state}, metadata)
 
 

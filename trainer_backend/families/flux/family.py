@@ -22,6 +22,7 @@ class FluxFamily(FlowFamily):
     # attention of the double blocks (image and text streams), the single blocks' attention and MLP input
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "proj_mlp")
+    text_encoder_file_options = ("clip_l", "t5")
     base_model_version = "flux1"
     modelspec_architecture = "flux-1-dev"
 
@@ -31,6 +32,18 @@ class FluxFamily(FlowFamily):
 
     def detect_file(self, shapes, metadata) -> bool:
         return any(k.endswith("double_blocks.0.img_attn.qkv.weight") for k in shapes)
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
+             text_encoder_files: dict[str, str] | None = None):
+        if src.is_dir():
+            if text_encoder_files:
+                raise ConfigError(f"model.{next(iter(text_encoder_files))}: applies to a Flux single file; "
+                                  f"{src} is a diffusers folder with its own text encoders")
+            return super().load(src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
+        if prediction_type not in ("auto", "flow"):
+            raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
+        from .components import load_flux_files
+        return load_flux_files(self, src, vae=vae, tokenizer=tokenizer, files=text_encoder_files or {})
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_flux
@@ -109,6 +122,12 @@ class FluxFamily(FlowFamily):
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        if self.lora_layout(layout) == "kohya":
+            from .kohya_lora import to_kohya_flux
+            return to_kohya_flux(adapter_states, alpha, model.denoiser)
+        return super().lora_file_state(model, adapter_states, alpha, layout)
+
     def lora_metadata(self) -> dict[str, str]:
         return {"ss_base_model_version": self.base_model_version,
                 "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
@@ -125,7 +144,6 @@ class FluxFamily(FlowFamily):
     def load_denoiser_file(self, path, like):
         from .single_file import load_transformer_file
         return load_transformer_file(path, like)
-
 
 
 FLUX = FluxFamily()

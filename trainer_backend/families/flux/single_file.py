@@ -7,6 +7,7 @@ the sizes of the target model, so any size of Flux (the tiny test model too) rou
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -103,7 +104,9 @@ def export_transformer(transformer, out_file: str | Path, dtype=None, metadata: 
     path = Path(out_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    save_file({k: v.contiguous() for k, v in out.items()}, str(tmp), metadata={"format": "pt", **(metadata or {})})
+    config = json.dumps({k: v for k, v in transformer.config.items() if not k.startswith("_")})
+    save_file({k: v.contiguous() for k, v in out.items()}, str(tmp),
+              metadata={"format": "pt", "sd_studio.config": config, **(metadata or {})})
     os.replace(tmp, path)
     return path
 

@@ -89,8 +89,9 @@ class StableDiffusionFamily(Family):
         from .loader import build_pipeline
         return build_pipeline(model, scheduler)
 
-    def lora_file_state(self, model, adapter_states, alpha):
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         from .lora_keys import to_kohya
+        self.lora_layout(layout)
         return to_kohya(adapter_states, alpha, self.name, dict(model.denoiser.config))
 
     def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
