@@ -35,9 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _host_guard(host: str, share: bool) -> list:
+    """Only the host names the studio was started for; with --auth, only the login form for strangers."""
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
-    return [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(host, share))]
+    from gui.login_gate import LoginOnlyForStrangers
+    return [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(host, share)),
+            Middleware(LoginOnlyForStrangers)]
 
 
 def main(argv: list[str] | None = None) -> int:
