@@ -122,12 +122,15 @@ class RunManager:
         from trainer_backend.launch.argv import build_launch_argv, build_launch_env, write_strategy_files
         from trainer_backend.config.checks import validate_for_run
 
-        validate_for_run(cfg.model_copy(deep=True))  # path checks, errors name the key
-        _check_secret_names(cfg, secret_env or {})
         cfg = cfg.model_copy(deep=True)
-        cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
+        try:
+            cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"output.dir: {e}") from None
         run_dir = cfg.run_dir
         self._check_allowed(run_dir)
+        validate_for_run(cfg.model_copy(deep=True))  # path checks, errors name the key
+        _check_secret_names(cfg, secret_env or {})
         with self.lock:
             conflict = self._conflict(cfg, run_dir)
             if conflict:

@@ -141,8 +141,9 @@ def claim(run_dir: Path | str, name: str = "") -> Path:
 
 
 def delete_run(run_dir: Path) -> list[str]:
-    """Remove what the run wrote; returns the names of entries left in place (not written by a
-    run). The folder itself is removed when it ends up empty. Raises RunFolderError without the marker."""
+    """Remove what the run wrote, the marker last; returns the names of entries left in place (not
+    written by a run). The folder itself is removed when it ends up empty. Raises RunFolderError
+    without the marker."""
     run_dir = Path(run_dir)
     if not has_marker(run_dir):
         raise RunFolderError(f"{run_dir} has no run marker ({MARKER}): it was not created by a run of this "
@@ -157,8 +158,7 @@ def delete_run(run_dir: Path) -> list[str]:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    if kept:
-        return kept
-    (run_dir / MARKER).unlink()
-    run_dir.rmdir()
-    return []
+    (run_dir / MARKER).unlink()   # what is left (if anything) is no longer a run's
+    if not kept:
+        run_dir.rmdir()
+    return kept
