@@ -86,7 +86,8 @@ def train(cfg: TrainConfig) -> int:
     stop = False
     try:
         for epoch in range(state.epoch, plan.multi.epochs):
-            if state.global_step >= total_steps:  # resumed from the final checkpoint
+            if state.global_step >= total_steps:  # resumed from the final checkpoint: that epoch
+                state.epoch, state.batch_in_epoch = epoch + 1, 0  # counts, as in the uninterrupted run
                 break
             loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
