@@ -214,3 +214,36 @@ def test_latent_cache_files_are_on_disk_before_they_get_their_name(monkeypatch, 
     assert [op for op, _ in calls[:renamed]] == ["fsync"] and calls[0][1].endswith(".tmp")
     assert torch.equal(cache.load("abcdef"), torch.ones(4, 8, 8))
     assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+@pytest.mark.parametrize("case", ["target modules match nothing", "huge N_concept"])
+def test_bad_input_is_one_line_and_exit_2(zygote, fast_inputs, tmp_path, case):
+    """Item 15: adapter targets that match no layer, and a `99999999999999999999_concept` folder:
+    one line naming the key, exit 2, no traceback (they used to end in a traceback and exit 1)."""
+    from conftest import make_dataset
+    model_dir, data_dir = fast_inputs
+    if case == "huge N_concept":
+        make_dataset(tmp_path / "data" / "99999999999999999999_concept", n=2, size=32)
+        extra, key = {"dataset": {"path": str(tmp_path / "data")}}, "dataset.path"
+    else:
+        extra, key = {"network": {"target_modules": ["to_nowhere"]}}, "network.target_modules"
+    config = write_config(tmp_path / "b.toml", model_dir, data_dir, tmp_path / "runs", "bad", extra)
+    log = tmp_path / "b.log"
+    assert zygote.run(config, log) == exitcodes.BAD_CONFIG, log.read_text()[-3000:]
+    errors = _error_lines(log)
+    assert len(errors) == 1 and errors[0].startswith(f"error: {key}:"), log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text()
+
+
+def test_deeply_nested_metadata_json_is_skipped_not_fatal(tmp_path):
+    """Item 15: one metadata file nested 100 000 levels deep is reported and skipped; the others load."""
+    from conftest import make_dataset
+    from trainer_backend.config import from_dict
+    from trainer_backend.data import scan_dataset
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    (data / "good.json").write_text('[{"path": "img000.png", "tags": ["a"]}, {"path": "img001.png", "tags": ["b"]}]')
+    (data / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    cfg = from_dict({"dataset": {"path": str(data), "source": "metadata", "resolution": 32, "bucket_min_side": 16}})
+    scan = scan_dataset(cfg)
+    assert len(scan.items) == 2
+    assert any("deep.json" in w and "nested too deeply" in w for w in scan.warnings), scan.warnings
