@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "it can start jobs and read files on this machine)")
     p.add_argument("--root-path", default="", help="URL prefix when served behind a reverse proxy, e.g. /studio")
     p.add_argument("--runs-dir", default="runs", help="folder of run directories (default ./runs)")
+    p.add_argument("--allow-output-dir", action="append", default=[], metavar="DIR",
+                   help="a folder (besides --runs-dir) that runs started from the studio may write into; repeatable")
     p.add_argument("--presets-dir", default="", help="folder of user presets (default presets/user/)")
     p.add_argument("--preset", default="demo-sd1-lora", help="preset loaded when the page opens")
     p.add_argument("--stop-timeout", type=float, default=120.0,
@@ -33,9 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _host_guard(host: str, share: bool) -> list:
+    """Only the host names the studio was started for; with --auth, only the login form for strangers."""
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
-    return [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(host, share))]
+    from gui.login_gate import LoginOnlyForStrangers
+    return [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(host, share)),
+            Middleware(LoginOnlyForStrangers)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,14 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir = Path(args.runs_dir).expanduser()
     runs_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(runs_dir=runs_dir, presets_dir=Path(args.presets_dir).expanduser() if args.presets_dir
-                        else None, initial_preset=args.preset, stop_timeout_s=args.stop_timeout)
+                        else None, initial_preset=args.preset, stop_timeout_s=args.stop_timeout,
+                        allowed_output_dirs=[Path(d).expanduser() for d in args.allow_output_dir])
     studio = Studio.create(settings, gpu_count=gpu_count())
     app = build_app(studio)
     app.queue(default_concurrency_limit=4)
     print(f"{TITLE}: http://{'127.0.0.1' if host == '0.0.0.0' else host}:{args.port}{args.root_path or ''}/"
           f"  (runs in {runs_dir.resolve()})", flush=True)
     app.launch(server_name=host, server_port=args.port, auth=auth, share=args.share,
-               root_path=args.root_path or None, allowed_paths=[str(runs_dir.resolve())],
+               root_path=args.root_path or None, allowed_paths=[str(runs_dir.resolve()),
+                                                                  *(str(Path(d).expanduser().resolve()) for d in args.allow_output_dir)],
                inbrowser=args.inbrowser, css=CSS, theme="soft", show_error=True, quiet=True,
                footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share)})
     return 0

@@ -175,22 +175,32 @@ def name_tail(name: str, width: int = 22) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
-def thumbnails(summary: dict, limit: int = 24, size: int = 160) -> list:
+def thumbnails(summary: dict, limit: int = 24, size: int = 160, max_megapixels: float = 100.0) -> list:
     """PIL thumbnails of the first images of each subset (PIL objects, so any folder works
-    without widening the server's allowed file paths)."""
+    without widening the server's allowed file paths). Images above dataset.max_image_megapixels
+    (the trainer skips them too), unreadable files and anything but regular files are left out:
+    one such file never breaks the page."""
+    import warnings
+
     from PIL import Image
     out = []
     for s in summary.get("subsets", []):
         folder = Path(s.get("path", ""))
         if not folder.is_dir():
             continue
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         for p in files[:max(1, limit // max(1, len(summary.get("subsets", []))))]:
             try:
-                with Image.open(p) as im:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                    im = Image.open(p)
+                with im:
+                    if im.width * im.height > max_megapixels * 1e6:
+                        continue
+                    im.draft("RGB", (size, size))
                     im.thumbnail((size, size))
                     out.append((im.convert("RGB"), name_tail(p.name)))
-            except OSError:
+            except Exception:  # PIL's own bomb guard above ~179 MP, truncated or hostile files
                 continue
             if len(out) >= limit:
                 return out

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from trainer_backend.config import TrainConfig, from_dict, load_config, save_toml, to_dict
+from trainer_backend.config import ConfigError, TrainConfig, from_dict, load_config, save_toml, to_dict
+from trainer_backend.run.run_folder import claim, delete_run, is_run_folder
 
 from gui import processes as procs
 from gui.run_state import forget, run_status, snapshot
@@ -36,13 +36,18 @@ def devices_overlap(a: set[str], b: set[str]) -> bool:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / f).exists() for f in ("config.toml", "events.jsonl", procs.PROCESS_FILE))
+    """A run's folder (its marker, or an older run's files and nothing else): run/run_folder.py."""
+    return is_run_folder(path)
 
 
 class RunManager:
     def __init__(self, runs_dir: str | Path, gpu_count: int = 0, python: str = sys.executable,
-                 cwd: str | Path | None = None, stop_timeout_s: float = 120.0):
+                 cwd: str | Path | None = None, stop_timeout_s: float = 120.0,
+                 allowed_roots: list[str | Path] = ()):
         self.runs_dir = Path(runs_dir).resolve()
+        # where runs started from the studio may write: the runs folder and the folders given with
+        # --allow-output-dir (the CLI is not restricted)
+        self.allowed_roots = [self.runs_dir, *(Path(r).expanduser().resolve() for r in allowed_roots)]
         self.gpu_count = gpu_count
         self.python = python
         self.cwd = Path(cwd or os.getcwd()).resolve()
@@ -71,8 +76,11 @@ class RunManager:
             for run_dir, proc in list(self.children.items()):
                 code = proc.poll()
                 if code is not None:
-                    procs.write_exit(run_dir, code)
                     del self.children[run_dir]
+                    try:   # a deleted run has nowhere to record it; that must not break the next Start
+                        procs.write_exit(run_dir, code)
+                    except OSError:
+                        pass
 
     def live_runs(self) -> list[Path]:
         self.reap()
@@ -114,11 +122,15 @@ class RunManager:
         from trainer_backend.launch.argv import build_launch_argv, build_launch_env, write_strategy_files
         from trainer_backend.config.checks import validate_for_run
 
+        cfg = cfg.model_copy(deep=True)
+        try:
+            cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"output.dir: {e}") from None
+        run_dir = cfg.run_dir
+        self._check_allowed(run_dir)
         validate_for_run(cfg.model_copy(deep=True))  # path checks, errors name the key
         _check_secret_names(cfg, secret_env or {})
-        cfg = cfg.model_copy(deep=True)
-        cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
-        run_dir = cfg.run_dir
         with self.lock:
             conflict = self._conflict(cfg, run_dir)
             if conflict:
@@ -130,7 +142,7 @@ class RunManager:
                     hint = ("press Resume to continue it" if state.resumable else "delete it on the Runs page")
                     raise StartRefused(f"a run named '{run_dir.name}' already exists and is {what}: {hint}, "
                                        f"or change output.name to start a new run.")
-            run_dir.mkdir(parents=True, exist_ok=True)
+            claim(run_dir)   # a new folder or a run's own (never the user's other files); writes the marker
             config_path = run_dir / "config.toml"
             save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
             write_strategy_files(cfg, run_dir)
@@ -148,6 +160,15 @@ class RunManager:
             self.current = run_dir
         forget(run_dir)
         return run_dir
+
+    def _check_allowed(self, run_dir: Path) -> None:
+        """Runs started here write only inside the allowed roots (not /etc, not the user's home)."""
+        if any(run_dir == root or run_dir.is_relative_to(root) for root in self.allowed_roots):
+            return
+        roots = ", ".join(str(r) for r in self.allowed_roots)
+        raise ConfigError(f"output.dir: {run_dir.parent} is outside the folders this studio writes runs into "
+                          f"({roots}); choose one of them, or start the studio with --allow-output-dir "
+                          f"{run_dir.parent}")
 
     def resume(self, run_dir: Path, secret_env: dict[str, str] | None = None) -> Path:
         """Start a stopped/interrupted run again from its own config (checkpoints.resume=auto)."""
@@ -207,10 +228,20 @@ class RunManager:
             raise StartRefused(f"{run_dir} is not a run directory of this studio")
         if procs.is_alive(procs.read_process_record(run_dir)):
             raise StartRefused(f"run '{run_dir.name}' is running; stop it first")
-        shutil.rmtree(run_dir)
+        with self.lock:
+            proc = self.children.pop(run_dir, None)   # its exit is no longer recorded anywhere
+            if proc is not None:
+                proc.poll()
+            try:
+                kept = delete_run(run_dir)
+            except ConfigError as e:
+                raise StartRefused(str(e)) from None
         forget(run_dir)
         if self.current == run_dir:
             self.current = None
+        if kept:
+            return (f"deleted what the run wrote in {run_dir}; kept {len(kept)} item(s) it did not write: "
+                    + ", ".join(kept[:5]))
         return f"deleted {run_dir}"
 
 

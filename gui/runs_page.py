@@ -23,6 +23,7 @@ COLUMNS = ["run", "status", "started", "steps", "final loss", "outputs"]
 
 def runs_table(studio: Studio) -> pd.DataFrame:
     rows = []
+    studio.manager.reap()   # exit codes of finished runs first: a failed run is not "interrupted"
     for run_dir in studio.manager.run_dirs():
         snap = snapshot(run_dir)
         status = run_status(run_dir, snap)

@@ -24,6 +24,7 @@ class Settings:
     initial_preset: str = DEMO_PRESET
     stop_timeout_s: float = 120.0
     refresh_s: float = 1.5
+    allowed_output_dirs: list[Path] = field(default_factory=list)   # besides runs_dir (--allow-output-dir)
 
 
 @dataclass
@@ -37,7 +38,8 @@ class Studio:
     def create(cls, settings: Settings, gpu_count: int = 0) -> "Studio":
         store = PresetStore(settings.presets_dir) if settings.presets_dir else PresetStore()
         manager = RunManager(settings.runs_dir, gpu_count=gpu_count, python=settings.python,
-                             stop_timeout_s=settings.stop_timeout_s)
+                             stop_timeout_s=settings.stop_timeout_s,
+                             allowed_roots=settings.allowed_output_dirs)
         return cls(settings=settings, store=store, manager=manager)
 
     # ------------------------------------------------------------------ configs

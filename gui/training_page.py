@@ -104,7 +104,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         else:
             summary = inspection.summary
             inspector = [dv.summary_markdown(summary), dv.buckets_frame(summary), dv.tags_frame(summary),
-                         dv.thumbnails(summary)]
+                         dv.thumbnails(summary, max_megapixels=cfg.dataset.max_image_megapixels)]
         return [*placed, "", plan, shell, argv, toml, *inspector, secrets, signature]
 
     outputs = [message, ui["plan_md"], ui["cmd_shell"], ui["cmd_argv"], ui["cmd_toml"],

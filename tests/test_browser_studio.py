@@ -39,8 +39,9 @@ def _free_port() -> int:
 class Server:
     """`python app.py` as a user starts it, on a free port, with its own runs/presets folders."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, extra_args: tuple[str, ...] = ()):
         self.tmp = tmp
+        self.extra_args = list(extra_args)
         self.runs = tmp / "runs"
         self.presets = tmp / "presets"
         self.proc: subprocess.Popen | None = None
@@ -51,7 +52,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}/"
         log = open(self.tmp / f"app-{port}.log", "w")
         self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--runs-dir", str(self.runs),
-                                      "--presets-dir", str(self.presets), "--stop-timeout", "60"],
+                                      "--presets-dir", str(self.presets), "--stop-timeout", "60", *self.extra_args],
                                      cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -129,6 +129,7 @@ def test_disk_full_keeps_the_previous_checkpoint(zygote, reference_run, fast_inp
     assert "could not write checkpoint" in message and f"step-{last + 1:08d}" in message
     assert f"step-{last:08d} is intact" in message and "Free disk space" in message
     assert "could not write checkpoint" in log.read_text()
+    assert "Traceback" not in log.read_text() and "Traceback" in (run / "train.log").read_text()  # issue 17 item 15
     assert valid_steps(run)[-1] == last and is_valid(previous, verify_hashes=True)
     assert not [p for p in checkpoints_dir(run).iterdir() if p.name.startswith(".")]
 

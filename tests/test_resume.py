@@ -109,6 +109,12 @@ def test_more_steps_continue_and_a_finished_run_only_exports(zygote, reference_r
     assert zygote.run(config, tmp_path / "a.log") == 0
     assert not [e for e in read_events(run) if e["event"] == "step"]
     assert_bitwise_equal(lora_tensors(run / "again.safetensors"), reference_run["lora"])
+    # ... with the uninterrupted run's metadata, ss_epoch included (issue 17 item 17: it said 1 epoch less)
+    from safetensors import safe_open
+    with safe_open(str(run / "again.safetensors"), "pt") as f, \
+            safe_open(str(reference_run["run_dir"] / "reference.safetensors"), "pt") as g:
+        ours, theirs = f.metadata(), g.metadata()
+    assert ours["ss_epoch"] == theirs["ss_epoch"] == "3" and ours["ss_steps"] == theirs["ss_steps"] == "12"
     # more steps (a safe change): the run continues from step 12 to 16
     config = write_config(tmp_path / "m.toml", *fast_inputs, tmp_path / "runs", "again", {"schedule": {"max_steps": 16}})
     assert zygote.run(config, tmp_path / "m.log") == 0

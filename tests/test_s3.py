@@ -186,4 +186,7 @@ def test_resume_none_and_unreachable_bucket_are_refused(moto, secrets_file, zygo
     assert zygote.run(config, log, env=env_without_aws()) == exitcodes.ERROR
     text = log.read_text()
     assert "refusing to start from scratch" in text and "cloud.endpoint_url" in text
+    # one line on stderr, the traceback only in train.log (issue 17 item 15)
+    assert "Traceback" not in text
+    assert "Traceback" in (tmp_path / "runs" / "dead" / "train.log").read_text()
     assert not (tmp_path / "runs" / "dead" / "checkpoints").exists() or not valid_steps(tmp_path / "runs" / "dead")

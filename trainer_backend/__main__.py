@@ -52,10 +52,26 @@ def _load(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "train":
+        return _checked(args)
+    # SIGTERM/SIGINT before the loop takes the signals over (imports, model loading) or after it
+    # gave them back: a clean `stopped`/`preempted` and exit 75, never a bare "killed by SIGTERM"
+    from .run.stop_signals import StartupStop, stop_outside_the_loop
+    with stop_outside_the_loop():
+        try:
+            return _checked(args)
+        except StartupStop as stop:
+            return _stopped_outside_the_loop(getattr(args, "loaded_config", None), stop.signum)
+
+
+def _checked(args) -> int:
     try:
         return _dispatch(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        cfg = getattr(args, "loaded_config", None)
+        if cfg is not None and args.command == "train":
+            _record_event(cfg, "error", message=str(e))  # the studio shows why (only in a run's own folder)
         return exitcodes.BAD_CONFIG
 
 
@@ -80,6 +96,7 @@ def _dispatch(args) -> int:
                 print(f"error: {message}", file=sys.stderr)
             return exitcodes.BAD_CONFIG
     cfg = _load(args)
+    args.loaded_config = cfg
     if args.command == "validate":
         print(f"ok: {args.config or 'defaults'} is valid")
         return exitcodes.OK
@@ -99,8 +116,15 @@ def _dispatch(args) -> int:
     return _train(cfg)
 
 
+def _is_main_rank() -> bool:
+    import os
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _train(cfg) -> int:
-    import logging
+    if _is_main_rank():  # before the slow imports, so a stop during them has a run folder to report in
+        from .run.run_folder import claim
+        claim(cfg.run_dir)
     from .training.loop import TrainingDiverged, train
     try:
         return train(cfg)
@@ -109,20 +133,64 @@ def _train(cfg) -> int:
     except TrainingDiverged as e:
         _record_error(cfg, str(e))
         return exitcodes.ERROR
-    except Exception as e:  # the event stream must say why the run ended
-        logging.getLogger("trainer").exception("training failed")
+    except Exception as e:  # one line on stderr and in the events; the traceback goes to train.log
+        _traceback_to_log(cfg)
         _record_error(cfg, f"{type(e).__name__}: {e}")
         return exitcodes.ERROR
 
 
+def _traceback_to_log(cfg) -> None:
+    """The traceback of the exception being handled, appended to the run's train.log (stderr when
+    the run folder is not the run's own)."""
+    import time
+    import traceback
+    from .run.contract import LOG_FILE
+    from .run.run_folder import has_marker
+    text = traceback.format_exc()
+    if _is_main_rank() and has_marker(cfg.run_dir):
+        try:
+            with open(cfg.run_dir / LOG_FILE, "a", encoding="utf-8") as log:
+                log.write(f"{time.strftime('%H:%M:%S')} ERROR training failed\n{text}")
+            return
+        except OSError:
+            pass
+    if not _is_main_rank():
+        return
+    print(text, file=sys.stderr)
+
+
 def _record_error(cfg, message: str) -> None:
-    import os
-    from .run.events import RunEvents
     print(f"error: {message}", file=sys.stderr)
-    if os.environ.get("RANK", "0") == "0":
+    _record_event(cfg, "error", message=message)
+
+
+def _record_event(cfg, kind: str, **fields) -> None:
+    """One event in the run's events.jsonl: main rank only, and only in a folder that is the run's own."""
+    from .run.events import RunEvents
+    from .run.run_folder import has_marker
+    if not _is_main_rank() or not has_marker(cfg.run_dir):
+        return
+    try:
         events = RunEvents(cfg.run_dir, enabled=True, tensorboard=False)
-        events.emit("error", message=message)
+        events.emit(kind, **fields)
         events.close()
+    except OSError:
+        pass
+
+
+def _stopped_outside_the_loop(cfg, signum: int) -> int:
+    """A stop signal before training began (or after it ended): nothing in progress to save."""
+    from .run.checkpoint_files import list_checkpoints, step_of
+    from .run.contract import CONTROL_DIR, Control
+    kind, step = "preempted", 0
+    if cfg is not None:
+        kind = "stopped" if (cfg.run_dir / CONTROL_DIR / Control.STOP.value).exists() else "preempted"
+        saved = list_checkpoints(cfg.run_dir)
+        step = step_of(saved[-1]) if saved else 0
+        _record_event(cfg, kind, step=step, epoch=None, outside_training=True)
+    print(f"{kind} (signal {signum}) outside the training loop; nothing in progress was lost "
+          f"(last checkpoint: step {step}). Start the same config again to continue.", file=sys.stderr)
+    return exitcodes.STOPPED_SAVED
 
 
 def _launch(cfg, args) -> int:
@@ -131,8 +199,8 @@ def _launch(cfg, args) -> int:
     from pathlib import Path
     from .config import save_toml, to_dict
     from .launch.argv import build_launch_argv, build_launch_env, write_strategy_files
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from .run.run_folder import claim
+    run_dir = claim(cfg.run_dir)  # a new folder or a run's own (ConfigError otherwise)
     config_path = run_dir / "config.toml"
     save_toml(to_dict(cfg), config_path)
     write_strategy_files(cfg, run_dir)

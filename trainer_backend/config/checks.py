@@ -51,6 +51,10 @@ def validate_for_run(cfg: TrainConfig) -> TrainConfig:
     if cfg.model.vae and not Path(cfg.model.vae).exists():
         raise ConfigError(f"model.vae: {cfg.model.vae} does not exist")
     _check_dataset_path(cfg)
+    from ..run.run_folder import run_folder_problem  # new, or already a run's: never the user's other files
+    problem = run_folder_problem(cfg.run_dir)
+    if problem:
+        raise ConfigError(problem)
     _check_no_overlap(cfg)
     from ..methods.checks import check_method_config  # the cross-field rules (config/rules.py), then
     check_method_config(cfg)                          # the DreamBooth and sample options that read files

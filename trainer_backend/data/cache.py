@@ -78,6 +78,8 @@ class DiskLatents:
         os.close(fd)
         try:
             save_file({"latents": latents.contiguous().cpu()}, tmp)
+            with open(tmp, "rb") as f:  # on disk before it gets its name: after a power loss a cache
+                os.fsync(f.fileno())     # file is whole or absent, never short
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):

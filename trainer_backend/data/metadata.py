@@ -125,6 +125,9 @@ def read_records(files: list[Path], problems: list[tuple[Path, str]]) -> list[Re
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             problems.append((path, f"metadata is not valid JSON ({e})"))
             continue
+        except RecursionError:  # thousands of nested brackets: skip the file, never abort the scan
+            problems.append((path, "metadata is nested too deeply to read (skipped)"))
+            continue
         items = data if isinstance(data, list) else [data]
         for n, obj in enumerate(items):
             try:

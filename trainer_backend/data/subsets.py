@@ -19,6 +19,18 @@ from .images import is_image_name
 CONCEPT_DIR = re.compile(r"^(\d+)_(.+)$")
 
 
+MAX_FOLDER_REPEATS = 10000   # the bound of dataset.repeats / subsets[].repeats
+
+
+def _folder_repeats(spec, folder: Path, match: re.Match) -> int:
+    """N of an N_concept folder name, bounded like the repeats options."""
+    n = int(match.group(1))
+    if n > MAX_FOLDER_REPEATS:
+        raise ConfigError(f"{spec.key}: folder {folder.name} asks for {match.group(1)} repeats; at most "
+                          f"{MAX_FOLDER_REPEATS:,} (rename it, e.g. 10_{match.group(2)})")
+    return n
+
+
 @dataclass(frozen=True)
 class SubsetSpec:
     """One configured folder with every option resolved (no "inherit" left)."""
@@ -157,7 +169,7 @@ def folder_groups(spec: SubsetSpec, problems: list[tuple[Path, str]], notes: lis
     root = spec.root
     own = CONCEPT_DIR.match(root.name)
     if own and spec.repeats == 0:
-        return [Group(root.name, spec, int(own.group(1)), spec.class_tokens or own.group(2),
+        return [Group(root.name, spec, _folder_repeats(spec, root, own), spec.class_tokens or own.group(2),
                       walk_images(root, problems))]
     repeats = spec.repeats or spec.default_repeats
     try:
@@ -176,7 +188,7 @@ def folder_groups(spec: SubsetSpec, problems: list[tuple[Path, str]], notes: lis
         if not match:
             notes.append(f"{child}: folder ignored (not named N_concept, e.g. 10_{child.name})")
             continue
-        n = int(match.group(1))
+        n = _folder_repeats(spec, child, match)
         if n == 0:
             notes.append(f"{child}: folder ignored (0 repeats)")
             continue

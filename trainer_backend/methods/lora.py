@@ -60,14 +60,27 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
     family = model.family
     for module in (model.denoiser, model.vae, *model.text_encoders):
         module.requires_grad_(False)
-    model.denoiser.add_adapter(adapter_config(cfg, family.denoiser_name))
+    _add_adapter(model.denoiser, adapter_config(cfg, family.denoiser_name), "network.target_modules")
     modules: dict[str, torch.nn.Module] = {family.denoiser_name: model.denoiser}
     if cfg.network.train_text_encoder:
         for name, encoder in model.trained_text_encoders():
-            encoder.add_adapter(adapter_config(cfg, name))
+            _add_adapter(encoder, adapter_config(cfg, name), "network.text_encoder_target_modules")
             modules[name] = encoder
     groups = fp32_param_groups(modules, cfg.optimizer.lr, cfg.network.text_encoder_lr or cfg.optimizer.lr)
     return Trainable(modules=modules, param_groups=groups, kind="adapter")
+
+
+def _add_adapter(module: torch.nn.Module, config, key: str) -> None:
+    """peft's add_adapter; target names that match no module are refused naming the option."""
+    try:
+        module.add_adapter(config)
+    except ValueError as e:
+        if "target" not in str(e).lower():
+            raise
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in module.named_modules()
+                        if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))})
+        raise ConfigError(f"{key}: {sorted(config.target_modules)} match no module of the "
+                          f"{type(module).__name__}; its layer names include {', '.join(names[:12])}") from None
 
 
 def adapter_state_dicts(modules: dict[str, torch.nn.Module]) -> dict[str, dict[str, torch.Tensor]]:

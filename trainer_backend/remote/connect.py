@@ -99,6 +99,13 @@ def choose_source(cfg: TrainConfig, run_dir: Path, services: Services) -> Path |
     if local is not None:
         LOG.info("resuming from the local checkpoint %s", local)
         return local
+    corrupt = list_checkpoints(run_dir)  # complete by their sizes, but not one matches its sha256
+    if corrupt:
+        names = ", ".join(p.name for p in corrupt)
+        raise ConfigError(f"checkpoints.resume: every checkpoint in {checkpoints_dir(run_dir)} fails its sha256 check "
+                          f"({names}); refusing to start over while they exist. Set checkpoints.resume = \"none\" "
+                          "to start over (they are moved aside to checkpoints-replaced-…), or set it to a "
+                          "checkpoint folder you trust")
     where = f" and none in {store.url('checkpoints/')}" if store is not None else ""
     LOG.info("starting fresh: no checkpoint in %s%s", checkpoints_dir(run_dir), where)
     return None

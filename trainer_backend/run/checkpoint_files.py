@@ -82,9 +82,14 @@ def _fsync_path(path: Path) -> None:
 
 
 def _fsync_tree(folder: Path) -> None:
-    for path in sorted(folder.rglob("*")):
+    """Every file, then every folder deepest first (their entries), then folder itself: after a
+    power loss nothing the manifest will list can be missing or short."""
+    paths = sorted(folder.rglob("*"))
+    for path in paths:
         if path.is_file():
             _fsync_path(path)
+    for path in sorted((p for p in paths if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        _fsync_path(path)
     _fsync_path(folder)
 
 
@@ -179,12 +184,13 @@ def prune(run_dir: Path, keep_steps: set[int]) -> list[int]:
     return deleted
 
 
-def checkpoint_infos(run_dir: Path) -> list[tuple[int, dict]]:
-    """(step, metrics) of each valid checkpoint, for the retention policy."""
+def checkpoint_infos(run_dir: Path, with_paths: bool = False) -> list[tuple]:
+    """(step, metrics) of each complete checkpoint (sizes checked, not hashes), for the retention
+    policy; (step, path, metrics) with_paths."""
     out = []
     for path in list_checkpoints(run_dir):
-        manifest = read_manifest(path) or {}
-        out.append((step_of(path), manifest.get("metrics") or {}))
+        metrics = (read_manifest(path) or {}).get("metrics") or {}
+        out.append((step_of(path), path, metrics) if with_paths else (step_of(path), metrics))
     return out
 
 
@@ -257,7 +263,8 @@ def _finalise(tmp: Path, final: Path, state: TrainState, metrics: dict | None, t
     if final.exists():  # only after a crash between two saves of one step
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_path(final.parent)
+    _fsync_path(final.parent)         # the rename itself
+    _fsync_path(final.parent.parent)  # checkpoints/ in the run folder (new at the first save)
     shutil.rmtree(old, ignore_errors=True)
 
 

@@ -14,7 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from .checkpoint_files import TrainState, checkpoint_infos, clean_incomplete, load_state, prune, save_checkpoint
+from .checkpoint_files import (TrainState, checkpoint_infos, clean_incomplete, is_valid, load_state, prune,
+                               save_checkpoint)
 from ..config import ConfigError, TrainConfig, strip_secrets, to_dict
 from .retention import RetentionPolicy, retained_steps
 from .stop_signals import StopSignals
@@ -41,6 +42,7 @@ class Checkpointer:
         self._loss_sum, self._loss_count = 0.0, 0
         self.services = self.store = None
         self.observed: dict[str, float] = {}  # metrics reported by events (validation_loss)
+        self._hash_checked: dict[tuple[str, int], bool] = {}  # (name, manifest mtime) -> files match it
         if accelerator.is_main_process:
             from .events import attach_sink
             from ..remote.connect import start_services
@@ -103,6 +105,7 @@ class Checkpointer:
         stop, save_now, time_due = self.signals.agree(self.accelerator, self.signals.stop_requested,
                                                       self.signals.take_save_request(), time_due)
         if stop:
+            self.signals.protect()  # a repeated signal must not cut the stop sequence short
             LOG.warning("stop requested: saving a checkpoint at step %d", step)
         trigger = ("stop" if stop else "request" if save_now else "steps" if step_due else
                    "time" if time_due else "")
@@ -129,6 +132,7 @@ class Checkpointer:
     def _save(self, state: TrainState, trigger: str, export: bool) -> Path:
         metrics = {**self.observed, **({"loss": self._loss_sum / self._loss_count} if self._loss_count else {})}
         path = save_checkpoint(self.accelerator, self.run.dir, state, metrics=metrics, trigger=trigger)
+        self._verified(path, written_now=True)
         self._loss_sum, self._loss_count = 0.0, 0
         self.last_saved_step, self.last_save_time = state.global_step, time.monotonic()
         exported = self._export(state, announce=False) if export else ""
@@ -151,9 +155,31 @@ class Checkpointer:
         return exported
 
     def _prune(self) -> None:
-        keep = retained_steps(checkpoint_infos(self.run.dir), self.policy)
+        """Retention over the checkpoints whose files match their manifest's sha256: a corrupt one
+        never takes a valid one's place (it is removed like any checkpoint retention does not keep)."""
+        infos = []
+        for step, path, metrics in checkpoint_infos(self.run.dir, with_paths=True):
+            if self._verified(path):
+                infos.append((step, metrics))
+            else:
+                LOG.warning("checkpoint %s does not match its manifest (sha256): it does not count as one of "
+                            "the kept checkpoints and is removed", path)
+        keep = retained_steps(infos, self.policy)
         for step in prune(self.run.dir, keep):
             LOG.info("pruned checkpoint step %d (checkpoints.keep_last=%d)", step, self.policy.keep_last)
+
+    def _verified(self, path: Path, written_now: bool = False) -> bool:
+        """sha256 check of a checkpoint, once per manifest (the ones this process wrote were hashed as
+        they were written)."""
+        try:
+            key = (path.name, (path / "manifest.json").stat().st_mtime_ns)
+        except OSError:
+            return False
+        if written_now:
+            self._hash_checked[key] = True
+        if key not in self._hash_checked:
+            self._hash_checked[key] = is_valid(path, verify_hashes=True)
+        return self._hash_checked[key]
 
 
 class _MetricSink:

@@ -11,6 +11,7 @@ studio reads. Both sides import them from here (pure: no torch), so neither can 
     checkpoints/    step-XXXXXXXX/ with manifest.json written last
     samples/        sample images
     process.json, exit.json, console.log   written by the studio about the process it started
+    .sd-studio-run  marks the folder as a run's (written when the run created it; Delete needs it)
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ SAMPLES_DIR = "samples"
 PROCESS_FILE = "process.json"
 EXIT_FILE = "exit.json"
 CONSOLE_LOG = "console.log"
+RUN_MARKER = ".sd-studio-run"   # written when a run creates its folder (run/run_folder.py)
+RUN_KIND = "sd-training-studio run"
 
 
 class Control(str, Enum):

@@ -1,10 +1,15 @@
 """Graceful stop and "save now" requests from signals or control files.
 
 SIGTERM/SIGINT: finish the current optimizer step, save, exit STOPPED_SAVED (75). A second
-one exits at once (exit 130) — but repeats within `REPEAT_WINDOW_S` of the first count as the
-same request: a launcher that forwards the signal it got (torchrun/accelerate forward
-SIGTERM/SIGINT to every rank) or a shutdown that signals every process would otherwise turn
-one request into "exit without saving".
+one while the step is still running exits at once (exit 130) — but repeats within
+`REPEAT_WINDOW_S` of the first count as the same request: a launcher that forwards the signal it
+got (torchrun/accelerate forward SIGTERM/SIGINT to every rank) or a shutdown that signals every
+process would otherwise turn one request into "exit without saving". Once the stop checkpoint is
+being written (`protect`), further signals are only acknowledged: the rest of the stop sequence
+(save, the bounded wait for uploads, cloud.final_wait_s) runs to its end and exits 75.
+Before the loop installs these handlers (imports, model loading, caching) and after it removed
+them, `stop_outside_the_loop` turns SIGTERM/SIGINT into `StartupStop`: the CLI writes a
+`stopped`/`preempted` event and exits 75 (nothing was in progress; the last checkpoint stands).
 SIGUSR1 or <run>/control/save_now: save a checkpoint and go on.
 <run>/control/stop (written by the GUI before its SIGTERM) marks the stop as user-requested
 ("stopped") rather than a preemption ("preempted").
@@ -15,13 +20,12 @@ ranks stop or save at the same step. Control files are read by the main process 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import time
 from pathlib import Path
-
-import torch
 
 from .contract import CONTROL_DIR, EVENTS_FILE, Control
 from .exitcodes import STOPPED_SAVED
@@ -37,6 +41,7 @@ class StopSignals:
         self.is_main = is_main
         self.stop_requested = False
         self.save_requested = False
+        self.protected = False
         self._first_signal_at = 0.0
         self._previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -46,6 +51,9 @@ class StopSignals:
 
     def _on_stop(self, signum, frame):
         now = time.monotonic()
+        if self.protected:
+            os.write(2, b"already stopping: the stop checkpoint is being saved (and uploaded); exiting after that\n")
+            return
         if self.stop_requested:
             if now - self._first_signal_at < REPEAT_WINDOW_S:
                 return  # the same request arriving twice (forwarded by a launcher)
@@ -55,6 +63,11 @@ class StopSignals:
         self._first_signal_at = now
         # logging from a signal handler can deadlock on the handler's lock: write directly
         os.write(2, f"stop requested (signal {signum}): finishing this step and saving\n".encode())
+
+    def protect(self) -> None:
+        """The stop checkpoint is being written: from now on a repeated signal cannot cut the stop
+        sequence short (its wait for uploads is bounded by cloud.final_wait_s)."""
+        self.protected = True
 
     def _on_save(self, signum, frame):
         self.save_requested = True
@@ -76,6 +89,7 @@ class StopSignals:
         """All ranks see the same flags (any rank's request counts), so they act together."""
         if accelerator.num_processes == 1:
             return list(flags)
+        import torch
         t = torch.tensor([float(f) for f in flags], device=accelerator.device)
         t = accelerator.reduce(t, reduction="sum")
         return [bool(v > 0) for v in t.tolist()]
@@ -84,6 +98,29 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+class StartupStop(BaseException):
+    """SIGTERM/SIGINT outside the training loop (start-up: imports, model loading, caching).
+    A BaseException, like KeyboardInterrupt, so no `except Exception` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_outside_the_loop():
+    """SIGTERM/SIGINT raise StartupStop while this is active and the loop's StopSignals is not
+    (StopSignals takes the signals over and gives them back)."""
+    def on_signal(signum, frame):
+        raise StartupStop(signum)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _events(run_dir: Path) -> list[str]:

@@ -86,7 +86,8 @@ def train(cfg: TrainConfig) -> int:
     stop = False
     try:
         for epoch in range(state.epoch, plan.multi.epochs):
-            if state.global_step >= total_steps:  # resumed from the final checkpoint
+            if state.global_step >= total_steps:  # resumed from the final checkpoint: that epoch
+                state.epoch, state.batch_in_epoch = epoch + 1, 0  # counts, as in the uninterrupted run
                 break
             loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
@@ -117,7 +118,8 @@ def train(cfg: TrainConfig) -> int:
             if state.global_step >= total_steps:
                 break
     finally:
-        signals.restore()
+        if not stop:  # a stop keeps its handlers until the checkpoint is uploaded (finish_stopped)
+            signals.restore()
         progress.close()
 
     if stop:
@@ -151,6 +153,7 @@ def finish_stopped(run, signals, state: TrainState, accelerator) -> int:
     run.events.close()  # waits (bounded) for the last checkpoint's upload
     accelerator.wait_for_everyone()  # a rank exiting 75 first makes the launcher kill the uploading main
     accelerator.end_training()  # trackers closed, process group destroyed (no gloo abort at exit)
+    signals.restore()
     return exitcodes.STOPPED_SAVED
 
 

@@ -46,9 +46,11 @@ class Run:
 def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Run:
     run_dir = cfg.run_dir
     main = accelerator.is_main_process
+    if main:
+        from ..run.run_folder import claim
+        claim(run_dir)  # a new folder or already a run's (ConfigError otherwise); writes the run marker
     setup_logging(run_dir, main)
     if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
         save_toml(to_dict(cfg), run_dir / CONFIG_FILE)
         if not (run_dir / COMMAND_FILE).exists():  # the GUI/launcher writes the outer argv itself
             (run_dir / COMMAND_FILE).write_text(json.dumps(argv or sys.argv))
