@@ -86,7 +86,6 @@ def _strip(state: dict, prefixes: tuple[str, ...]) -> dict:
 
 
 def load_transformer(path: Path):
-    import torch
     from diffusers import FluxTransformer2DModel
     from safetensors.torch import load_file
     from .single_file import from_original, to_original
@@ -105,7 +104,6 @@ def load_transformer(path: Path):
 
 
 def load_clip_l(path_str: str):
-    import torch
     from safetensors.torch import load_file
     from transformers import CLIPTextConfig, CLIPTextModel
     if not path_str:
@@ -125,7 +123,6 @@ def load_clip_l(path_str: str):
 
 
 def load_t5(path_str: str):
-    import torch
     from safetensors.torch import load_file
     from transformers import T5Config, T5EncoderModel
     if not path_str:
