@@ -44,7 +44,7 @@ def _run(tmp_path, name: str, common: list[str], strategy: list[str],
     run.mkdir(parents=True)
     if checkpoint is not None:  # a machine that died after this checkpoint: resume = auto picks it up
         shutil.copytree(checkpoint, run / "checkpoints" / checkpoint.name)
-    config = run / "given.toml"
+    config = tmp_path / f"{name}-given.toml"  # outside the run folder: a run writes only into its own
     config.write_text(dumps_toml(to_dict(cfg)), encoding="utf-8")
     write_strategy_files(cfg, run)
     shim = tmp_path / "gloo_shim.py"

@@ -110,7 +110,9 @@ def run_folder_problem(run_dir: Path | str) -> str:
                 return f"output.name: the run folder {run_dir} is not writable (permissions or a read-only disk)"
             if is_run_folder(run_dir):
                 return ""
-            others = sorted(e.name for e in run_dir.iterdir())
+            # only what runs and their launcher write (control files, strategy files, a copied
+            # checkpoint): nothing of the user's is at risk
+            others = sorted(e.name for e in run_dir.iterdir() if not written_by_a_run(e, run_dir.name))
             if others:
                 shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
                 return (f"output.name: {run_dir} already exists and is not a run folder (it holds {shown}); "
