@@ -1,6 +1,6 @@
 """The trainer as an OS process: start it in its own process group, record it in
 <run>/process.json so a restarted GUI can find it again, and talk to it with signals and
-control files (the contract in trainer_backend/run/stop_signals.py)."""
+control files (the names in trainer_backend/run/contract.py)."""
 from __future__ import annotations
 
 import json

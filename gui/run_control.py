@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from trainer_backend.config import ConfigError, TrainConfig, from_dict, load_config, save_toml, to_dict
+from trainer_backend.run.contract import COMMAND_FILE, CONFIG_FILE, EVENTS_FILE
 from trainer_backend.run.run_folder import claim, delete_run, is_run_folder
 
 from gui import processes as procs
@@ -99,7 +100,7 @@ class RunManager:
         wanted = device_set(to_dict(cfg)["hardware"], self.gpu_count)
         for live in self.live_runs():
             try:
-                hardware = load_config(live / "config.toml").hardware.model_dump()
+                hardware = load_config(live / CONFIG_FILE).hardware.model_dump()
             except Exception:
                 hardware = {}
             if live.resolve() == run_dir.resolve() or devices_overlap(wanted, device_set(hardware, self.gpu_count)):
@@ -143,12 +144,12 @@ class RunManager:
                     raise StartRefused(f"a run named '{run_dir.name}' already exists and is {what}: {hint}, "
                                        f"or change output.name to start a new run.")
             claim(run_dir)   # a new folder or a run's own (never the user's other files); writes the marker
-            config_path = run_dir / "config.toml"
+            config_path = run_dir / CONFIG_FILE
             save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
             write_strategy_files(cfg, run_dir)
             argv = build_launch_argv(cfg, config_path, python=self.python)
             env = {**os.environ, **(secret_env or {}), **build_launch_env(cfg), "PYTHONUNBUFFERED": "1"}
-            (run_dir / "command.txt").write_text(json.dumps(argv), encoding="utf-8")
+            (run_dir / COMMAND_FILE).write_text(json.dumps(argv), encoding="utf-8")
             procs.clear_control(run_dir)
             (run_dir / procs.EXIT_FILE).unlink(missing_ok=True)
             with open(run_dir / procs.CONSOLE_LOG, "a", encoding="utf-8") as console:
@@ -176,9 +177,9 @@ class RunManager:
         state = run_status(run_dir)
         if state.alive:
             raise StartRefused(f"run '{run_dir.name}' is still running")
-        if not (run_dir / "config.toml").is_file():
+        if not (run_dir / CONFIG_FILE).is_file():
             raise StartRefused(f"run '{run_dir.name}' has no config.toml to resume from")
-        data = to_dict(load_config(run_dir / "config.toml"))
+        data = to_dict(load_config(run_dir / CONFIG_FILE))
         if data["checkpoints"]["resume"] == "none":
             data["checkpoints"]["resume"] = "auto"
         return self.start(from_dict(data), resume=True, secret_env=secret_env)
@@ -247,7 +248,7 @@ class RunManager:
 
 def _mtime(path: Path) -> float:
     times = [path.stat().st_mtime]
-    for name in ("events.jsonl", procs.PROCESS_FILE, "config.toml"):
+    for name in (EVENTS_FILE, procs.PROCESS_FILE, CONFIG_FILE):
         try:
             times.append((path / name).stat().st_mtime)
         except OSError:

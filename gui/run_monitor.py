@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from trainer_backend.run.contract import LOG_FILE, Event
+
 from gui import processes as procs
 from gui.run_state import RunStatus, Snapshot
 
@@ -23,7 +25,7 @@ CONSOLE_TAIL = 40
 def log_path(run_dir: Path) -> Path | None:
     """The run's log: train.log (the trainer's own, clean log), else console.log (stdout+stderr
     the GUI captured: it alone has messages from before logging started, e.g. a bad config)."""
-    for name in ("train.log", procs.CONSOLE_LOG):
+    for name in (LOG_FILE, procs.CONSOLE_LOG):
         path = Path(run_dir) / name
         if path.is_file() and path.stat().st_size:
             return path
@@ -193,7 +195,7 @@ def artifacts_markdown(run_dir: Path, snap: Snapshot) -> str:
     if snap.outputs:
         lines.append("**Outputs:**")
         lines += [f"- `{o}`" for o in snap.outputs]
-    if snap.terminal and snap.terminal.get("event") == "error":
+    if snap.terminal and snap.terminal.get("event") == Event.ERROR:
         lines.append(f"**Error:** {snap.terminal.get('message', '')}")
     lines.append(f"Run folder: `{Path(run_dir).resolve()}`")
     return "\n\n".join(lines)

@@ -14,7 +14,8 @@ from trainer_backend.run import exitcodes
 
 from gui import processes as procs
 
-from trainer_backend.run.contract import EVENTS_FILE, TERMINAL, Event
+from trainer_backend.run.contract import (CHECKPOINTS_DIR, EVENTS_FILE, MANIFEST_FILE, SAVED_STOPS, TERMINAL,
+                                          Event)
 
 RESUMABLE = ("stopped", "preempted", "interrupted")
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
@@ -55,39 +56,50 @@ def fold_events(events: list[dict], snap: Snapshot | None = None) -> Snapshot:
         if isinstance(t, (int, float)):
             snap.first_time = snap.first_time if snap.first_time is not None else t
             snap.last_time = t
-        if kind == "plan":
-            snap.plan = {k: v for k, v in ev.items() if k not in ("event", "time")}
-            snap.terminal = None
-            snap.sessions += 1
-        elif kind == "step":
-            if snap.steps and isinstance(ev.get("step"), int) and ev["step"] <= snap.steps[-1].get("step", -1):
-                # resumed from an earlier checkpoint: the chart continues from the resumed step
-                snap.steps = [s for s in snap.steps if s.get("step", -1) < ev["step"]]
-            snap.steps.append(ev)
-        elif kind == "epoch":
-            snap.epochs.append(ev)
-        elif kind == "checkpoint":
-            snap.checkpoints.append(ev)
-        elif kind == "sample":
-            snap.samples.append(ev)
-        elif kind == "upload":
-            snap.uploads.append(ev)
-        elif kind == "validation":
-            snap.validations.append(ev)
-        elif kind == Event.START:
-            snap.starts.append(ev)
-        elif kind == Event.RESUMED:
-            snap.resumes.append(ev)
-        elif kind == Event.EXPORT:
-            snap.exports.append(ev)
-        elif kind == Event.CLASS_IMAGES:
-            snap.class_images = ev
-        elif kind in TERMINAL:
-            snap.terminal = ev
-            if kind == "done":
-                outputs = ev.get("outputs") or []
-                snap.outputs = [str(o) for o in (outputs.values() if isinstance(outputs, dict) else outputs)]
+        fold = FOLDS.get(kind)
+        if fold is not None:  # kinds from a newer trainer are kept out of the snapshot, not an error
+            fold(snap, ev)
     return snap
+
+
+def _plan(snap: Snapshot, ev: dict) -> None:
+    snap.plan = {k: v for k, v in ev.items() if k not in ("event", "time")}
+    snap.terminal = None
+    snap.sessions += 1
+
+
+def _step(snap: Snapshot, ev: dict) -> None:
+    if snap.steps and isinstance(ev.get("step"), int) and ev["step"] <= snap.steps[-1].get("step", -1):
+        # resumed from an earlier checkpoint: the chart continues from the resumed step
+        snap.steps = [s for s in snap.steps if s.get("step", -1) < ev["step"]]
+    snap.steps.append(ev)
+
+
+def _appended_to(name: str):
+    return lambda snap, ev: getattr(snap, name).append(ev)
+
+
+def _class_images(snap: Snapshot, ev: dict) -> None:
+    snap.class_images = ev
+
+
+def _terminal(snap: Snapshot, ev: dict) -> None:
+    snap.terminal = ev
+    if ev.get("event") == Event.DONE:
+        outputs = ev.get("outputs") or []
+        snap.outputs = [str(o) for o in (outputs.values() if isinstance(outputs, dict) else outputs)]
+
+
+# How each event kind of the run contract (trainer_backend/run/contract.py) changes the snapshot;
+# a test makes this cover every kind the trainer can write.
+FOLDS = {
+    Event.PLAN: _plan, Event.STEP: _step, Event.EPOCH: _appended_to("epochs"),
+    Event.CHECKPOINT: _appended_to("checkpoints"), Event.SAMPLE: _appended_to("samples"),
+    Event.UPLOAD: _appended_to("uploads"), Event.VALIDATION: _appended_to("validations"),
+    Event.START: _appended_to("starts"), Event.RESUMED: _appended_to("resumes"),
+    Event.EXPORT: _appended_to("exports"), Event.CLASS_IMAGES: _class_images,
+    **{kind: _terminal for kind in TERMINAL},
+}
 
 
 class EventTail:
@@ -152,7 +164,7 @@ def forget(run_dir: Path) -> None:
 def has_checkpoint(run_dir: Path) -> bool | int:
     """The step of the newest complete checkpoint (manifest.json is written last), True when its
     step is not in its name, False when there is none."""
-    steps = [m.parent.name for m in (Path(run_dir) / "checkpoints").glob("*/manifest.json")]
+    steps = [m.parent.name for m in (Path(run_dir) / CHECKPOINTS_DIR).glob(f"*/{MANIFEST_FILE}")]
     numbers = [int(n.rsplit("-", 1)[1]) for n in steps if n.rsplit("-", 1)[-1].isdigit()]
     return max(numbers) if numbers else bool(steps)
 
@@ -186,7 +198,7 @@ def derive_status(snap: Snapshot, alive: bool, exit_code: int | None, stop_press
     a complete checkpoint exists, or its step; `killed`: the process died of SIGKILL (OOM killer,
     Force kill), which never leaves an event: interrupted, resumable, like a lost machine."""
     if alive:
-        if snap.terminal is not None and snap.terminal["event"] in ("stopped", "preempted"):
+        if snap.terminal is not None and snap.terminal["event"] in SAVED_STOPS:
             return RunStatus("stopping", f"{snap.terminal['event']} — state saved, process exiting…", True, False)
         if stop_pressed_at:
             waited = int(time.time() - stop_pressed_at)
@@ -199,12 +211,12 @@ def derive_status(snap: Snapshot, alive: bool, exit_code: int | None, stop_press
     end = snap.terminal
     if end is not None:
         kind = end["event"]
-        if kind == "done":
+        if kind == Event.DONE:
             return RunStatus("done", "done", False, False)
-        if kind == "stopped":
+        if kind == Event.STOPPED:
             return RunStatus("stopped", f"stopped — state saved at step {end.get('step', snap.last_step.get('step', '?'))}"
                                         " (resumable)", False, True)
-        if kind == "preempted":
+        if kind == Event.PREEMPTED:
             return RunStatus("preempted", "preempted — state saved (resumable)", False, True)
         message = end.get("message") or error_line or "see the log"
         return RunStatus("error", f"error: {message}", False, bool(checkpoint))

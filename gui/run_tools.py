@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from trainer_backend.run.contract import TENSORBOARD_DIR, TENSORBOARD_LOG
+
 _LOCK = threading.Lock()
 _SERVERS: dict[Path, tuple[subprocess.Popen, int]] = {}
 DOWNLOADS = ".downloads"   # under the runs folder (gradio serves only from there); never a run itself
@@ -26,7 +28,7 @@ def _free_port() -> int:
 def tensorboard_url(run_dir: Path, python: str = sys.executable) -> str:
     """Start (or reuse) TensorBoard on <run>/tb, bound to 127.0.0.1; returns its URL.
     Raises FileNotFoundError when the run has no tb/ folder yet."""
-    tb = Path(run_dir).resolve() / "tb"
+    tb = Path(run_dir).resolve() / TENSORBOARD_DIR
     if not tb.is_dir():
         raise FileNotFoundError(f"{tb} does not exist yet (logging.tensorboard off, or no step logged)")
     with _LOCK:
@@ -34,7 +36,7 @@ def tensorboard_url(run_dir: Path, python: str = sys.executable) -> str:
         if known and known[0].poll() is None:
             return f"http://127.0.0.1:{known[1]}/"
         port = _free_port()
-        log = open(Path(run_dir) / "tensorboard.log", "ab")
+        log = open(Path(run_dir) / TENSORBOARD_LOG, "ab")
         proc = subprocess.Popen([python, "-m", "tensorboard.main", "--logdir", str(tb), "--host", "127.0.0.1",
                                  "--port", str(port), "--reload_interval", "5"], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)

@@ -9,6 +9,7 @@ import gradio as gr
 import pandas as pd
 
 from trainer_backend.config import ConfigError, load_config
+from trainer_backend.run.contract import CONFIG_FILE
 
 from gui.shared_state import Studio
 from gui.run_control import StartRefused, run_started_at
@@ -58,7 +59,7 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
         delete = gr.Button("Delete run", variant="stop", elem_id="runs-delete", scale=1, size="md")
     message = gr.Markdown("", elem_id="runs-message")
     view = build_run_view("runs")
-    with gr.Accordion("config.toml", open=False):
+    with gr.Accordion(CONFIG_FILE, open=False):
         config_code = gr.Code(language=None, interactive=False, elem_id="runs-config")
     seen = gr.State({})
     armed = gr.State(None)
@@ -73,7 +74,7 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
         if not selected or not Path(selected).is_dir():
             return [table_value, chooser, *[gr.skip()] * len(view.components()), gr.skip(), seen_value]
         updates, now = view_updates(studio, Path(selected), seen_value or {})
-        config = Path(selected) / "config.toml"
+        config = Path(selected) / CONFIG_FILE
         text = config.read_text(encoding="utf-8") if config.is_file() else "(no config.toml)"
         return [table_value, chooser, *updates, text if seen_value.get("run") != selected else gr.skip(), now]
 
@@ -88,7 +89,7 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
         if not selected:
             return [gr.skip()] * len(form_inputs) + ["Choose a run first.", gr.skip()]
         try:
-            cfg = load_config(Path(selected) / "config.toml")
+            cfg = load_config(Path(selected) / CONFIG_FILE)
         except ConfigError as e:
             return [gr.skip()] * len(form_inputs) + [f"⚠️ {e}", gr.skip()]
         values = config_to_values(studio.fields, cfg)

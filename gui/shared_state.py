@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer_backend.config import ConfigError, TrainConfig, dumps_toml, from_dict, to_dict
+from trainer_backend.run.contract import CONFIG_FILE
 
 from gui.presets import PresetError, PresetStore, overlay
 from gui.run_control import RunManager
@@ -74,7 +75,7 @@ class Studio:
         from trainer_backend.launch.argv import build_launch_argv, build_launch_env, hardware_notes
         cfg = cfg.model_copy(deep=True)
         cfg.output.dir = str((self.manager.cwd / cfg.output.dir).resolve())
-        config_path = cfg.run_dir / "config.toml"
+        config_path = cfg.run_dir / CONFIG_FILE
         argv = build_launch_argv(cfg, config_path, python=self.settings.python)
         env = build_launch_env(cfg)
         secrets = {str(v) for v in _secret_values(self.fields, cfg) if v}

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from trainer_backend.config import ConfigError
+from trainer_backend.run.contract import CONFIG_FILE
 
 from gui import dataset_view as dv
 from gui.shared_state import Studio
@@ -56,10 +57,10 @@ def _preview(ui: dict) -> None:
     # sized to their content (no inner scrollbar for a few lines; long ones scroll past 40 lines)
     ui["cmd_shell"] = gr.Code(label="Command", language="shell", interactive=False, elem_id="cmd-shell",
                               wrap_lines=True, lines=1, max_lines=12)
-    with gr.Accordion("argv and config.toml", open=False):
+    with gr.Accordion(f"argv and {CONFIG_FILE}", open=False):
         ui["cmd_argv"] = gr.Code(label="argv (JSON list)", language="json", interactive=False, elem_id="cmd-argv",
                                  lines=1, max_lines=40)
-        ui["cmd_toml"] = gr.Code(label="config.toml", language=None, interactive=False, elem_id="cmd-toml",
+        ui["cmd_toml"] = gr.Code(label=CONFIG_FILE, language=None, interactive=False, elem_id="cmd-toml",
                                  lines=1, max_lines=40)
 
 

@@ -10,6 +10,7 @@ import json
 import sys
 
 from .run import exitcodes
+from .run.contract import Event
 from .config import ConfigError, load_config
 from .families.registry import FAMILY_NAMES
 
@@ -71,7 +72,7 @@ def _checked(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         cfg = getattr(args, "loaded_config", None)
         if cfg is not None and args.command == "train":
-            _record_event(cfg, "error", message=str(e))  # the studio shows why (only in a run's own folder)
+            _record_event(cfg, Event.ERROR, message=str(e))  # the studio shows why (only in a run's own folder)
         return exitcodes.BAD_CONFIG
 
 
@@ -161,10 +162,10 @@ def _traceback_to_log(cfg) -> None:
 
 def _record_error(cfg, message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
-    _record_event(cfg, "error", message=message)
+    _record_event(cfg, Event.ERROR, message=message)
 
 
-def _record_event(cfg, kind: str, **fields) -> None:
+def _record_event(cfg, kind: Event, **fields) -> None:
     """One event in the run's events.jsonl: main rank only, and only in a folder that is the run's own."""
     from .run.events import RunEvents
     from .run.run_folder import has_marker
@@ -182,9 +183,9 @@ def _stopped_outside_the_loop(cfg, signum: int) -> int:
     """A stop signal before training began (or after it ended): nothing in progress to save."""
     from .run.checkpoint_files import list_checkpoints, step_of
     from .run.contract import CONTROL_DIR, Control
-    kind, step = "preempted", 0
+    kind, step = Event.PREEMPTED, 0
     if cfg is not None:
-        kind = "stopped" if (cfg.run_dir / CONTROL_DIR / Control.STOP.value).exists() else "preempted"
+        kind = Event.STOPPED if (cfg.run_dir / CONTROL_DIR / Control.STOP.value).exists() else Event.PREEMPTED
         saved = list_checkpoints(cfg.run_dir)
         step = step_of(saved[-1]) if saved else 0
         _record_event(cfg, kind, step=step, epoch=None, outside_training=True)
@@ -199,16 +200,17 @@ def _launch(cfg, args) -> int:
     from pathlib import Path
     from .config import save_toml, to_dict
     from .launch.argv import build_launch_argv, build_launch_env, write_strategy_files
+    from .run.contract import COMMAND_FILE, CONFIG_FILE
     from .run.run_folder import claim
     run_dir = claim(cfg.run_dir)  # a new folder or a run's own (ConfigError otherwise)
-    config_path = run_dir / "config.toml"
+    config_path = run_dir / CONFIG_FILE
     save_toml(to_dict(cfg), config_path)
     write_strategy_files(cfg, run_dir)
     argv = build_launch_argv(cfg, config_path)
     if args.dry_run:
         print(json.dumps(argv))
         return exitcodes.OK
-    (Path(run_dir) / "command.txt").write_text(json.dumps(argv))
+    (Path(run_dir) / COMMAND_FILE).write_text(json.dumps(argv))
     from .run.stop_signals import launched_exit_code, event_line_count
     before = event_line_count(run_dir)
     code = subprocess.call(argv, env={**os.environ, **build_launch_env(cfg)})

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from ..run.contract import NOTIFIED
 from .base import F, Section
+
+NotifiedEvent = Literal[tuple(e.value for e in NOTIFIED)]  # the run contract's kinds a webhook may send
 
 class Hardware(Section):
     """GPUs and processes."""
@@ -139,8 +142,8 @@ class WebhookTarget(Section):
                              "empty = none.", resume="ignored")
     auth_header: str = F("Authorization", "Header that carries auth_secret.", pattern=r"^[A-Za-z0-9-]+$",
                          resume="ignored")
-    events: list[Literal["start", "checkpoint", "sample", "epoch", "done", "error", "preempted", "stopped"]] = F(
-        ["start", "checkpoint", "sample", "epoch", "done", "error", "preempted", "stopped"], "Events sent.",
+    events: list[NotifiedEvent] = F(
+        [e.value for e in NOTIFIED], "Events sent.",
         resume="ignored")
 
 

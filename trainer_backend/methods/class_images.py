@@ -22,6 +22,7 @@ import torch
 
 from ..config import ConfigError, TrainConfig
 from ..families.weights_identity import weights_identity
+from ..run.contract import Event
 
 LOG = logging.getLogger("trainer")
 CLASS_FORMAT = 1          # bump when generation changes in a way the key does not capture
@@ -136,7 +137,7 @@ def prepare_class_images(cfg: TrainConfig, model, accelerator, run, weight_dtype
                  "resolution": ds.resolution, "steps": ds.class_generation_steps,
                  "guidance_scale": ds.class_guidance_scale, "sampler": SAMPLER, "seed_of_image_i": "i"}, indent=1))
         build_view(view, user, [cache / class_image_name(i) for i in range(count)])
-        run.events.emit("class_images", folder=str(cache), wanted=wanted, user=len(user),
+        run.events.emit(Event.CLASS_IMAGES, folder=str(cache), wanted=wanted, user=len(user),
                         reused=count - len(todo), generated=len(todo))
     accelerator.wait_for_everyone()
     return cfg.model_copy(update={"dataset": ds.model_copy(update={"class_path": str(view)})})

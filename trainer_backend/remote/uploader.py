@@ -19,7 +19,7 @@ from typing import Callable
 
 from .s3 import RemoteStore
 from ..config import TrainConfig
-from ..run.contract import CONFIG_FILE, EVENTS_FILE, LOG_FILE
+from ..run.contract import CONFIG_FILE, EVENTS_FILE, LOG_FILE, SAMPLES_DIR, Event
 from ..run.retention import RetentionPolicy, retained_steps
 
 LOG = logging.getLogger("trainer")
@@ -62,7 +62,7 @@ class Uploader:
             self._put(Job("file", Path(record["path"]), Path(record["path"]).name))
         elif kind == "sample" and c.upload_samples:
             for p in record.get("paths") or []:
-                self._put(Job("file", Path(p), self._relative(Path(p), default_dir="samples")))
+                self._put(Job("file", Path(p), self._relative(Path(p), default_dir=SAMPLES_DIR)))
         elif kind == "done" and c.upload_outputs:
             outputs = record.get("outputs") or []
             for p in (outputs.values() if isinstance(outputs, dict) else outputs):
@@ -92,7 +92,7 @@ class Uploader:
                        f"{self.cfg.cloud.final_wait_s} s: {names}. The local copies are complete; the next run "
                        f"with this config uploads new checkpoints (copy these by hand if you need them).")
             LOG.error(message)
-            self._emit("upload", status="incomplete", pending=len(left), message=message)
+            self._emit(Event.UPLOAD, status="incomplete", pending=len(left), message=message)
 
     # ------------------------------------------------------------------ worker
     def _relative(self, path: Path, default_dir: str = "") -> str:
@@ -125,12 +125,12 @@ class Uploader:
         started = time.monotonic()
         target = self.store.url(f"checkpoints/{job.path.name}/" if job.kind == "checkpoint" else job.rel)
         if job.path.exists():
-            self._emit("upload", status="started", what=job.kind, step=job.step, url=target,
+            self._emit(Event.UPLOAD, status="started", what=job.kind, step=job.step, url=target,
                        bytes=_size(job.path), queued=len(self.pending))
         while True:
             if not job.path.exists():
                 # pruned locally before its turn came (a newer checkpoint supersedes it)
-                self._emit("upload", status="skipped", what=job.kind, step=job.step, url=target,
+                self._emit(Event.UPLOAD, status="skipped", what=job.kind, step=job.step, url=target,
                            message=f"{job.path} no longer exists locally")
                 return
             try:
@@ -141,7 +141,7 @@ class Uploader:
                 else:
                     sent = self.store.put_file(job.path, job.rel)
                 self.uploaded_any = True
-                self._emit("upload", status="done", what=job.kind, step=job.step, url=target, bytes=sent,
+                self._emit(Event.UPLOAD, status="done", what=job.kind, step=job.step, url=target, bytes=sent,
                            seconds=round(time.monotonic() - started, 2), attempts=attempt + 1)
                 if job.kind == "checkpoint":
                     self._retain()
@@ -155,7 +155,7 @@ class Uploader:
                 if self.deadline is not None and now >= self.deadline:
                     LOG.error("upload of %s to %s failed (%s); giving up: cloud.final_wait_s has passed",
                               job.path, target, error)
-                    self._emit("upload", status="failed", what=job.kind, step=job.step, url=target,
+                    self._emit(Event.UPLOAD, status="failed", what=job.kind, step=job.step, url=target,
                                attempts=attempt, error=error)
                     return
                 delay = min(MAX_BACKOFF_S, 2.0 ** (attempt - 1))
@@ -163,7 +163,7 @@ class Uploader:
                     delay = min(delay, max(0.0, self.deadline - now))
                 if attempt == 1:
                     LOG.warning("upload of %s to %s failed (%s); retrying with backoff", job.path, target, error)
-                self._emit("upload", status="retrying", what=job.kind, step=job.step, url=target,
+                self._emit(Event.UPLOAD, status="retrying", what=job.kind, step=job.step, url=target,
                            attempts=attempt, retry_in_s=round(delay, 1), error=error)
                 time.sleep(delay)
 
@@ -175,7 +175,7 @@ class Uploader:
             for c in remote:
                 if c.step not in keep:
                     self.store.delete_checkpoint(c.step)
-                    self._emit("upload", status="pruned", what="checkpoint", step=c.step,
+                    self._emit(Event.UPLOAD, status="pruned", what="checkpoint", step=c.step,
                                url=f"s3://{self.store.bucket}/{c.key}")
             # folders without a manifest: uploads cut short (this uploader is the only writer
             # and has just finished, so none of them is still in progress)

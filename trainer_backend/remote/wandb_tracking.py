@@ -19,14 +19,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..config import ConfigError, TrainConfig, strip_secrets, to_dict
+from ..run.contract import Event
 
 LOG = logging.getLogger("trainer")
 DEFAULT_PROJECT = "sd-studio"
 WANDB_ENV_KEY = "WANDB_API_KEY"  # the variable wandb itself reads
 # event -> {event field: W&B key}
-LOGGED = {"step": {"loss": "train/loss", "lr": "train/lr", "epoch": "train/epoch", "samples": "train/samples"},
-          "validation": {"loss": "validation/loss"},
-          "epoch": {"epoch": "train/epochs_done"}}
+LOGGED = {Event.STEP: {"loss": "train/loss", "lr": "train/lr", "epoch": "train/epoch", "samples": "train/samples"},
+          Event.VALIDATION: {"loss": "validation/loss"},
+          Event.EPOCH: {"epoch": "train/epochs_done"}}
 
 
 def wanted(cfg: TrainConfig) -> bool:

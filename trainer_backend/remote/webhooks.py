@@ -25,11 +25,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import TrainConfig
+from ..run.contract import NOTIFIED, TERMINAL, Event
 from .secrets import Secrets
 
 LOG = logging.getLogger("trainer")
-EVENT_MAP = {"start": "start", "checkpoint": "checkpoint", "sample": "sample", "epoch": "epoch", "done": "done",
-             "error": "error", "preempted": "preempted", "stopped": "stopped"}
+EVENT_MAP = {e.value: e.value for e in NOTIFIED}  # run/contract.py: the kinds a webhook may send
 STATUS_FIELDS = ("step", "total_steps", "epoch", "loss", "lr", "eta_s")
 DISCORD_MAX_FILES = 4
 USER_AGENT = "sd-studio-webhooks/1"
@@ -99,7 +99,7 @@ def discord_message(payload: dict) -> dict:
         if value is not None:
             fields.append({"name": name, "value": f"{value:.4g}" if isinstance(value, float) else str(value),
                            "inline": True})
-    if payload.get("eta_s") is not None and payload["event"] not in ("done", "error", "stopped", "preempted"):
+    if payload.get("eta_s") is not None and payload["event"] not in TERMINAL:
         fields.append({"name": "ETA", "value": _fmt_duration(payload["eta_s"]), "inline": True})
     fields.append({"name": "elapsed", "value": _fmt_duration(payload.get("elapsed_s")), "inline": True})
     for key in ("remote", "path", "message"):
@@ -143,12 +143,12 @@ class WebhookSink:
 
     def handle(self, record: dict) -> None:
         kind = record.get("event")
-        if kind == "plan":
+        if kind == Event.PLAN:
             self.status["total_steps"] = record.get("total_steps", self.status.get("total_steps"))
-        if kind == "start":
+        if kind == Event.START:
             self.run_id = record.get("run_id") or self.run_id
         for k in STATUS_FIELDS:
-            if record.get(k) is not None and kind in ("step", "start", "epoch", "checkpoint", "resumed"):
+            if record.get(k) is not None and kind in (Event.STEP, Event.START, Event.EPOCH, Event.CHECKPOINT, Event.RESUMED):
                 self.status[k] = record[k]
         event = EVENT_MAP.get(kind)
         if event is None:

@@ -17,13 +17,14 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .contract import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, MANIFEST_FILE
 from .file_modes import respect_umask
 
 LOG = logging.getLogger("trainer")
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_FILE
 STATE_FILE = "trainer_state.json"
 FORMAT = 1
-PREFIX = "step-"
+PREFIX = CHECKPOINT_PREFIX
 TRANSIENT = (".tmp-", ".deleting-", ".old-", ".download-")
 
 
@@ -62,7 +63,7 @@ def step_of(path: Path | str) -> int:
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / CHECKPOINTS_DIR
 
 
 def sha256_file(path: Path) -> str:

@@ -17,6 +17,7 @@ from typing import Callable
 from .checkpoint_files import (TrainState, checkpoint_infos, clean_incomplete, is_valid, load_state, prune,
                                save_checkpoint)
 from ..config import ConfigError, TrainConfig, strip_secrets, to_dict
+from .contract import CHECKPOINTS_DIR, MANIFEST_FILE, Event
 from .retention import RetentionPolicy, retained_steps
 from .stop_signals import StopSignals
 
@@ -78,7 +79,7 @@ class Checkpointer:
                 LOG.info("applied to the optimizer: %s", line)
             LOG.info("resumed from %s at step %d (epoch %d, batch %d of the epoch)", path, state.global_step,
                      state.epoch, state.batch_in_epoch)
-            self.run.events.emit("resumed", step=state.global_step, path=str(path), changed=safe)
+            self.run.events.emit(Event.RESUMED, step=state.global_step, path=str(path), changed=safe)
             self.last_saved_step = state.global_step
             resumed_from = str(path)
         state.run_id = state.run_id or uuid.uuid4().hex[:12]  # (checkpoints from before run ids)
@@ -86,7 +87,7 @@ class Checkpointer:
         state.config = strip_secrets(to_dict(self.cfg))
         state.dataset_fingerprint = fingerprint
         state.plan = plan.to_dict()
-        self.run.events.emit("start", step=state.global_step, total_steps=plan.multi.total_steps,
+        self.run.events.emit(Event.START, step=state.global_step, total_steps=plan.multi.total_steps,
                              epoch=state.epoch + 1, run_id=state.run_id, resumed_from=resumed_from,
                              remote=self.store.url() if self.store else "")
         return state
@@ -139,9 +140,9 @@ class Checkpointer:
         if self.accelerator.is_main_process:
             self._prune()
             LOG.info("checkpoint %s saved (%s)", path.name, trigger)
-            self.run.events.emit("checkpoint", step=state.global_step, path=str(path), trigger=trigger,
+            self.run.events.emit(Event.CHECKPOINT, step=state.global_step, path=str(path), trigger=trigger,
                                  metrics=metrics, export=exported,
-                                 remote=self.store.url(f"checkpoints/{path.name}/") if self.store else "")
+                                 remote=self.store.url(f"{CHECKPOINTS_DIR}/{path.name}/") if self.store else "")
         return path
 
     def _export(self, state: TrainState, announce: bool = True) -> str:
@@ -151,7 +152,7 @@ class Checkpointer:
         outputs = self.export(f"{self.cfg.output.name}-step{state.global_step:08d}.safetensors")
         exported = outputs[0] if outputs else ""
         if announce and exported and self.accelerator.is_main_process:
-            self.run.events.emit("export", step=state.global_step, path=exported)
+            self.run.events.emit(Event.EXPORT, step=state.global_step, path=exported)
         return exported
 
     def _prune(self) -> None:
@@ -172,7 +173,7 @@ class Checkpointer:
         """sha256 check of a checkpoint, once per manifest (the ones this process wrote were hashed as
         they were written)."""
         try:
-            key = (path.name, (path / "manifest.json").stat().st_mtime_ns)
+            key = (path.name, (path / MANIFEST_FILE).stat().st_mtime_ns)
         except OSError:
             return False
         if written_now:

@@ -11,6 +11,7 @@ studio reads. Both sides import them from here (pure: no torch), so neither can 
     checkpoints/    step-XXXXXXXX/ with manifest.json written last
     samples/        sample images
     process.json, exit.json, console.log   written by the studio about the process it started
+    tensorboard.log the studio's TensorBoard server's output
     .sd-studio-run  marks the folder as a run's (written when the run created it; Delete needs it)
 """
 from __future__ import annotations
@@ -24,10 +25,13 @@ LOG_FILE = "train.log"
 TENSORBOARD_DIR = "tb"
 CONTROL_DIR = "control"
 CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "step-"       # checkpoints/step-00000100/
+MANIFEST_FILE = "manifest.json"   # written last into a checkpoint folder: without it, incomplete
 SAMPLES_DIR = "samples"
 PROCESS_FILE = "process.json"
 EXIT_FILE = "exit.json"
 CONSOLE_LOG = "console.log"
+TENSORBOARD_LOG = "tensorboard.log"   # the studio's TensorBoard server (gui/run_tools.py)
 RUN_MARKER = ".sd-studio-run"   # written when a run creates its folder (run/run_folder.py)
 RUN_KIND = "sd-training-studio run"
 
@@ -38,28 +42,53 @@ class Control(str, Enum):
     SAVE_NOW = "save_now"      # save a checkpoint after the current step
     SAMPLE_NOW = "sample_now"  # sample images after the current step
 
+    def __str__(self) -> str:
+        return self.value
+
 
 class Event(str, Enum):
-    """Every kind of line in events.jsonl, with what it carries besides "time"."""
+    """Every kind of line in events.jsonl; FIELDS says what each carries besides "event" and "time"."""
     PLAN = "plan"                  # the step plan (launch/plan.py Plan.to_dict)
-    START = "start"                # step, total_steps: training begins (fresh or resumed)
-    RESUMED = "resumed"            # step, path, changed: continued from a checkpoint
-    CLASS_IMAGES = "class_images"  # folder, wanted, user, generated: DreamBooth class images ready
-    STEP = "step"                  # step, total_steps, epoch, samples, loss, lr, it_per_s, eta_s, (loss parts)
-    EPOCH = "epoch"                # epoch, step
-    SAMPLE = "sample"              # step, epoch, paths, prompts, ema
-    VALIDATION = "validation"      # step, loss, …: held-out loss
-    CHECKPOINT = "checkpoint"      # step, path, reason
-    EXPORT = "export"              # step, path: an intermediate output file
-    UPLOAD = "upload"              # status, what, step, url, …: the cloud uploader
-    DONE = "done"                  # step, outputs, elapsed_s
-    STOPPED = "stopped"            # step, epoch: stopped on request, state saved
-    PREEMPTED = "preempted"        # step, epoch: stopped by a signal (spot instance), state saved
-    ERROR = "error"                # message
+    START = "start"                # training begins (fresh or resumed)
+    RESUMED = "resumed"            # continued from a checkpoint
+    CLASS_IMAGES = "class_images"  # DreamBooth class images ready
+    STEP = "step"                  # one optimizer step (plus the loss parts of the method, e.g. prior loss)
+    EPOCH = "epoch"                # an epoch ended
+    SAMPLE = "sample"              # sample images written
+    VALIDATION = "validation"      # held-out loss
+    CHECKPOINT = "checkpoint"      # a complete checkpoint folder
+    EXPORT = "export"              # an intermediate output file
+    UPLOAD = "upload"              # the cloud uploader's progress (status: started, done, failed, …)
+    DONE = "done"                  # finished: the outputs
+    STOPPED = "stopped"            # stopped on request, state saved
+    PREEMPTED = "preempted"        # stopped by a signal (spot instance), state saved
+    ERROR = "error"                # failed: the one-line message
 
     def __str__(self) -> str:  # f-strings and json see the plain kind
         return self.value
 
 
+OPEN = None  # an event whose fields are another module's dict (the plan)
+FIELDS: dict[Event, tuple[str, ...] | None] = {
+    Event.PLAN: OPEN,
+    Event.START: ("step", "total_steps", "epoch", "run_id", "resumed_from", "remote"),
+    Event.RESUMED: ("step", "path", "changed"),
+    Event.CLASS_IMAGES: ("folder", "wanted", "user", "reused", "generated"),
+    Event.STEP: ("step", "total_steps", "epoch", "samples", "loss", "lr", "it_per_s", "eta_s"),
+    Event.EPOCH: ("epoch", "step"),
+    Event.SAMPLE: ("step", "epoch", "paths", "prompts", "ema"),
+    Event.VALIDATION: ("step", "epoch", "loss", "best", "images", "timesteps"),
+    Event.CHECKPOINT: ("step", "path", "trigger", "metrics", "export", "remote"),
+    Event.EXPORT: ("step", "path"),
+    Event.UPLOAD: ("status", "what", "step", "url", "bytes", "queued", "seconds", "attempts", "retry_in_s",
+                   "error", "message", "pending"),
+    Event.DONE: ("step", "outputs", "elapsed_s"),
+    Event.STOPPED: ("step", "epoch", "outside_training"),
+    Event.PREEMPTED: ("step", "epoch", "outside_training"),
+    Event.ERROR: ("message",),
+}
+
 EVENT_KINDS: frozenset[str] = frozenset(e.value for e in Event)
-TERMINAL: tuple[str, ...] = (Event.DONE.value, Event.STOPPED.value, Event.PREEMPTED.value, Event.ERROR.value)
+TERMINAL: tuple[Event, ...] = (Event.DONE, Event.STOPPED, Event.PREEMPTED, Event.ERROR)
+NOTIFIED: tuple[Event, ...] = (Event.START, Event.CHECKPOINT, Event.SAMPLE, Event.EPOCH, *TERMINAL)  # webhooks
+SAVED_STOPS: tuple[Event, ...] = (Event.STOPPED, Event.PREEMPTED)  # ended with state saved: resumable

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from .contract import EVENTS_FILE, LOG_FILE, Event
+from .contract import EVENTS_FILE, LOG_FILE, TENSORBOARD_DIR, Event
 
 LOG = logging.getLogger("trainer")
 
@@ -76,7 +76,7 @@ class RunEvents:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(str(self.run_dir / "tb"))
+                self._tb = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR))
             except ImportError:  # tensorboard is a dependency; keep training if it is broken
                 LOG.warning("TensorBoard is not available; scalars go to events.jsonl only")
 

@@ -27,7 +27,7 @@ import signal
 import time
 from pathlib import Path
 
-from .contract import CONTROL_DIR, EVENTS_FILE, Control
+from .contract import CONTROL_DIR, EVENTS_FILE, SAVED_STOPS, TERMINAL, Control
 from .exitcodes import STOPPED_SAVED
 
 LOG = logging.getLogger("trainer")
@@ -147,8 +147,8 @@ def launched_exit_code(code: int, run_dir: Path, events_before: int) -> int:
             kind = json.loads(line).get("event")
         except ValueError:
             continue
-        if kind in ("stopped", "preempted"):
+        if kind in SAVED_STOPS:
             return STOPPED_SAVED
-        if kind in ("done", "error"):
+        if kind in TERMINAL:
             break
     return code

@@ -58,7 +58,7 @@ def train(cfg: TrainConfig) -> int:
     plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
     dataset = build_dataset(cfg, scan, plan.multi_counts, model, accelerator, run)
     total_steps = plan.multi.total_steps
-    run.events.emit("plan", **plan.to_dict())
+    run.events.emit(Event.PLAN, **plan.to_dict())
     LOG.info("plan: %d optimizer steps over %d epochs on %d process(es)", total_steps, plan.multi.epochs,
              accelerator.num_processes)
 
@@ -111,7 +111,7 @@ def train(cfg: TrainConfig) -> int:
             if stop:
                 break
             state.epoch, state.batch_in_epoch = epoch + 1, 0
-            run.events.emit("epoch", epoch=epoch + 1, step=state.global_step)
+            run.events.emit(Event.EPOCH, epoch=epoch + 1, step=state.global_step)
             images.maybe_sample(state, epoch_end=True)
             validator.maybe_run(state, epoch_end=True)
             checkpointer.at_epoch_end(state)
@@ -127,7 +127,7 @@ def train(cfg: TrainConfig) -> int:
 
     checkpointer.at_end(state)
     outputs = save_outputs(cfg, accelerator, run, model, trainable, state, scan, ema)
-    run.events.emit("done", step=state.global_step, outputs=outputs,
+    run.events.emit(Event.DONE, step=state.global_step, outputs=outputs,
                     elapsed_s=round(time.time() - run.started, 1))
     run.events.close()
     accelerator.end_training()
@@ -239,7 +239,7 @@ class Progress:
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         self.bar.update(1)
         if state.global_step % self.run.cfg.logging.log_every == 0 or state.global_step == self.total:
-            self.run.events.emit("step", step=state.global_step, total_steps=self.total, epoch=epoch + 1,
+            self.run.events.emit(Event.STEP, step=state.global_step, total_steps=self.total, epoch=epoch + 1,
                                  samples=state.samples_seen, loss=loss, lr=lr, it_per_s=round(rate, 4), eta_s=round(eta, 1), **parts)
             self.run.events.scalars(state.global_step, loss=loss, lr=lr, **parts)
             LOG.debug("step %d loss %.5f lr %.3e", state.global_step, loss, lr)

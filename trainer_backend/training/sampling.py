@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..config import ConfigError, TrainConfig
-from ..run.contract import CONTROL_DIR, Control
+from ..run.contract import CONTROL_DIR, SAMPLES_DIR, Control, Event
 
 LOG = logging.getLogger("trainer")
 _OPTION = re.compile(r"\s+--([a-z]+)(?=\s|$)")
@@ -163,7 +163,7 @@ class SampleImages:
         self.prompts = load_prompts(cfg)
         self.check_schedule(cfg, self.prompts)
         self.enabled = getattr(model, "denoiser", None) is not None  # a VAE run has nothing to sample with
-        self.dir = Path(run.dir) / "samples"
+        self.dir = Path(run.dir) / SAMPLES_DIR
         self.control = Path(run.dir) / CONTROL_DIR / Control.SAMPLE_NOW.value
         self.last_step = -1
 
@@ -224,7 +224,7 @@ class SampleImages:
                 self.run.events.image(f"samples/p{i:02d}", np.asarray(image), step)
                 paths.append(path)
         self.last_step = step
-        self.run.events.emit("sample", step=step, epoch=epoch, paths=[str(p) for p in paths],
+        self.run.events.emit(Event.SAMPLE, step=step, epoch=epoch, paths=[str(p) for p in paths],
                              prompts=[p.prompt for p in self.prompts], ema=use_ema)
         LOG.info("samples at step %d%s: %s", step, " (EMA weights)" if use_ema else "", self.dir)
         return paths

@@ -26,6 +26,7 @@ import math
 import torch
 
 from ..config import ConfigError, TrainConfig
+from ..run.contract import Event
 from .sampling import eval_mode
 
 LOG = logging.getLogger("trainer")
@@ -149,7 +150,7 @@ class Validator:
         self.last_step = state.global_step
         self.history.append((state.global_step, loss))
         best = min(value for _, value in self.history)
-        self.run.events.emit("validation", step=state.global_step, epoch=state.epoch + (0 if epoch_end else 1),
+        self.run.events.emit(Event.VALIDATION, step=state.global_step, epoch=state.epoch + (0 if epoch_end else 1),
                              loss=loss, best=best, images=len(self.dataset), timesteps=self.timesteps)
         self.run.events.scalars(state.global_step, validation_loss=loss)
         LOG.info("validation loss %.5f at step %d (best %.5f)", loss, state.global_step, best)
