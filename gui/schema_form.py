@@ -229,7 +229,7 @@ def form_problems(fields: list[FormField], values: list[Any]) -> tuple[TrainConf
     cfg, error = validate_values(fields, values)
     if error is not None:
         return None, [error]
-    return cfg, [ConfigError(message) for message in rules.problems(cfg)]
+    return cfg, [problem.error() for problem in rules.problems(cfg)]
 
 
 def validate_values(fields: list[FormField], values: list[Any]) -> tuple[TrainConfig | None, ConfigError | None]:

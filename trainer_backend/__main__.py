@@ -89,12 +89,12 @@ def _dispatch(args) -> int:
         else:
             print(config_reference())
         return exitcodes.OK
-    if args.command == "validate":  # every cross-field problem at once, one line each
-        from .config import rules
-        found = rules.problems(load_config(args.config, args.overrides))
+    if args.command == "validate":  # every problem at once (paths, rules, methods), one line each
+        from .config.checks import run_problems
+        found = run_problems(load_config(args.config, args.overrides))
         if found:
-            for message in found:
-                print(f"error: {message}", file=sys.stderr)
+            for problem in found:
+                print(f"error: {problem}", file=sys.stderr)
             return exitcodes.BAD_CONFIG
     cfg = _load(args)
     args.loaded_config = cfg

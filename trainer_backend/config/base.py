@@ -1,13 +1,26 @@
 """Building blocks of the schema: the field helper, the section base, the error type."""
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError  # noqa: F401  (re-exported: the schema's error type)
 
 CONFIG_VERSION = 1
+
+
+class Problem(NamedTuple):
+    """One thing wrong with a config: the dotted key it is about and what is wrong (config/rules.py).
+    `str()` is the one-line form every message has: "network.dora: DoRA is a LoRA option; …"."""
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+    def error(self) -> ConfigError:
+        return ConfigError(str(self))
 
 
 # Why a changed option cannot continue a checkpoint (resume="unsafe:<reason>").

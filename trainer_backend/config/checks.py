@@ -1,22 +1,41 @@
 """Checks that need the file system, run before a run starts (the schema checks types and bounds;
-config/rules.py the combinations of options)."""
+config/rules.py the combinations of options). `run_problems` returns every problem at once, file
+problems first; `validate_for_run` raises the first."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
-from . import ConfigError, TrainConfig
-
+from . import ConfigError, TrainConfig, rules
+from .base import Problem
 from .paths import BUILTIN_PREFIX, PROJECT_ROOT, resolve_path, resolve_paths  # noqa: F401 (re-exported)
 
 
-def _check_dataset_path(cfg: TrainConfig) -> None:
+def _dataset_path(cfg: TrainConfig) -> Iterator[Problem]:
     if not cfg.dataset.path and not getattr(cfg.dataset, "subsets", None):
-        raise ConfigError("dataset.path: required (a folder of images with captions)")
-    if cfg.dataset.path and not Path(cfg.dataset.path).is_dir():
-        raise ConfigError(f"dataset.path: {cfg.dataset.path} is not a folder")
+        yield Problem("dataset.path", "required (a folder of images with captions)")
+    elif cfg.dataset.path and not Path(cfg.dataset.path).is_dir():
+        yield Problem("dataset.path", f"{cfg.dataset.path} is not a folder")
 
 
-def _check_no_overlap(cfg: TrainConfig) -> None:
+def _model_paths(cfg: TrainConfig) -> Iterator[Problem]:
+    if not cfg.model.path:
+        yield Problem("model.path", "required (a diffusers folder, a .safetensors file, or builtin:tiny-sd1)")
+    elif not cfg.model.path.startswith(BUILTIN_PREFIX) and not Path(cfg.model.path).exists():
+        yield Problem("model.path", f"{cfg.model.path} does not exist")
+    if cfg.model.vae and not Path(cfg.model.vae).exists():
+        yield Problem("model.vae", f"{cfg.model.vae} does not exist")
+
+
+def _run_folder(cfg: TrainConfig) -> Iterator[Problem]:
+    from ..run.run_folder import run_folder_problem  # new, or already a run's: never the user's other files
+    problem = run_folder_problem(cfg.run_dir)
+    if problem:
+        key, _, message = problem.partition(":")
+        yield Problem(key.strip(), message.strip())
+
+
+def _no_overlap(cfg: TrainConfig) -> Iterator[Problem]:
     """The run folder must not be inside a dataset folder, nor a dataset inside the run folder: the
     run's own samples would become training images, and the next start would see a changed dataset."""
     run = Path(cfg.run_dir).expanduser().resolve()
@@ -27,35 +46,61 @@ def _check_no_overlap(cfg: TrainConfig) -> None:
             continue
         data = Path(value).expanduser().resolve()
         if run == data or run.is_relative_to(data):
-            raise ConfigError(f"output.dir: the run folder {run} is inside {key} ({data}); its samples and "
-                              f"checkpoints would become training data. Put output.dir elsewhere")
-        if data.is_relative_to(run):
-            raise ConfigError(f"{key}: {data} is inside the run folder {run} (output.dir/output.name); "
-                              f"keep the dataset outside it")
+            yield Problem("output.dir", f"the run folder {run} is inside {key} ({data}); its samples and "
+                                        f"checkpoints would become training data. Put output.dir elsewhere")
+        elif data.is_relative_to(run):
+            yield Problem(key, f"{data} is inside the run folder {run} (output.dir/output.name); keep the dataset "
+                               f"outside it")
+
+
+def _validation_folder(cfg: TrainConfig) -> Iterator[Problem]:
+    if cfg.validation.path and not Path(resolve_path(cfg.validation.path)).is_dir():
+        yield Problem("validation.path", f"{resolve_path(cfg.validation.path)} is not a folder")
+
+
+def _prompt_file(cfg: TrainConfig) -> Iterator[Problem]:
+    from .sample_prompts import line_problems, load_prompts
+    s = cfg.samples
+    if not s.prompt_file:
+        return
+    path = Path(s.prompt_file).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        yield Problem("samples.prompt_file", f"cannot read {path} ({e})")
+        return
+    bad = [Problem(key, message) for key, message in line_problems(cfg, "samples.prompt_file", text)]
+    yield from bad
+    if not bad and (s.every_n_steps or s.every_n_epochs or s.before_first_step) and not any(
+            p.key == "samples.prompts" for p in rules.problems(cfg, "samples")) and not load_prompts(cfg):
+        yield Problem("samples.prompts", "no prompts, but sampling is scheduled (samples.every_n_steps, "
+                                         "every_n_epochs or before_first_step); add prompts or samples.prompt_file")
+
+
+FILE_CHECKS = (_model_paths, _dataset_path, _run_folder, _no_overlap, _validation_folder, _prompt_file)
+
+
+def run_problems(cfg: TrainConfig) -> list[Problem]:
+    """Every problem that would stop `train` before the model loads: the file checks above, the
+    cross-field rules (config/rules.py) and the methods' own (methods/checks.py: DreamBooth class
+    images). `cfg`'s relative paths are resolved in place."""
+    from ..methods.checks import method_problems
+    cfg = resolve_paths(cfg)
+    found = [p for check in FILE_CHECKS for p in check(cfg)]
+    return found + [p for p in [*rules.problems(cfg), *method_problems(cfg)] if p not in found]
 
 
 def validate_dataset_only(cfg: TrainConfig) -> TrainConfig:
     """For `plan` and `inspect`: only what scanning the dataset needs."""
     cfg = resolve_paths(cfg)
-    _check_dataset_path(cfg)
+    for problem in _dataset_path(cfg):
+        raise problem.error()
     return cfg
 
 
 def validate_for_run(cfg: TrainConfig) -> TrainConfig:
-    """Raise ConfigError naming the key when a required path is missing."""
-    cfg = resolve_paths(cfg)
-    if not cfg.model.path:
-        raise ConfigError("model.path: required (a diffusers folder, a .safetensors file, or builtin:tiny-sd1)")
-    if not cfg.model.path.startswith(BUILTIN_PREFIX) and not Path(cfg.model.path).exists():
-        raise ConfigError(f"model.path: {cfg.model.path} does not exist")
-    if cfg.model.vae and not Path(cfg.model.vae).exists():
-        raise ConfigError(f"model.vae: {cfg.model.vae} does not exist")
-    _check_dataset_path(cfg)
-    from ..run.run_folder import run_folder_problem  # new, or already a run's: never the user's other files
-    problem = run_folder_problem(cfg.run_dir)
-    if problem:
-        raise ConfigError(problem)
-    _check_no_overlap(cfg)
-    from ..methods.checks import check_method_config  # the cross-field rules (config/rules.py), then
-    check_method_config(cfg)                          # the DreamBooth and sample options that read files
+    """Raise ConfigError naming the key with the first of `run_problems`."""
+    found = run_problems(cfg)
+    if found:
+        raise found[0].error()
     return cfg

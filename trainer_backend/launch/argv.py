@@ -19,12 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, TrainConfig
+from ..config import TrainConfig, rules
 
 ACCELERATE_CONFIG = "accelerate_config.json"
 DEEPSPEED_CONFIG = "deepspeed.json"
 MULTI_NODE_DEFAULT_PORT = 29500
-ADAPTER_TYPES = ("lora", "loha", "lokr")
 
 
 def total_processes(cfg: TrainConfig) -> int:
@@ -220,64 +219,8 @@ def process_group_kwargs(cfg: TrainConfig) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- validation
 
 def validate_hardware(cfg: TrainConfig) -> None:
-    """Raise ConfigError naming the key for combinations that cannot work."""
-    hw = cfg.hardware
-    if hw.gpu_ids != "all" and not hw.cpu:
-        ids = hw.gpu_ids.split(",")
-        if len(set(ids)) != len(ids):
-            raise ConfigError(f"hardware.gpu_ids: lists a GPU twice, got {hw.gpu_ids!r}")
-        if len(ids) < hw.num_processes:
-            raise ConfigError(f"hardware.gpu_ids: lists {len(ids)} GPU(s) but hardware.num_processes is "
-                              f"{hw.num_processes} (one process per GPU)")
-    if hw.num_machines > 1:
-        if not hw.main_process_ip:
-            raise ConfigError("hardware.main_process_ip: required when hardware.num_machines > 1 "
-                              "(the address of machine 0, reachable from every node)")
-        if hw.machine_rank >= hw.num_machines:
-            raise ConfigError(f"hardware.machine_rank: must be below hardware.num_machines ({hw.num_machines}), "
-                              f"got {hw.machine_rank}")
-    elif hw.machine_rank != 0:
-        raise ConfigError(f"hardware.machine_rank: must be 0 on a single machine, got {hw.machine_rank}")
-    if hw.cpu and cfg.precision.mixed == "fp16":
-        raise ConfigError("precision.mixed: fp16 needs a GPU; use bf16 or no with hardware.cpu = true")
-    if hw.strategy != "ddp" and hw.cpu:
-        raise ConfigError(f"hardware.strategy: {hw.strategy} needs CUDA GPUs; use ddp with hardware.cpu = true")
-    if hw.strategy == "deepspeed":
-        _validate_deepspeed(cfg)
-    if hw.strategy == "fsdp" and hw.fsdp_offload_params and cfg.precision.mixed == "fp16":
-        raise ConfigError("hardware.fsdp_offload_params: FSDP CPU offload with fp16 fails in the gradient "
-                          "scaler (pytorch#111650); use precision.mixed = bf16 or turn the offload off")
-    if hw.strategy == "fsdp" and cfg.optimizer.max_grad_norm > 0 and (
-            cfg.network.type != "full" or cfg.network.train_text_encoder):
-        # accelerate clips through FSDP (norm over all shards) only when the clipped parameters are
-        # exactly one wrapped model's; adapters or UNet + text encoders would be clipped by each
-        # rank's own shard norm, a different factor on every GPU
-        raise ConfigError("optimizer.max_grad_norm: with FSDP, gradient clipping is exact only for a full "
-                          "fine-tune of the UNet alone; set it to 0, or use hardware.strategy = ddp "
-                          "(or deepspeed) for adapters and text-encoder training")
-    if hw.keep_steps_per_epoch and hw.multi_gpu_policy != "same_samples":
-        raise ConfigError("hardware.keep_steps_per_epoch: applies to multi_gpu_policy = same_samples only")
-
-
-def _validate_deepspeed(cfg: TrainConfig) -> None:
-    hw = cfg.hardware
-    if hw.deepspeed_zero_stage == 3 and cfg.network.type in ADAPTER_TYPES:
-        raise ConfigError(f"hardware.deepspeed_zero_stage: ZeRO-3 shards the frozen base model too, which "
-                          f"{cfg.network.type} adapters on a frozen base do not support here; use stage 2 "
-                          "(adapters are small, stage 2 already shards their optimizer states and gradients)")
-    if hw.deepspeed_offload_params and hw.deepspeed_zero_stage != 3:
-        raise ConfigError(f"hardware.deepspeed_offload_params: parameter offload needs "
-                          f"hardware.deepspeed_zero_stage = 3, got {hw.deepspeed_zero_stage}")
-    if cfg.network.train_text_encoder and cfg.network.type != "vae":
-        raise ConfigError("network.train_text_encoder: DeepSpeed trains one model per run (the UNet); train the "
-                          "text encoder(s) with hardware.strategy = ddp or fsdp")
-    for key in ("full_bf16", "full_fp16"):
-        if getattr(cfg.precision, key):
-            raise ConfigError(f"precision.{key}: DeepSpeed keeps its own fp32 master weights in the optimizer; "
-                              f"use hardware.deepspeed_offload_optimizer to save memory, or strategy = ddp")
-    if hw.deepspeed_offload_optimizer and cfg.optimizer.name == "adamw8bit":
-        raise ConfigError("optimizer.name: adamw8bit (bitsandbytes) needs its states on the GPU and cannot run "
-                          "with hardware.deepspeed_offload_optimizer; use adamw or turn the offload off")
+    """Raise ConfigError naming the key for combinations that cannot work (config/hardware_rules.py)."""
+    rules.check(cfg, "hardware")
 
 
 def hardware_notes(cfg: TrainConfig) -> list[str]:

@@ -35,9 +35,9 @@ LOG = logging.getLogger("trainer")
 SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIXED = {"fp32": "no", "bf16": "bf16"}
 def check_vae_config(cfg: TrainConfig) -> None:
-    """vae.precision fp16 and full_bf16/full_fp16 are refused (half_weights.check_precision_options)."""
-    from ..training.full_half_precision import check_precision_options
-    check_precision_options(cfg)
+    """vae.precision fp16 and full_bf16/full_fp16 are refused (config/hardware_rules.py)."""
+    from ..config import rules
+    rules.check(cfg, "half_weights", "precision")
 
 
 def vae_run_config(cfg: TrainConfig) -> TrainConfig:

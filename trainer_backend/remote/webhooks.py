@@ -55,10 +55,10 @@ def resolve_targets(cfg: TrainConfig, secrets: Secrets) -> list[Target]:
     """Targets with their URL and auth header resolved from the secrets (ConfigError names the key)."""
     from ..config import ConfigError
     targets = []
+    from ..config import rules
+    rules.check(cfg, "webhooks")  # url or url_secret, exactly one (config/rules.py)
     for i, t in enumerate(cfg.webhooks.targets):
         key = f"webhooks.targets[{i}]"
-        if bool(t.url) == bool(t.url_secret):
-            raise ConfigError(f"{key}.url: set either url or url_secret (exactly one)")
         url = t.url or secrets.require(t.url_secret, f"{key}.url_secret")
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"{key}.url_secret: the secret {t.url_secret!r} is not an http(s) URL")

@@ -16,7 +16,7 @@ from typing import Callable
 
 from .checkpoint_files import (TrainState, checkpoint_infos, clean_incomplete, is_valid, load_state, prune,
                                save_checkpoint)
-from ..config import ConfigError, TrainConfig, strip_secrets, to_dict
+from ..config import TrainConfig, rules, strip_secrets, to_dict
 from .contract import CHECKPOINTS_DIR, MANIFEST_FILE, Event
 from .retention import RetentionPolicy, retained_steps
 from .stop_signals import StopSignals
@@ -28,14 +28,7 @@ class Checkpointer:
     def __init__(self, cfg: TrainConfig, accelerator, run, signals: StopSignals,
                  export: Callable[[str], list[str]] | None = None):
         ck = cfg.checkpoints
-        if ck.export_at == "epochs" and not ck.every_n_epochs:
-            raise ConfigError("checkpoints.export_at: 'epochs' exports with the checkpoints of every_n_epochs; "
-                              "set checkpoints.every_n_epochs ≥ 1")
-        validation = getattr(cfg, "validation", None)
-        if ck.keep_best and ck.best_metric == "validation_loss" and not (
-                validation and (validation.every_n_steps or validation.every_n_epochs)):
-            raise ConfigError("checkpoints.best_metric: validation_loss needs validation.every_n_steps or "
-                              "validation.every_n_epochs")
+        rules.check(cfg, "checkpoints")  # export_at and best_metric need their schedules (config/rules.py)
         self.cfg, self.accelerator, self.run, self.signals, self.export = cfg, accelerator, run, signals, export
         self.policy = RetentionPolicy.from_config(ck)
         self.last_saved_step = -1

@@ -3,47 +3,20 @@ GUI and the CLI `plan` can call it). The optimizers are in half_precision_optimi
 (torch) casts the trained weights once the method has made them trainable."""
 from __future__ import annotations
 
-from ..config import ConfigError, TrainConfig
+from ..config import TrainConfig, rules
+from ..config.hardware_rules import half_weights_dtype  # noqa: F401 (re-exported)
 
 ROUNDED_OPTIMIZERS = ("adamw", "sgd")  # written out in half_precision_optimizers.py with the chosen rounding
 
 
-def half_weights_dtype(cfg: TrainConfig) -> str:
-    """"bf16", "fp16", or "" (off)."""
-    p = cfg.precision
-    return "bf16" if p.full_bf16 else "fp16" if p.full_fp16 else ""
-
-
 def check_half_weights(cfg: TrainConfig) -> None:
-    """ConfigError naming the key when the combination cannot work."""
-    p = cfg.precision
-    if p.full_bf16 and p.full_fp16:
-        raise ConfigError("precision.full_fp16: choose one of full_bf16 and full_fp16")
-    kind = half_weights_dtype(cfg)
-    if not kind:
-        return
-    key = f"precision.full_{kind}"
-    if p.mixed != kind:
-        raise ConfigError(f"{key}: needs precision.mixed = \"{kind}\" (the forward pass runs in the weights' "
-                          f"dtype), got {p.mixed!r}")
-    if cfg.hardware.strategy == "deepspeed":
-        raise ConfigError(f"{key}: DeepSpeed keeps its own fp32 master weights; use hardware.strategy = \"ddp\" "
-                          f"or \"fsdp\", or DeepSpeed's offload options instead")
-
-
-VAE_FP16_REFUSED = ("vae.precision: fp16 is refused for VAE training: the autoencoder's activations overflow fp16's "
-                    "range (largest value 65504) and the loss turns NaN; use fp32 (the default) or bf16")
+    """ConfigError naming the key when the combination cannot work (config/hardware_rules.py)."""
+    rules.check(cfg, "half_weights")
 
 
 def check_precision_options(cfg: TrainConfig) -> None:
-    """The half-precision rules, checked before a run starts (validate_for_run, the GUI)."""
-    check_half_weights(cfg)
-    if cfg.network.type == "vae":
-        if cfg.vae.precision == "fp16":
-            raise ConfigError(VAE_FP16_REFUSED)
-        if half_weights_dtype(cfg):
-            raise ConfigError(f"precision.full_{half_weights_dtype(cfg)}: half-precision weights are not used for "
-                              f"VAE training (see vae.precision)")
+    """The half-precision rules, checked before a run starts (config/hardware_rules.py)."""
+    rules.check(cfg, "half_weights", "precision")
 
 
 def half_weights_warnings(cfg: TrainConfig) -> list[str]:

@@ -1,24 +1,17 @@
 """Optimizer and learning-rate schedule from the config."""
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, rules
 from .full_half_precision import half_weights_dtype
-
-_PACKAGES = {"adamw8bit": "bitsandbytes", "prodigy": "prodigyopt", "lion": "lion_pytorch"}
 
 
 def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float = 1.0) -> torch.optim.Optimizer:
     """lr_factor: the plan's multi-GPU LR scaling (Plan.lr_factor), applied to every group."""
     o = cfg.optimizer
     groups = [{"params": g["params"], "lr": g["lr"] * lr_factor} for g in param_groups]
-    package = _PACKAGES.get(o.name)
-    if package and importlib.util.find_spec(package) is None:
-        raise ConfigError(f"optimizer.name: '{o.name}' needs the '{package}' package "
-                          f"(.venv/bin/pip install {package}), or choose adamw")
+    rules.check(cfg, "optimizer_package")  # its package is installed (config/rules.py)
     if half_weights_dtype(cfg) and o.name in ("adamw", "sgd"):  # precision.full_bf16/full_fp16
         from .half_precision_optimizers import HalfWeightsAdamW, HalfWeightsSGD
         rounding, seed = cfg.precision.half_weights_rounding, cfg.schedule.seed

@@ -13,86 +13,16 @@ import contextlib
 import logging
 import os
 import random
-import re
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..config import ConfigError, TrainConfig
+from ..config.sample_prompts import SamplePrompt, load_prompts, parse_prompt_line  # noqa: F401 (re-exported)
 from ..run.contract import CONTROL_DIR, SAMPLES_DIR, Control, Event
 
 LOG = logging.getLogger("trainer")
-_OPTION = re.compile(r"\s+--([a-z]+)(?=\s|$)")
-_OPTIONS = {"n": "negative", "w": "width", "h": "height", "d": "seed", "s": "steps", "l": "cfg_scale"}
-
-
-@dataclass(frozen=True)
-class SamplePrompt:
-    prompt: str
-    negative: str = ""
-    width: int = 512
-    height: int = 512
-    seed: int = 0
-    steps: int = 20
-    cfg_scale: float = 7.0
-
-
-def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
-    """One prompt line with kohya-style options -> SamplePrompt; ValueError names a bad option."""
-    parts = _OPTION.split(" " + line.strip())
-    prompt, values = parts[0].strip(), {}
-    for name, raw in zip(parts[1::2], parts[2::2]):
-        if name not in _OPTIONS:
-            raise ValueError(f"unknown option --{name} (known: {', '.join('--' + k for k in _OPTIONS)})")
-        field, raw = _OPTIONS[name], raw.strip()
-        try:
-            if field == "negative":
-                values[field] = raw
-            elif field == "cfg_scale":
-                values[field] = float(raw)
-            else:
-                values[field] = int(raw)
-        except ValueError:
-            raise ValueError(f"--{name} needs a number, got {raw!r}") from None
-    for side in ("width", "height"):
-        if side in values:
-            if values[side] < 8:
-                raise ValueError(f"--{side[0]} must be at least 8, got {values[side]}")
-            values[side] -= values[side] % 8  # the pipelines need multiples of 8
-    if not prompt:
-        raise ValueError("empty prompt")
-    return replace(defaults, prompt=prompt, **values)
-
-
-def _prompt_lines(cfg: TrainConfig) -> list[tuple[str, int, str]]:
-    """(config key, line number, text) of every prompt line, samples.prompts first."""
-    out = [("samples.prompts", i + 1, line) for i, line in enumerate(cfg.samples.prompts.splitlines())]
-    if cfg.samples.prompt_file:
-        path = Path(cfg.samples.prompt_file).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"samples.prompt_file: cannot read {path} ({e})") from None
-        out += [("samples.prompt_file", i + 1, line) for i, line in enumerate(text.splitlines())]
-    return [(key, n, line) for key, n, line in out if line.strip() and not line.lstrip().startswith("#")]
-
-
-def load_prompts(cfg: TrainConfig) -> list[SamplePrompt]:
-    """All sample prompts with the [samples] defaults; prompt i defaults to seed samples.seed + i."""
-    s = cfg.samples
-    defaults = SamplePrompt(prompt="", negative=s.negative_prompt, width=s.width or cfg.dataset.resolution,
-                            height=s.height or cfg.dataset.resolution, steps=s.steps, cfg_scale=s.cfg_scale)
-    prompts = []
-    for i, (key, number, line) in enumerate(_prompt_lines(cfg)):
-        try:
-            prompts.append(parse_prompt_line(line, replace(defaults, seed=s.seed + i)))
-        except ValueError as e:
-            raise ConfigError(f"{key}: line {number}: {e}") from None
-    return prompts
-
-
 @contextlib.contextmanager
 def preserved_rng() -> None:
     """Save and restore python, numpy, torch and accelerator (CUDA/ROCm/MPS/XPU) RNG states around a block."""

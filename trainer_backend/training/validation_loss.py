@@ -25,7 +25,8 @@ import math
 
 import torch
 
-from ..config import ConfigError, TrainConfig
+from ..config import ConfigError, TrainConfig, rules
+from ..config.rules import validation_enabled  # noqa: F401 (re-exported)
 from ..run.contract import Event
 from .sampling import eval_mode
 
@@ -34,8 +35,6 @@ VALIDATION_EPOCH = 1_000_000  # the noise's epoch id: never a training epoch
 METRIC = "validation_loss"
 
 
-def validation_enabled(cfg: TrainConfig) -> bool:
-    return bool(cfg.validation.every_n_steps or cfg.validation.every_n_epochs)
 
 
 def fixed_timesteps(t_min: int, t_max: int, count: int) -> list[int]:
@@ -69,19 +68,13 @@ def validation_scan(cfg: TrainConfig):
     from pathlib import Path
     from ..data import scan_dataset
     from ..config.paths import resolve_path
-    val = cfg.validation
-    if val.path and (val.fraction or cfg.dataset.validation_every_nth):
-        raise ConfigError("validation.path: set either a separate validation folder or a held-out share "
-                          "(validation.fraction / dataset.validation_every_nth), not both")
+    val = rules.check(cfg, "validation").validation  # one source of images (config/rules.py)
     if val.path:
         folder = resolve_path(val.path)
         if not Path(folder).is_dir():
             raise ConfigError(f"validation.path: {folder} is not a folder")
         scan = scan_dataset(unaugmented(cfg, folder))
     else:
-        if not (val.fraction or cfg.dataset.validation_every_nth):
-            raise ConfigError("validation.every_n_steps: there are no validation images; set validation.path, "
-                              "validation.fraction or dataset.validation_every_nth")
         scan = scan_dataset(unaugmented(cfg), split="validation")
     items = [item for item in scan.items if not item.is_class]
     return replace(scan, items=items, class_samples=0)
@@ -228,8 +221,7 @@ class Validator:
 
 def make_validator(cfg: TrainConfig, model, accelerator, run, weight_dtype, unet, text_encoders) -> Validator:
     """A Validator; with validation off it does nothing (and loads nothing)."""
-    if cfg.validation.fraction and cfg.dataset.validation_every_nth:
-        raise ConfigError("validation.fraction: set either validation.fraction or dataset.validation_every_nth")
+    rules.check(cfg, "validation")
     if not validation_enabled(cfg) and (cfg.validation.fraction or cfg.dataset.validation_every_nth):
         LOG.warning("validation: images are held out of training but never evaluated; set "
                     "validation.every_n_steps or validation.every_n_epochs (or stop holding them out)")

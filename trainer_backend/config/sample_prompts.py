@@ -1,0 +1,102 @@
+"""Sample prompt lines (pure: the config's `samples.prompts` and `samples.prompt_file` hold them).
+
+A line is kohya's syntax: `a photo of sks dog --n blurry --w 512 --h 768 --d 7 --s 28 --l 6`
+(negative prompt, width, height, seed, steps, CFG scale); empty lines and `#` comments are skipped.
+`config/rules.py` checks the inline lines, `config/checks.py` the file, `training/sampling.py`
+renders them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+from .base import ConfigError
+from .schema import TrainConfig
+
+_OPTION = re.compile(r"\s+--([a-z]+)(?=\s|$)")
+_OPTIONS = {"n": "negative", "w": "width", "h": "height", "d": "seed", "s": "steps", "l": "cfg_scale"}
+
+
+@dataclass(frozen=True)
+class SamplePrompt:
+    prompt: str
+    negative: str = ""
+    width: int = 512
+    height: int = 512
+    seed: int = 0
+    steps: int = 20
+    cfg_scale: float = 7.0
+
+
+def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
+    """One prompt line with kohya-style options -> SamplePrompt; ValueError names a bad option."""
+    parts = _OPTION.split(" " + line.strip())
+    prompt, values = parts[0].strip(), {}
+    for name, raw in zip(parts[1::2], parts[2::2]):
+        if name not in _OPTIONS:
+            raise ValueError(f"unknown option --{name} (known: {', '.join('--' + k for k in _OPTIONS)})")
+        field, raw = _OPTIONS[name], raw.strip()
+        try:
+            if field == "negative":
+                values[field] = raw
+            elif field == "cfg_scale":
+                values[field] = float(raw)
+            else:
+                values[field] = int(raw)
+        except ValueError:
+            raise ValueError(f"--{name} needs a number, got {raw!r}") from None
+    for side in ("width", "height"):
+        if side in values:
+            if values[side] < 8:
+                raise ValueError(f"--{side[0]} must be at least 8, got {values[side]}")
+            values[side] -= values[side] % 8  # the pipelines need multiples of 8
+    if not prompt:
+        raise ValueError("empty prompt")
+    return replace(defaults, prompt=prompt, **values)
+
+
+def _numbered(key: str, text: str) -> list[tuple[str, int, str]]:
+    return [(key, i + 1, line) for i, line in enumerate(text.splitlines())
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def defaults_of(cfg: TrainConfig) -> SamplePrompt:
+    s = cfg.samples
+    return SamplePrompt(prompt="", negative=s.negative_prompt, width=s.width or cfg.dataset.resolution,
+                        height=s.height or cfg.dataset.resolution, steps=s.steps, cfg_scale=s.cfg_scale)
+
+
+def line_problems(cfg: TrainConfig, key: str, text: str) -> Iterator[tuple[str, str]]:
+    """(key, 'line N: what is wrong') for every line of `text` that does not parse."""
+    for _, number, line in _numbered(key, text):
+        try:
+            parse_prompt_line(line, defaults_of(cfg))
+        except ValueError as e:
+            yield key, f"line {number}: {e}"
+
+
+def _prompt_lines(cfg: TrainConfig) -> list[tuple[str, int, str]]:
+    """(config key, line number, text) of every prompt line, samples.prompts first."""
+    out = _numbered("samples.prompts", cfg.samples.prompts)
+    if cfg.samples.prompt_file:
+        path = Path(cfg.samples.prompt_file).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"samples.prompt_file: cannot read {path} ({e})") from None
+        out += _numbered("samples.prompt_file", text)
+    return out
+
+
+def load_prompts(cfg: TrainConfig) -> list[SamplePrompt]:
+    """All sample prompts with the [samples] defaults; prompt i defaults to seed samples.seed + i."""
+    s, defaults = cfg.samples, defaults_of(cfg)
+    prompts = []
+    for i, (key, number, line) in enumerate(_prompt_lines(cfg)):
+        try:
+            prompts.append(parse_prompt_line(line, replace(defaults, seed=s.seed + i)))
+        except ValueError as e:
+            raise ConfigError(f"{key}: line {number}: {e}") from None
+    return prompts
