@@ -21,6 +21,9 @@ CSS = """
 .preset-row button { margin-bottom: 6px; }
 .field-error, .field-error * { color: #c0392b !important; font-weight: 600; }
 .field-error p { margin: 0; }
+.field-invalid input, .field-invalid textarea, .field-invalid select, .field-invalid .wrap {
+  border-color: #c0392b !important; box-shadow: 0 0 0 1px #c0392b !important; }
+.field-invalid label > span, .field-invalid [data-testid="block-info"] { color: #c0392b !important; }
 .section-title h4 { margin: 10px 0 0 0; }
 .toml-field textarea, .run-log textarea { font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
   font-size: 12px; }

@@ -14,7 +14,7 @@ from gui.run_control import StartRefused
 from gui.schema_form import error_field, field_visibility, form_problems
 from gui.secrets_panel import build_secrets_panel, env_from_rows, status_markdown
 from gui.system_monitor import gpus_markdown
-from gui.widgets import FormWidgets, error_updates, render_form, tab_id, unplaced_errors
+from gui.widgets import FormWidgets, error_updates, render_form, shown_errors, tab_id, unplaced_errors
 
 
 @dataclass
@@ -117,14 +117,22 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         else:
             triggers.append(widget.change)
     def refresh_with_visibility(*args):
-        """The refresh, plus only the options that apply to the current values shown."""
-        return [*refresh(*args), *form.visibility_updates(field_visibility(fields, list(args[:len(fields)])))]
+        """The refresh, plus only the options that apply to the current values shown (fields with a
+        problem highlighted)."""
+        out = refresh(*args)
+        visible = field_visibility(fields, list(args[:len(fields)]))
+        return [*out, *form.visibility_updates(visible, shown_errors(out[:len(fields)]))]
 
     gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected],
           outputs=[*form.errors, *outputs, *form.visibility_outputs], trigger_mode="always_last",
           show_progress="hidden")
 
     def on_start(*args):
+        visible = field_visibility(fields, list(args[:len(fields)]))
+
+        def cleared():
+            return [*error_updates(fields, None), *form.visibility_updates(visible)]
+
         cfg, errors = form_problems(fields, list(args[:len(fields)]))
         error = errors[0] if errors else None
         if error is None:
@@ -133,17 +141,19 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             except ConfigError as e:
                 error = e
             except StartRefused as e:
-                return [*error_updates(fields, None), f"⚠️ {e}", gr.skip(), gr.skip()]
+                return [*cleared(), f"⚠️ {e}", gr.skip(), gr.skip()]
             else:
-                return [*error_updates(fields, None), f"Started **{run_dir.name}** — follow it on the Run page.",
+                return [*cleared(), f"Started **{run_dir.name}** — follow it on the Run page.",
                         gr.skip(), gr.Tabs(selected="run")]
         target = error_field(fields, error)
         hint = f" (tab {target.tab})" if target else ""
         more = f" (and {len(errors) - 1} more, shown under their fields)" if len(errors) > 1 else ""
-        return [*error_updates(fields, errors or error), f"⚠️ Not started: {error}{hint}{more}",
-                gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip()]
+        placed = error_updates(fields, errors or error)
+        return [*placed, *form.visibility_updates(visible, shown_errors(placed)),
+                f"⚠️ Not started: {error}{hint}{more}", gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip()]
 
-    start.click(on_start, inputs=[*form.inputs, *secret_boxes], outputs=[*form.errors, message, form.tabs, main_tabs],
+    start.click(on_start, inputs=[*form.inputs, *secret_boxes],
+                outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs],
                 concurrency_limit=1, concurrency_id="run-control")
     return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs],
                         refresh=refresh_with_visibility,

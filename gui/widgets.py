@@ -31,14 +31,21 @@ class FormWidgets:
     cells: list = field(default_factory=list)    # parallel to fields: the column holding widget and error line
     groups: list = field(default_factory=list)   # (heading or accordion, [field indices]): shown if any field is
 
-    def visibility_updates(self, visible: list[bool]) -> list[dict]:
-        """Show the options that apply, hide the rest (and a heading or accordion left empty)."""
-        cells = [gr.update(visible=v) for v in visible]
+    def visibility_updates(self, visible: list[bool], invalid: list[bool] | None = None) -> list[dict]:
+        """Show the options that apply, hide the rest (and a heading or accordion left empty); a field
+        with a problem is highlighted (its cell gets the `field-invalid` class)."""
+        invalid = invalid or [False] * len(visible)
+        cells = [gr.update(visible=v, elem_classes=cell_classes(bad)) for v, bad in zip(visible, invalid, strict=True)]
         return cells + [gr.update(visible=any(visible[i] for i in members)) for _, members in self.groups]
 
     @property
     def visibility_outputs(self) -> list:
         return [*self.cells, *(component for component, _ in self.groups)]
+
+
+def cell_classes(invalid: bool) -> list[str]:
+    """CSS classes of a field's cell: `field-invalid` outlines the widget of a field with a problem."""
+    return ["field-cell", "field-invalid"] if invalid else ["field-cell"]
 
 
 def _number_step(f: FormField) -> float:
@@ -74,7 +81,8 @@ def make_widget(f: FormField, value: Any) -> gr.components.Component:
 
 
 def _field_cell(f: FormField, value: Any, inputs: dict, errors: dict, cells: dict, visible: dict) -> None:
-    with gr.Column(min_width=220, visible=visible[f.dotted]) as cell:
+    with gr.Column(min_width=220, visible=visible[f.dotted], elem_classes=cell_classes(False),
+                   elem_id=f"cell-{f.section}-{f.key}") as cell:
         cells[f.dotted] = cell
         inputs[f.dotted] = make_widget(f, value)
         errors[f.dotted] = gr.Markdown("", visible=False, elem_classes=["field-error"],
@@ -143,6 +151,11 @@ def error_updates(fields: list[FormField], error: ConfigError | str | list | Non
             shown.setdefault(target.dotted, []).append(f"⚠️ {e}")
     return [gr.update(value="  \n".join(shown[f.dotted]), visible=True) if f.dotted in shown
             else gr.update(value="", visible=False) for f in fields]
+
+
+def shown_errors(updates: list) -> list[bool]:
+    """Per field, from `error_updates`' result: does its error line show (the field is invalid)?"""
+    return [isinstance(u, dict) and bool(u.get("visible")) for u in updates]
 
 
 def unplaced_errors(fields: list[FormField], errors: list) -> str:

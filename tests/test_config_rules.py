@@ -88,3 +88,16 @@ def test_the_form_shows_every_problem_under_its_own_field():
     assert WANT_KEYS <= set(shown)
     assert "DoRA is a LoRA option" in shown["network.dora"]
     assert "must be below hardware.num_machines" in shown["hardware.machine_rank"]
+
+
+def test_a_field_with_a_problem_is_highlighted_and_the_others_are_not():
+    from gui.schema_form import config_to_values, field_visibility, form_fields, form_problems
+    from gui.widgets import FormWidgets, error_updates, shown_errors
+    fields = form_fields()
+    values = config_to_values(fields, load_config(None, BROKEN))
+    _, errors = form_problems(fields, values)
+    form = FormWidgets(fields=fields, inputs=[], errors=[], tabs=None)
+    updates = form.visibility_updates(field_visibility(fields, values), shown_errors(error_updates(fields, errors)))
+    classes = {f.dotted: u["elem_classes"] for f, u in zip(fields, updates)}
+    assert {k for k, c in classes.items() if "field-invalid" in c} == WANT_KEYS | (
+        set() if prodigy_installed() else {"optimizer.name"})

@@ -1,6 +1,7 @@
-"""The cross-field rules of [hardware] and [precision] (config/rules.py runs them with the others): combinations of processes, GPUs, machines, strategies and precisions
-that cannot work. launch/argv.py `validate_hardware` and training/full_half_precision.py
-`check_precision_options` / `check_half_weights` are thin wrappers over the groups here."""
+"""The cross-field rules of [hardware] and [precision] (config/rules.py runs them with the others):
+combinations of processes, GPUs, machines, strategies and precisions that cannot work.
+launch/argv.py `validate_hardware` and training/full_half_precision.py `check_precision_options` /
+`check_half_weights` are thin wrappers over the groups here."""
 from __future__ import annotations
 
 from typing import Callable, Iterator
