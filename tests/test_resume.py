@@ -135,3 +135,21 @@ def test_every_option_declares_what_changing_it_means_for_a_resume():
         kind, _, reason = resume.partition(":")
         assert kind in RESUME_KINDS, f"{key}: no resume declaration ({resume!r})"
         assert not kind.startswith("unsafe") or reason in RESUME_REASONS, key
+
+
+@pytest.mark.parametrize("override", ["network.dora=true", "network.conv_rank=4", "network.conv_alpha=2.0",
+                                      "network.conv_target_modules=['conv1']", "network.lokr_factor=4"])
+def test_adapter_shape_changes_are_refused_without_training(override):
+    """The bug this declaration fixed, checked on a recorded config alone (no run needed): these
+    changes once counted as safe and the new adapters silently started from scratch."""
+    from trainer_backend.config import strip_secrets, to_dict
+    from trainer_backend.run.checkpoint_files import TrainState
+    saved = load_config(None, ["model.path=builtin:tiny-sd1", "network.type=lora"])
+    state = TrainState(global_step=8, config=strip_secrets(to_dict(saved)), dataset_fingerprint="1:x")
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key}: changed from .* since the checkpoint"):
+        check_compatible(state, load_config(None, ["model.path=builtin:tiny-sd1", "network.type=lora", override]),
+                         "1:x", 1, "ckpt")
+    assert check_compatible(state, load_config(None, ["model.path=builtin:tiny-sd1", "network.type=lora",
+                                                      "optimizer.lr=5e-5"]), "1:x", 1, "ckpt") == \
+        ["optimizer.lr: 0.0001 -> 5e-05"]

@@ -1,5 +1,6 @@
-"""The README's config reference, generated from the schema (a test keeps them in sync:
-run `python -m trainer_backend config-reference --write README.md` after adding an option)."""
+"""The README's config reference and docs/checkpoints.md's table of refused resume changes, both
+generated from the schema (tests keep them in sync: run `python -m trainer_backend config-reference
+--write README.md` and `… --write docs/checkpoints.md` after adding an option)."""
 from __future__ import annotations
 
 import re
@@ -9,6 +10,14 @@ from . import all_fields, sections
 from .applicability import describe
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
+RESUME_BEGIN, RESUME_END = "<!-- resume-safety:begin -->", "<!-- resume-safety:end -->"
+# what run/resume.py refuses besides the options' own declarations (it compares more than options)
+RESUME_CHECKS = (
+    ("the dataset's contents (images added/removed/resized, captions, repeats)", "named as `dataset.path`"),
+    ("`model.path` (another file/folder name)", "another base model"),
+    ("the number of processes", "each rank's data position and RNG state"),
+    ("`precision.mixed` to or from fp16", "the gradient scaler's state"),
+)
 
 
 def _bounds(f: dict) -> str:
@@ -48,11 +57,39 @@ def config_reference() -> str:
     return "\n".join(lines)
 
 
-def write_into(readme: Path) -> None:
-    text = readme.read_text(encoding="utf-8")
-    block = config_reference()
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
-    else:
-        text += "\n" + block + "\n"
-    readme.write_text(text, encoding="utf-8")
+def resume_reference() -> str:
+    """The options a resume refuses to see changed, grouped by why (their `F(resume="unsafe:…")`)."""
+    from .base import RESUME_REASONS
+    by_reason: dict[str, list[str]] = {}
+    bucketing: list[str] = []
+    for f in all_fields():
+        kind, _, reason = f["resume"].partition(":")
+        key = f"`{f['section']}.{f['key']}`"
+        if kind == "unsafe":
+            by_reason.setdefault(reason, []).append(key)
+        elif kind == "unsafe_if_bucketing":
+            bucketing.append(key)
+    lines = [RESUME_BEGIN, "", "| Refused change | Why |", "|---|---|"]
+    lines += [f"| {', '.join(keys)} | {RESUME_REASONS[reason]} |" for reason, keys in by_reason.items()]
+    if bucketing:
+        lines.append(f"| {', '.join(bucketing)} (with `dataset.bucketing` on) | {RESUME_REASONS['buckets']} |")
+    lines += [f"| {what} | {why} |" for what, why in RESUME_CHECKS]
+    return "\n".join([*lines, "", RESUME_END])
+
+
+BLOCKS = ((BEGIN, END, config_reference), (RESUME_BEGIN, RESUME_END, resume_reference))
+
+
+def write_into(doc: Path) -> None:
+    """Regenerate every generated block the file holds (the config reference is appended to a file
+    that holds none)."""
+    text = doc.read_text(encoding="utf-8")
+    found = False
+    for begin, end, make in BLOCKS:
+        if begin in text:
+            block = make()
+            text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+            found = True
+    if not found:
+        text += "\n" + config_reference() + "\n"
+    doc.write_text(text, encoding="utf-8")
