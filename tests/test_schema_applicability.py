@@ -24,7 +24,8 @@ def test_conditions_name_real_keys_and_values():
     (["model.arch=flux"], ["loss.flow_shift", "model.guidance", "ema.decay"], ["loss.min_snr_gamma", "vae.loss"]),
     (["model.arch=sdxl"], ["loss.min_snr_gamma", "network.conv_rank"], ["loss.flow_shift", "model.guidance"]),
     (["model.arch=auto"], ["loss.min_snr_gamma", "loss.flow_shift"], []),  # family not known yet: all
-    (["network.type=vae"], ["vae.loss", "vae.kl_weight"], ["ema.enabled", "network.rank", "network.dora"]),
+    (["network.type=vae"], ["vae.loss", "vae.kl_weight", "validation.every_n_steps"],
+     ["ema.enabled", "network.rank", "network.dora", "samples.prompts", "loss.noise_offset"]),
     (["dataset.source=folders"], [], ["dataset.min_score", "dataset.tag_separator", "dataset.metadata_path"]),
     (["dataset.source=metadata"], ["dataset.min_score", "dataset.metadata_path"], []),
 ])
@@ -54,3 +55,12 @@ def test_the_reference_says_where_an_option_applies():
     text = config_reference()
     assert "*Applies only when model.arch is flux.*" in text
     assert "*Applies only when network.type is vae.*" in text  # the [vae] section
+
+
+def test_rules_about_a_section_that_does_not_apply_stay_quiet():
+    """[samples] does not apply to a VAE run (nothing to sample with): scheduled samples without
+    prompts are a problem for a LoRA, not for a VAE."""
+    from trainer_backend.config import rules
+    scheduled = ["samples.every_n_steps=5"]
+    assert [p.key for p in rules.problems(load_config(None, scheduled))] == ["samples.prompts"]
+    assert rules.problems(load_config(None, [*scheduled, "network.type=vae"])) == []

@@ -57,6 +57,14 @@ def check(cfg: TrainConfig, *groups: str) -> TrainConfig:
     return cfg
 
 
+def section_applies(cfg: TrainConfig, section: str) -> bool:
+    """Does the section apply to this config (its `WHEN`, config/applicability.py)? Rules about a
+    section that does not apply (the [samples] of a VAE run) report nothing."""
+    from .applicability import applies, values_of
+    from .schema import sections
+    return applies({k: list(v) for k, v in sections()[section].WHEN.items()}, values_of(cfg))
+
+
 def installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
@@ -65,7 +73,7 @@ def installed(package: str) -> bool:
 
 @rule("loss")
 def _timesteps(cfg: TrainConfig) -> Iterator[Problem]:
-    if cfg.loss.timestep_min >= cfg.loss.timestep_max:
+    if section_applies(cfg, "loss") and cfg.loss.timestep_min >= cfg.loss.timestep_max:
         yield Problem("loss.timestep_min", f"must be below loss.timestep_max ({cfg.loss.timestep_max}), "
                                            f"got {cfg.loss.timestep_min}")
 
@@ -93,7 +101,7 @@ def _family(cfg: TrainConfig) -> Iterator[Problem]:
         yield Problem("output.lora_format", f"{arch} LoRA files are written in {' or '.join(family.lora_layouts)} "
                                             f"layout, not {fmt!r}")
     if family.objective == "flow":
-        if cfg.samples.scheduler not in FLOW_SAMPLERS:
+        if section_applies(cfg, "samples") and cfg.samples.scheduler not in FLOW_SAMPLERS:
             yield Problem("samples.scheduler", f"{cfg.samples.scheduler!r} does not apply to {arch} (model.arch); "
                                                f"use euler or default")
         if cfg.model.prediction_type != "auto":
@@ -141,6 +149,8 @@ def _checkpoints(cfg: TrainConfig) -> Iterator[Problem]:
 def _samples(cfg: TrainConfig) -> Iterator[Problem]:
     from .sample_prompts import line_problems
     s = cfg.samples
+    if not section_applies(cfg, "samples"):
+        return
     yield from (Problem(key, message) for key, message in line_problems(cfg, "samples.prompts", s.prompts))
     scheduled = s.every_n_steps or s.every_n_epochs or s.before_first_step
     if scheduled and not s.prompt_file and not any(

@@ -7,6 +7,7 @@ from ..families.registry import DDPM_FAMILIES, FLOW_FAMILIES
 from .base import F, Section
 
 ADAPTERS = ("lora", "loha", "lokr")  # network.type values that train adapters
+DENOISER_METHODS = (*ADAPTERS, "full")  # network.type values that train the denoiser (not the VAE alone)
 
 
 class Network(Section):
@@ -82,6 +83,7 @@ class Schedule(Section):
 class Loss(Section):
     """Noise and loss shaping."""
     TAB: ClassVar[str] = "Optimizer & schedule"
+    WHEN: ClassVar[dict[str, tuple]] = {"network.type": DENOISER_METHODS}  # VAE training has [vae] loss options
     noise_offset: float = F(0.0, "Noise offset (helps very dark/bright images).", ge=0.0, le=1.0, resume="safe")
     min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0, resume="safe",
                              when={"model.arch": DDPM_FAMILIES})
@@ -137,7 +139,7 @@ class Precision(Section):
 class Ema(Section):
     """Exponential moving average of the trained weights (full fine-tune or adapters)."""
     TAB: ClassVar[str] = "Network"
-    WHEN: ClassVar[dict[str, tuple]] = {"network.type": (*ADAPTERS, "full")}
+    WHEN: ClassVar[dict[str, tuple]] = {"network.type": DENOISER_METHODS}
     enabled: bool = F(False, "Keep an EMA copy of the trainable weights.", resume="safe")
     decay: float = F(0.999, "EMA decay per optimizer step (0.999 averages over roughly the last 1000 steps).",
                      gt=0.0, lt=1.0, resume="safe")
@@ -154,6 +156,7 @@ class Ema(Section):
 class Samples(Section):
     """Sample images during training."""
     TAB: ClassVar[str] = "Samples"
+    WHEN: ClassVar[dict[str, tuple]] = {"network.type": DENOISER_METHODS}  # a VAE alone has nothing to sample with
     prompts: str = F("", "One prompt per line. Options after the prompt, kohya style: --n negative prompt, "
                          "--w width, --h height, --d seed, --s steps, --l CFG scale. Lines starting with # are "
                          "ignored.", widget="textarea", resume="safe")
