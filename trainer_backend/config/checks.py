@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from . import ConfigError, TrainConfig, rules
+from . import TrainConfig, rules
 from .base import Problem
 from .paths import BUILTIN_PREFIX, PROJECT_ROOT, resolve_path, resolve_paths  # noqa: F401 (re-exported)
 
