@@ -35,16 +35,27 @@ def _run_folder(cfg: TrainConfig) -> Iterator[Problem]:
         yield Problem(key.strip(), message.strip())
 
 
+def _resolved(value) -> Path | None:
+    try:
+        return Path(value).expanduser().resolve()
+    except (OSError, ValueError):
+        return None
+
+
 def _no_overlap(cfg: TrainConfig) -> Iterator[Problem]:
     """The run folder must not be inside a dataset folder, nor a dataset inside the run folder: the
     run's own samples would become training images, and the next start would see a changed dataset."""
-    run = Path(cfg.run_dir).expanduser().resolve()
+    run = _resolved(cfg.run_dir)
+    if run is None:  # an unusable path (a NUL byte): _run_folder already names it
+        return
     folders = [("dataset.path", cfg.dataset.path), ("dataset.class_path", cfg.dataset.class_path),
                *((f"dataset.subsets[{i}].path", s.path) for i, s in enumerate(cfg.dataset.subsets))]
     for key, value in folders:
         if not value or str(value).startswith(BUILTIN_PREFIX):
             continue
-        data = Path(value).expanduser().resolve()
+        data = _resolved(value)
+        if data is None:
+            continue
         if run == data or run.is_relative_to(data):
             yield Problem("output.dir", f"the run folder {run} is inside {key} ({data}); its samples and "
                                         f"checkpoints would become training data. Put output.dir elsewhere")
