@@ -15,6 +15,7 @@ import random
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,96 @@ def test_many_sigkills_with_plain_subprocesses(long_reference, fast_inputs, tmp_
     _kill_and_resume(Plain(), tmp_path, config, run_dir, kills=10, seed=seed)
     assert_bitwise_equal(lora_tensors(run_dir / "killed.safetensors"), reference_run["lora"])
     assert valid_steps(run_dir) == reference_run["steps"]
+
+
+# ----------------------------------------------------------------------------- two ranks (DDP)
+
+TWO_RANKS = {"hardware": {"num_processes": 2}, "schedule": {"max_steps": 48}}  # 24 steps of 2 ranks
+
+
+class _Launch:
+    """`python -m trainer_backend launch` (accelerate launch → torch's elastic agent → 2 gloo
+    ranks) in its own process group, so a kill can take one rank or the whole machine."""
+
+    def __init__(self, config, log):
+        self.proc = subprocess.Popen([PY, "-m", "trainer_backend", "launch", "--config", str(config)], cwd=ROOT,
+                                     stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=child_env(),
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+
+    def tree(self) -> list[int]:
+        """This launch's live processes: the launcher and its descendants (torch's elastic agent
+        starts each rank in a session of its own, so the process group does not hold them)."""
+        parents = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != "Z":
+                parents[int(stat.parent.name)] = int(fields[1])
+        tree, grew = {self.pid} & parents.keys(), True
+        while grew:
+            more = {p for p, parent in parents.items() if parent in tree} - tree
+            tree |= more
+            grew = bool(more)
+        return sorted(tree)
+
+    def ranks(self) -> list[int]:
+        """The training processes: those with a LOCAL_RANK in their environment."""
+        found = []
+        for pid in self.tree():
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(v.startswith(b"LOCAL_RANK=") for v in env):
+                found.append(pid)
+        return found
+
+    def wait(self, timeout: float = 300) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+def test_sigkill_with_two_ranks_resumes_bitwise(fast_inputs, tmp_path):
+    """Two CPU ranks under DDP: one rank SIGKILLed (the OOM killer's way), later the whole process
+    group (a lost machine); each restart with resume = "auto" continues from the newest complete
+    checkpoint, and the final LoRA is bitwise the uninterrupted two-rank run's."""
+    reference = write_config(tmp_path / "ref.toml", *fast_inputs, tmp_path / "runs", "ref", TWO_RANKS)
+    assert _Launch(reference, tmp_path / "ref.log").wait(600) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    ref_dir = tmp_path / "runs" / "ref"
+
+    config = write_config(tmp_path / "killed.toml", *fast_inputs, tmp_path / "runs", "killed", TWO_RANKS)
+    run_dir, log = tmp_path / "runs" / "killed", tmp_path / "killed.log"
+    for how, at_step in (("one rank", 3), ("process group", 9)):
+        since = len(read_events(run_dir))
+        before = valid_steps(run_dir)
+        launch = _Launch(config, log)
+        ev = wait_for_event(run_dir, launch, lambda e: e["event"] == "step" and e["step"] >= at_step, since)
+        assert ev is not None, log.read_text()[-3000:]
+        resumed = [e for e in read_events(run_dir)[since:] if e["event"] == "resumed"]
+        assert [e["step"] for e in resumed] == before[-1:], (before, resumed)
+        if how == "one rank":
+            ranks = launch.ranks()
+            assert len(ranks) == 2, ranks
+            os.kill(ranks[-1], signal.SIGKILL)
+            assert launch.wait() != 0  # the elastic agent takes the other rank down and fails the launch
+        else:  # the machine is gone: every process of the launch at once
+            for pid in launch.tree():
+                os.kill(pid, signal.SIGKILL)
+            launch.wait()
+        for _ in range(100):
+            if not launch.tree():
+                break
+            time.sleep(0.1)
+        assert not launch.tree(), "a process of the killed launch survived"
+
+    since = len(read_events(run_dir))
+    last = valid_steps(run_dir)[-1]
+    assert _Launch(config, log).wait(600) == 0, log.read_text()[-3000:]
+    assert [e["step"] for e in read_events(run_dir)[since:] if e["event"] == "resumed"] == [last]
+    assert_bitwise_equal(lora_tensors(run_dir / "killed.safetensors"), lora_tensors(ref_dir / "ref.safetensors"))
+    steps = [e["step"] for e in read_events(run_dir) if e["event"] == "step"]
+    total = [e for e in read_events(ref_dir) if e["event"] == "plan"][0]["multi"]["total_steps"]
+    assert total == 24 and set(steps) == set(range(1, total + 1))
+
