@@ -8,6 +8,7 @@ import gradio as gr
 from trainer_backend.config import ConfigError, from_dict
 
 from gui.shared_state import Studio, overlay
+from gui.form_draft import wire_form_draft
 from gui.preset_panel import build_preset_panel, wire_preset_panel
 from gui.run_control import StartRefused
 from gui.run_page import build_run_page
@@ -57,6 +58,7 @@ def build_app(studio: Studio) -> gr.Blocks:
         with gr.Tabs(elem_id="main-tabs") as main_tabs:
             with gr.Tab("Training", id="training", elem_id="page-training"):
                 panel = build_preset_panel(studio, label)
+                modified = gr.Markdown("", elem_id="form-modified")   # which fields differ from the preset
                 page = build_training_page(studio, values, main_tabs)
 
             def after_load(event):
@@ -68,8 +70,8 @@ def build_app(studio: Studio) -> gr.Blocks:
             with gr.Tab("Runs", id="runs", elem_id="page-runs") as runs_tab:
                 build_runs_page(studio, page.form.inputs, after_load, main_tabs, page.secret_boxes, runs_tab)
         wire_preset_panel(panel, studio, page.form.inputs, after_load)
-        app.load(page.refresh, inputs=page.refresh_inputs,
-                 outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
+        # a reload keeps the form: the draft in the browser is restored, then the form is refreshed
+        wire_form_draft(app, studio, page.form.inputs, panel.dropdown, page.triggers, modified, after_load)
 
         def start_toml(config_toml: str) -> str:
             """Start a run from TOML text (preset or full config); returns the run directory or 'error: ...'."""

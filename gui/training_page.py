@@ -26,6 +26,7 @@ class TrainingPage:
     inspected: gr.State
     start_button: gr.Button
     secret_boxes: list              # (name, value) textboxes, flat
+    triggers: list                  # the form's change events (a Textbox's blur/submit, the others' change)
 
     @property
     def refresh_inputs(self) -> list:
@@ -157,5 +158,6 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                 concurrency_limit=1, concurrency_id="run-control")
     return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs],
                         refresh=refresh_with_visibility,
-                        inspected=inspected, start_button=start, secret_boxes=secret_boxes)
+                        inspected=inspected, start_button=start, secret_boxes=secret_boxes,
+                        triggers=[t for t in triggers])
 

@@ -1,7 +1,7 @@
 """Issue 16 in a real browser: the inspector drops a previous folder's views and says why files
 were skipped (1), confirmations and action messages do not outlive their moment (2), headings keep
 their whole docstring (6), TensorBoard and downloads (20), labels, the visible command preview,
-captions, and the log following its newest line (22)."""
+captions, and the log following its newest line (22); a reload keeps the form's edits (8)."""
 from __future__ import annotations
 
 import re
@@ -51,6 +51,23 @@ def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):
     page.wait_for_function("() => !document.querySelector('#preset-message').innerText.includes('again')",
                            timeout=30_000)
     assert (server.presets / "to delete.toml").exists()
+
+    # 8: a reload keeps the form's edits, and the page says what differs from the preset
+    page.get_by_role("tab", name="Model", exact=True).click()
+    name = field_input(page, "output", "name")
+    name.fill("kept-after-reload")
+    name.press("Tab")
+    wait_text(page, "#form-modified", r"from preset.*output\.name", 30)
+    page.reload()
+    page.wait_for_selector("#field-model-path", timeout=90_000)
+    page.get_by_role("tab", name="Model", exact=True).click()
+    page.wait_for_function("() => { const e = document.querySelector('#field-output-name input, "
+                           "#field-output-name textarea'); return e && e.value === 'kept-after-reload'; }",
+                           timeout=30_000)
+    wait_text(page, "#form-modified", r"output\.name", 30)
+    assert page.locator("#preset-select input").first.input_value() == "to delete"
+    assert not page.locator(".toast-body, .toast-wrap").filter(has_text="Error").count(), "an error toast"
+    shot(page, "issue16-form-after-reload")
 
 
 def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811

@@ -167,3 +167,28 @@ def test_labels_are_words_next_to_the_toml_key(fields, app_config):
         assert label.endswith(f" · {f.key}") and len(label) > len(f.key) + 3, label
     assert by_id["field-optimizer-max_grad_norm"]["props"]["label"] == "Max grad norm · max_grad_norm"
     assert by_id["field-network-text_encoder_lr"]["props"]["label"] == "Text encoder LR · text_encoder_lr"
+
+
+def test_a_reload_restores_the_form_draft_and_names_what_differs(tmp_path):
+    """Issue 16 item 8: the draft kept in the browser holds every value but the secrets, puts them
+    back on load, and the line under the preset bar names the fields that differ from the preset."""
+    from gui.form_draft import draft_of, modified_markdown, restored_values
+    from gui.shared_state import Settings, Studio
+    studio = Studio.create(Settings(runs_dir=tmp_path / "runs", presets_dir=tmp_path / "presets"))
+    label, values = studio.initial_values()
+    fields = studio.fields
+    keys = [f.dotted for f in fields]
+    assert modified_markdown(studio, label, values) == ""
+    edited = list(values)
+    edited[keys.index("output.name")] = "my-edit"
+    edited[keys.index("schedule.batch_size")] = 3
+    # secret values are typed in the secrets panel, not in the form: the draft never sees them
+    assert not [f for f in fields if f.secret]
+
+    draft = draft_of(fields, label, edited)
+    found = restored_values(fields, draft)
+    assert found[keys.index("output.name")] == "my-edit" and found[keys.index("schedule.batch_size")] == 3
+    line = modified_markdown(studio, label, edited)
+    assert "2 fields differ" in line and "`output.name`" in line and "`schedule.batch_size`" in line, line
+    # nothing usable: no draft yet, or one written by another schema
+    assert restored_values(fields, None) is None and restored_values(fields, {"values": {"old.key": 1}}) is None

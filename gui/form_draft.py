@@ -1,0 +1,95 @@
+"""The Training form survives a browser reload: its values (never its secrets) are kept in the
+browser's localStorage as a draft and put back when the page loads, and a line under the preset
+bar says which fields differ from the preset they started from."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gradio as gr
+
+from gui.presets import PresetError
+from gui.schema_form import FormField, config_to_values
+from gui.shared_state import Studio
+
+STORAGE_KEY = "sd-studio-training-form"
+SHOWN_NAMES = 6   # the changed fields named in the line; the rest are counted
+
+
+def draft_of(fields: list[FormField], preset: str | None, values: list) -> dict:
+    """What is stored: the preset the form came from and every non-secret value by its dotted key."""
+    return {"preset": preset or "",
+            "values": {f.dotted: _jsonable(v) for f, v in zip(fields, values) if not f.secret}}
+
+
+def restored_values(fields: list[FormField], draft: Any) -> dict[int, Any] | None:
+    """Field index -> value to put back into the form (never a secret; keys the draft lacks keep
+    the form's value), or None when there is no usable draft (none yet, another schema's, not a
+    dict)."""
+    if not isinstance(draft, dict) or not isinstance(draft.get("values"), dict):
+        return None
+    stored = draft["values"]
+    found = {i: stored[f.dotted] for i, f in enumerate(fields) if f.dotted in stored and not f.secret}
+    return found or None
+
+
+def changed_fields(fields: list[FormField], values: list, baseline: list) -> list[str]:
+    return [f.dotted for f, v, b in zip(fields, values, baseline)
+            if not f.secret and _jsonable(v) != _jsonable(b)]
+
+
+def modified_markdown(studio: Studio, preset: str | None, values: list) -> str:
+    """"" when the form equals its preset; else which fields differ (unsaved until Save)."""
+    if not preset:
+        return ""
+    try:
+        baseline = config_to_values(studio.fields, studio.load_preset(preset))
+    except (PresetError, Exception):   # a preset deleted meanwhile: nothing to compare with
+        return ""
+    changed = changed_fields(studio.fields, values, baseline)
+    if not changed:
+        return ""
+    names = ", ".join(f"`{k}`" for k in changed[:SHOWN_NAMES])
+    more = f" and {len(changed) - SHOWN_NAMES} more" if len(changed) > SHOWN_NAMES else ""
+    verb = "fields differ" if len(changed) != 1 else "field differs"
+    return (f"✎ {len(changed)} {verb} from preset **{preset}** "
+            f"(not saved in it): {names}{more}")
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
+
+
+def wire_form_draft(app: gr.Blocks, studio: Studio, inputs: list, dropdown: gr.Dropdown, triggers: list,
+                    marker: gr.Markdown, refresh_event) -> None:
+    """Register the save-on-change and restore-on-load events. `refresh_event(event)` chains the
+    form's refresh after restored values were set; `marker` shows which fields differ from the preset."""
+    fields = studio.fields
+    draft = gr.BrowserState(None, storage_key=STORAGE_KEY)
+
+    def remember(preset, *values):
+        return draft_of(fields, preset, list(values)), modified_markdown(studio, preset, list(values))
+
+    gr.on([*triggers, dropdown.change], remember, inputs=[dropdown, *inputs], outputs=[draft, marker],
+          trigger_mode="always_last", show_progress="hidden")
+
+    def restore(stored, preset):
+        found = restored_values(fields, stored)
+        if found is None:
+            return [gr.skip()] * (len(inputs) + 2)
+        label = stored.get("preset") or preset
+        if label not in studio.store.labels():
+            label = None   # deleted meanwhile: the values stay, nothing to compare them with
+        _, initial = studio.initial_values()
+        values = [found.get(i, v) for i, v in enumerate(initial)]
+        updates = [found[i] if i in found else gr.skip() for i in range(len(fields))]
+        # the page's choices were built with the studio: presets saved since must be choices too
+        return [*updates, gr.update(choices=studio.store.labels(), value=label),
+                modified_markdown(studio, label, values)]
+
+    refresh_event(app.load(restore, inputs=[draft, dropdown], outputs=[*inputs, dropdown, marker],
+                           show_progress="hidden"))
