@@ -114,3 +114,18 @@ def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811
     if end.startswith("done"):   # 20: each output file to download
         page.wait_for_selector("#run-output-files a", timeout=60_000)
         assert ".safetensors" in page.locator("#run-output-files").inner_text()
+
+    # 3: a new Start shows the new run as starting at once, its buttons off until it runs
+    page.get_by_role("tab", name="Training", exact=True).click()
+    page.get_by_role("tab", name="Model", exact=True).click()
+    name = field_input(page, "output", "name")
+    name.fill("second-run")
+    name.press("Tab")
+    time.sleep(1)
+    page.click("#start-training")
+    # before its first step the page already shows the new run (not the finished one) as starting
+    wait_text(page, "#run-progress", r"^starting", 60)
+    assert "second-run" in page.locator("#run-header").inner_text()
+    shot(page, "issue16-second-start")
+    wait_text(page, "#run-progress", r"running|done", 240)
+    page.click("#run-stop") if "running" in page.locator("#run-progress").inner_text() else None

@@ -142,6 +142,6 @@ def test_a_layout_the_family_does_not_write_is_refused_naming_the_key(arch):
     from trainer_backend.config.rules import problems
     cfg = TrainConfig.model_validate({"model": {"arch": arch}, "output": {"lora_format": "diffusers" if arch == "sd1"
                                                                            else "kohya"}})
-    assert any(p.startswith("output.lora_format:") for p in problems(cfg))
+    assert any(str(p).startswith("output.lora_format:") for p in problems(cfg))
     with pytest.raises(Exception, match="output.lora_format"):
         get_family(arch).lora_layout(cfg.output.lora_format)
