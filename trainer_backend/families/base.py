@@ -34,6 +34,7 @@ class LoadedModel:
     vae_scale_factor: int     # pixels per latent cell along one side
     scheduler_config: dict = field(default_factory=dict)  # the model's own (inference) scheduler config
     text_max_length: int = 0  # model.t5_max_length: tokens per caption for T5-style encoders; 0 = the model's own
+    clip_skip: int = 1        # model.clip_skip: the CLIP layer counted from the end (families that apply it)
 
     @property
     def arch(self) -> str:
@@ -145,6 +146,13 @@ class Family:
     def pipeline_class(self):
         """The diffusers pipeline class of this family (loads its folders and LoRA files)."""
         raise NotImplementedError
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str | list[str],
+                         negative: str | list[str] | None) -> dict:
+        """The prompt arguments of a sampling pipeline call. Default: the texts (the pipeline encodes
+        them itself); a family whose training encodes text differently (SD's clip_skip) passes its own
+        embeddings, so samples see the conditioning the model is trained on."""
+        return {"prompt": prompt, "negative_prompt": negative}
 
     def pipeline_call_options(self, model: LoadedModel) -> dict:
         """Extra keyword arguments for the pipeline's __call__ when sampling (e.g. Flux's T5 length)."""

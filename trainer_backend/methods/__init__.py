@@ -34,6 +34,13 @@ def load_method_model(cfg: TrainConfig):
     from ..families import load_configured
     model = load_configured(cfg.model)
     model.text_max_length = cfg.model.t5_max_length
+    if cfg.model.clip_skip > 1:
+        from ..config.rules import clip_skip_refusal
+        from ..errors import ConfigError
+        from ..families.registry import entry
+        if not entry(model.arch).clip_skip:  # model.arch = auto: known now
+            raise ConfigError(f"model.clip_skip: {clip_skip_refusal(model.arch)}")
+        model.clip_skip = cfg.model.clip_skip
     return model
 
 

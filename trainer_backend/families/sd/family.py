@@ -60,6 +60,15 @@ class StableDiffusionFamily(Family):
         hidden, pooled = encode_text(model, input_ids, encoders)
         return {"hidden": hidden} if pooled is None else {"hidden": hidden, "pooled": pooled}
 
+    def prompt_arguments(self, model, prompt, negative):
+        if model.clip_skip <= 1:
+            return super().prompt_arguments(model, prompt, negative)
+        # diffusers' own clip_skip counts differently and reaches for transformers 4's `.text_model`
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negatives = [negative or ""] * len(prompts) if not isinstance(negative, list) else list(negative)
+        embed = lambda texts: self.encode_text(model, self.tokenize(model, texts, 75))["hidden"]  # noqa: E731
+        return {"prompt_embeds": embed(prompts), "negative_prompt_embeds": embed(negatives)}
+
     # ---- objective and forward
     def objective(self, model):
         from ..objectives import DDPMObjective
