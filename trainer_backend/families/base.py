@@ -142,6 +142,19 @@ class Family:
         from diffusers.models.attention_processor import AttnProcessor
         model.denoiser.set_attn_processor(AttnProcessor())
 
+    # ---- blocks (network.block_lr)
+    # (regular expression on a denoiser module path, block name format with its groups as ints)
+    block_patterns: tuple[tuple[str, str], ...] = ()
+
+    def block_of(self, model: LoadedModel, module_path: str) -> str | None:
+        """The named block (network.block_lr) a denoiser module belongs to; None: no block."""
+        import re
+        for pattern, name in self.block_patterns:
+            found = re.match(pattern, module_path)
+            if found:
+                return name.format(*(int(g) for g in found.groups()))
+        return None
+
     # ---- sampling and outputs
     def pipeline_class(self):
         """The diffusers pipeline class of this family (loads its folders and LoRA files)."""
@@ -184,6 +197,15 @@ class Family:
         """peft adapter weights per component -> the LoRA file in `layout` (see lora_layout), the key
         layout ComfyUI/A1111/kohya/diffusers load."""
         raise NotImplementedError
+
+    def read_lora_file(self, model: LoadedModel, state: dict[str, "torch.Tensor"], modules: dict):
+        """A LoRA file's weights (network.network_weights) in peft's layout, as families/lora_files.py's
+        LoraWeights; `modules`: component -> the module its adapters go on. Default: diffusers' layout,
+        else what diffusers' own converters read. ConfigError naming network.network_weights otherwise."""
+        from .lora_files import is_diffusers_layout, read_diffusers_layout, read_with_diffusers
+        if is_diffusers_layout(state, (self.denoiser_name, *self.text_encoder_names)):
+            return read_diffusers_layout(state, modules)
+        return read_with_diffusers(self.pipeline_class(), state, modules, self.label)
 
     def diffusers_lora_targets(self, file_state: dict[str, "torch.Tensor"], denoiser) -> set[str]:
         """The denoiser module paths diffusers' own LoRA loader puts this file's adapters on
