@@ -19,8 +19,9 @@ def _model(path):
 
 
 def _adapters(model, overrides):
-    from trainer_backend.methods.lora import setup_lora
-    return setup_lora(model, load_config(None, ["network.rank=4", "network.alpha=4", *overrides]))
+    """The adapters a run sets up before its first step (methods.setup_method)."""
+    from trainer_backend.methods import setup_method
+    return setup_method(model, load_config(None, ["network.rank=4", "network.alpha=4", *overrides]))
 
 
 # ---------------------------------------------------------------- clip_skip
@@ -93,7 +94,7 @@ def test_block_multipliers_become_optimizer_groups_that_follow_the_schedule(tiny
 
 def test_block_lr_and_exclude_modules_that_name_nothing_are_refused(tiny_models):
     model = _model(tiny_models("sd1"))
-    with pytest.raises(ConfigError, match=r"network.block_lr: 'OUT99' names no block.*OUT00"):
+    with pytest.raises(ConfigError, match=r"network.block_lr: 'OUT99' names no block of this UNet2DConditionModel; its blocks: .*OUT00"):
         _adapters(model, ['network.block_lr={"OUT99" = 0}'])
     with pytest.raises(ConfigError, match=r"network.exclude_modules: 'nothing_like_this'"):
         _adapters(_model(tiny_models("sd1")), ['network.exclude_modules=["nothing_like_this"]'])

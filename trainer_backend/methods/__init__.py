@@ -99,9 +99,12 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
         from .full import setup_full
         trainable = setup_full(model, cfg)
     else:
-        from .lora import setup_lora
+        from .lora import alpha_for_module, setup_lora
         model.family.lora_layout(cfg.output.lora_format)  # refused before training, naming the key
         trainable = setup_lora(model, cfg)
+        if cfg.network.network_weights:  # into the fp32 adapters; a resumed checkpoint loads later and wins
+            from .network_weights import load_network_weights
+            load_network_weights(model, trainable.modules, cfg, alpha_for_module(cfg))
     count = sum(p.numel() for p in trainable.parameters())
     LOG.info("method: %s; %s trainable parameters", describe_method(cfg, class_samples), f"{count:,}")
     if cfg.network.type != "full":

@@ -58,10 +58,13 @@ def split_by_block(model, component: str, module: torch.nn.Module, group: dict, 
             param.requires_grad_(False)  # stays at its start: zero effect, or network.network_weights
         else:
             by_factor.setdefault(factor, []).append(param)
+    # a key for a block without adapters is harmless (kohya's lists name every block); one that names
+    # no block of the model at all is a typo
+    every = {family.block_of(model, path) for path, _ in module.named_modules()} - {None}
     for key in block_lr:
-        if not any(matches(key, b) for b in blocks):
-            raise ConfigError(f"network.block_lr: {key!r} names no block with adapters; this "
-                              f"{type(module).__name__}'s blocks with adapters: {', '.join(sorted(blocks))}")
+        if not any(matches(key, b) for b in every):
+            raise ConfigError(f"network.block_lr: {key!r} names no block of this {type(module).__name__}; its "
+                              f"blocks: {', '.join(sorted(every))}")
     _log(blocks)
     order = sorted(by_factor, key=lambda f: (f != 1.0, f))
     return [{"params": by_factor[f], "lr": group["lr"] * f, "name": f"{component} ×{f:g}"} for f in order]

@@ -59,7 +59,8 @@ def alpha_for_module(cfg: TrainConfig):
 
 def setup_lora(model, cfg: TrainConfig) -> Trainable:
     """Freeze the base model, add adapters to the UNet (and text encoders when asked),
-    and return the adapter parameters in fp32 grouped by learning rate."""
+    and return the adapter parameters in fp32 grouped by learning rate (network.block_lr too);
+    network.network_weights then fills them (methods/network_weights.py)."""
     from .block_lr import check_excludes, split_by_block
     family = model.family
     for module in (model.denoiser, model.vae, *model.text_encoders):
@@ -72,9 +73,6 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
             _add_adapter(encoder, adapter_config(cfg, name), "network.text_encoder_target_modules")
             modules[name] = encoder
     groups = fp32_param_groups(modules, cfg.optimizer.lr, cfg.network.text_encoder_lr or cfg.optimizer.lr)
-    if cfg.network.network_weights:  # into the fp32 adapters (a resumed checkpoint loads later and wins)
-        from .network_weights import load_network_weights
-        load_network_weights(model, modules, cfg)
     if cfg.network.block_lr:
         name = family.denoiser_name
         groups = [g for group in groups for g in (

@@ -52,17 +52,16 @@ def _peft_file(state: dict, header: dict, modules: dict, cfg: TrainConfig):
     return out
 
 
-def load_network_weights(model, modules: dict[str, torch.nn.Module], cfg: TrainConfig) -> None:
-    """Copy the file's weights into the adapters just added to `modules` (component -> module)."""
+def load_network_weights(model, modules: dict[str, torch.nn.Module], cfg: TrainConfig, alpha) -> None:
+    """Copy the file's weights into the adapters just added to `modules` (component -> module);
+    alpha: (component, module) -> the configured alpha (methods/lora.py alpha_for_module)."""
     from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
-    from .lora import alpha_for_module
     from .variants import METADATA_KEY
     state, header = read_file(cfg.network.network_weights)
     if METADATA_KEY in header:
         found = _peft_file(state, header, modules, cfg)
     else:
         found = model.family.read_lora_file(model, state, modules)
-    alpha = alpha_for_module(cfg)
     loaded, folded = 0, set()
     for component, weights in found.weights.items():
         if component not in modules:
