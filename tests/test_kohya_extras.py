@@ -67,6 +67,10 @@ def test_block_names_follow_kohyas_numbering_on_the_full_size_unets():
         # kohya: down_blocks.1.attentions.0 is input_blocks.4; up_blocks.1.attentions.2 is output_blocks.5
         assert family.block_of(model, "down_blocks.1.attentions.0.proj_in") == "IN04"
         assert family.block_of(model, "up_blocks.1.attentions.2.proj_in") == "OUT05"
+    flux = get_family("flux")
+    model = LoadedModel(flux, flux.meta_denoiser(), None, [], [], None, "flow", "", 8)
+    names = {flux.block_of(model, n) for n, _ in model.denoiser.named_modules()} - {None}
+    assert names == {"BASE", "END", *(f"double_{i:02d}" for i in range(19)), *(f"single_{i:02d}" for i in range(38))}
 
 
 def test_block_multipliers_become_optimizer_groups_that_follow_the_schedule(tiny_models):
@@ -176,3 +180,27 @@ def test_continuing_with_a_frozen_block_keeps_its_loaded_weights(first_run, tiny
     assert frozen and trained
     assert all(torch.equal(before[k], after[k]) for k in frozen)
     assert all(not torch.equal(before[k], after[k]) for k in trained)
+
+
+def test_a_flux_file_in_diffusers_layout_starts_the_adapters_with_its_effect(tiny_models, tmp_path):
+    """The flow families' own layout folds alpha into lora_B; a run with another alpha starts from
+    exactly the file's effect."""
+    from trainer_backend.methods.kohya_format import save_lora_file
+    from trainer_backend.methods.lora import adapter_state_dicts, alpha_for_module
+    model = _model(tiny_models("flux"))
+    cfg = load_config(None, ["network.rank=4", "network.alpha=4"])
+    trained = _adapters(model, [])
+    torch.manual_seed(0)
+    for p in trained.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    path = save_lora_file(tmp_path / "flux.safetensors", model, adapter_state_dicts(trained.modules),
+                          alpha=alpha_for_module(cfg), metadata={})
+    fresh = _model(tiny_models("flux"))
+    _adapters(fresh, ["network.alpha=1", f"network.network_weights={path}"])
+    family, g = model.family, torch.Generator().manual_seed(1)
+    latents, text = torch.randn(1, 16, 8, 8, generator=g), None
+    with torch.no_grad():
+        text = family.encode_text(model, family.tokenize(model, ["a cat"], 75))
+        outs = [family.predict(m, m.denoiser, latents, torch.tensor([500.0]), text, {}, torch.float32)
+                for m in (model, fresh)]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
