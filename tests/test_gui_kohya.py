@@ -128,7 +128,8 @@ def test_clip_skip_network_weights_masks_and_block_lr_are_mapped():
     block_lr = cfg.network.block_lr
     assert block_lr["IN01"] == 0 and block_lr["IN02"] == 0.5 and block_lr["IN03"] == 0  # empty entry = 0
     assert "IN00" not in block_lr and "IN04" not in block_lr and block_lr["M*"] == 2
-    assert block_lr["OUT00"] == 0 and block_lr["OUT01"] == pytest.approx(0.142315)  # sin(π/2 · 1/11): above the 0.1 threshold
+    # sine: OUT00 = 0, OUT01 = sin(π/2 · 1/11), above the 0.1 threshold
+    assert block_lr["OUT00"] == 0 and block_lr["OUT01"] == pytest.approx(0.142315)
     assert "OUT11" not in block_lr                 # sine ends at 1
     assert not result.unsupported, result.unsupported
 

@@ -98,7 +98,8 @@ def test_block_multipliers_become_optimizer_groups_that_follow_the_schedule(tiny
 
 def test_block_lr_and_exclude_modules_that_name_nothing_are_refused(tiny_models):
     model = _model(tiny_models("sd1"))
-    with pytest.raises(ConfigError, match=r"network.block_lr: 'OUT99' names no block of this UNet2DConditionModel; its blocks: .*OUT00"):
+    with pytest.raises(ConfigError, match=r"network.block_lr: 'OUT99' names no block of this "
+                                          r"UNet2DConditionModel; its blocks: .*OUT00"):
         _adapters(model, ['network.block_lr={"OUT99" = 0}'])
     with pytest.raises(ConfigError, match=r"network.exclude_modules: 'nothing_like_this'"):
         _adapters(_model(tiny_models("sd1")), ['network.exclude_modules=["nothing_like_this"]'])

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import (ARCH_CHOICES, CLIP_SKIP_FAMILIES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES, LORA_LAYOUT_CHOICE_FAMILIES,
-                                 LORA_LAYOUTS)
+from ..families.registry import (ARCH_CHOICES, CLIP_SKIP_FAMILIES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES,
+                                 LORA_LAYOUT_CHOICE_FAMILIES, LORA_LAYOUTS)
 from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode

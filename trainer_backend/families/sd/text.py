@@ -41,8 +41,8 @@ def encode_text(model: LoadedModel, input_ids: list[torch.Tensor],
 
     sd1/sd2: the encoder's last hidden state (after its final layer norm; SD2's encoder already
     ends one layer early), pooled None; with model.clip_skip = n > 1 the hidden state n layers from
-    the end through the same final layer norm (kohya's sd-scripts and A1111). sdxl: the penultimate hidden states of both encoders
-    concatenated on the feature axis; pooled = encoder 2's projected text embedding.
+    the end through the same final layer norm (kohya's sd-scripts and A1111). sdxl: the penultimate
+    hidden states of both encoders concatenated on the feature axis; pooled = encoder 2's projected text embedding.
     Gradients flow through any trainable parameters (e.g. text-encoder LoRA).
     `encoders` replaces model.text_encoders, e.g. with DDP-wrapped ones whose forward syncs
     gradients across processes.
