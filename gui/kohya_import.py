@@ -16,7 +16,7 @@ from trainer_backend.config import ConfigError, TrainConfig, from_dict
 
 from gui.kohya_keys import (APPROX_OPTIMIZERS, DIRECT, FAMILY_KEYS, LOCON_TYPES, NETWORK_TYPES, OPTIMIZERS,
                             SAMPLERS, SECRET_KEYS, SPECIAL, TIMESTEP_SAMPLING, WEIGHTING_SCHEME, _blank, _int, _num,
-                            _off, _truthy)
+                            _off, _truthy, block_lr_from_kohya)
 from gui.schema_form import form_fields
 
 
@@ -163,6 +163,42 @@ def _special_cases(src: dict, b: _Builder) -> None:
 
     if not _off(src.get("noise_offset")) and str(src.get("noise_offset_type", "Original")) != "Original":
         b.result.unsupported.append(("noise_offset_type", src["noise_offset_type"]))
+    _kohya_extras(src, b, arch)
+
+
+def _kohya_extras(src: dict, b: _Builder, arch: str) -> None:
+    """clip_skip, masks and block-wise learning rates (network_weights and masked_loss are DIRECT)."""
+    from trainer_backend.families.registry import entry
+    family = next((f for k, f in FAMILY_KEYS.items() if _truthy(src.get(k))), arch)
+    if not _off(src.get("clip_skip")):
+        try:
+            skip = _int(src["clip_skip"])
+        except ValueError:
+            b.result.unsupported.append(("clip_skip", src["clip_skip"]))
+        else:
+            if entry(family).clip_skip:
+                b.put("clip_skip", "model.clip_skip", skip)
+            elif skip > 1:
+                b.note(f"clip_skip {skip} not imported: {family} is not conditioned on one CLIP encoder's last "
+                       f"layer (kohya's sd-scripts ignore clip_skip for SDXL too)")
+    if _truthy(src.get("alpha_mask")):
+        b.put("alpha_mask", "loss.masked", True)
+    if not _blank(src.get("conditioning_data_dir")):
+        if _truthy(src.get("masked_loss")):
+            b.put("conditioning_data_dir", "dataset.mask_path", str(src["conditioning_data_dir"]))
+        else:   # without masked_loss kohya's conditioning images are ControlNet inputs, not masks
+            b.result.unsupported.append(("conditioning_data_dir", src["conditioning_data_dir"]))
+    keys = ("down_lr_weight", "mid_lr_weight", "up_lr_weight")
+    if any(not _blank(src.get(k)) for k in keys):
+        try:
+            block_lr = block_lr_from_kohya(src, family)
+        except ValueError:
+            b.result.unsupported.extend((k, src[k]) for k in keys if not _blank(src.get(k)))
+            return
+        b.put("/".join(k for k in keys if not _blank(src.get(k))), "network.block_lr", block_lr)
+        if any(v == 0 for v in block_lr.values()):
+            b.note("block learning rates of 0: kohya creates no adapter there; the studio creates it and keeps "
+                   "it frozen at zero (the same effect; network.exclude_modules leaves layers out entirely)")
 
 
 def _optimizer(src: dict, b: _Builder) -> None:

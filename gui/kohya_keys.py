@@ -117,13 +117,17 @@ DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "discrete_flow_shift": ("loss.flow_shift", _num),
     "guidance_scale": ("model.guidance", _num),
     "t5xxl_max_token_length": ("model.t5_max_length", _int),
+    "lora_network_weights": ("network.network_weights", str),
+    "network_weights": ("network.network_weights", str),
+    "masked_loss": ("loss.masked", bool),
 }
 # Keys handled by the special cases below (so they are not reported as unsupported).
 SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimizer_args", "lr_scheduler",
            "lr_warmup", "max_train_epochs", "unet_lr", "text_encoder_lr", "learning_rate_te",
            "network_train_unet_only", "xformers", "noise_offset_type", "conv_dim", "conv_alpha",
            "sample_sampler", "dora_wd", "sdxl_checkbox", "sd3_checkbox", "flux1_checkbox", "timestep_sampling",
-           "weighting_scheme", "model_prediction_type"}
+           "weighting_scheme", "model_prediction_type", "clip_skip", "alpha_mask", "conditioning_data_dir",
+           "down_lr_weight", "mid_lr_weight", "up_lr_weight", "block_lr_zero_threshold"}
 
 
 # kohya_ss keys that mark a flow-matching family -> model.arch
@@ -137,3 +141,48 @@ WEIGHTING_SCHEME = {"logit_normal": ("loss.timestep_sampling", "logit_normal"),
                     "mode": ("loss.timestep_sampling", "mode"), "uniform": ("loss.timestep_sampling", "uniform"),
                     "sigma_sqrt": ("loss.flow_weighting", "sigma_sqrt"), "cosmap": ("loss.flow_weighting", "cosmap"),
                     "none": ("loss.flow_weighting", "none")}
+
+
+# kohya's block-wise LR weights (networks/lora.py): blocks per down/up list and in the middle
+BLOCK_COUNTS = {"sdxl": (9, 3)}
+BLOCK_COUNTS_DEFAULT = (12, 1)   # SD1, SD2
+BLOCK_CURVES = {
+    "cosine": lambda n: [math.sin(math.pi * (i / (n - 1)) / 2) for i in reversed(range(n))],
+    "sine": lambda n: [math.sin(math.pi * (i / (n - 1)) / 2) for i in range(n)],
+    "linear": lambda n: [i / (n - 1) for i in range(n)],
+    "reverse_linear": lambda n: [i / (n - 1) for i in reversed(range(n))],
+    "zeros": lambda n: [0.0] * n,
+}
+
+
+def _weights(value: Any, count: int) -> list[float] | None:
+    """One of kohya's down/mid/up_lr_weight values: "w0,w1,…" (empty entries are 0, a short list is
+    filled with 1, a long one cut) or a curve name with an optional "+base" ("sine+0.5")."""
+    if _blank(value):
+        return None
+    text = str(value).strip()
+    name, _, base = text.partition("+")
+    if name in BLOCK_CURVES and count > 1:
+        return [w + (float(base) if base else 0.0) for w in BLOCK_CURVES[name](count)]
+    values = [float(p) if p.strip() else 0.0 for p in text.split(",")]
+    return (values + [1.0] * count)[:count]
+
+
+def block_lr_from_kohya(src: dict, arch: str) -> dict[str, float]:
+    """kohya's down_lr_weight / mid_lr_weight / up_lr_weight (+ block_lr_zero_threshold) -> network.block_lr
+    keys: down[k] is IN<k>, up[k] is OUT<k> (input/output_blocks.k of the original UNet), mid is M00-M02
+    (SDXL: one each; SD1/SD2: one for the whole middle block). Only multipliers other than 1 are kept;
+    IN00 (conv_in, never adapted) is left out. ValueError for values kohya would not accept."""
+    per_side, mid_count = BLOCK_COUNTS.get(arch, BLOCK_COUNTS_DEFAULT)
+    threshold = 0.0 if _blank(src.get("block_lr_zero_threshold")) else _num(src["block_lr_zero_threshold"])
+    down, up = _weights(src.get("down_lr_weight"), per_side), _weights(src.get("up_lr_weight"), per_side)
+    mid = _weights(src.get("mid_lr_weight"), mid_count)
+    if down is None and mid is None and up is None:
+        return {}
+    named: dict[str, float] = {}
+    for prefix, values in (("IN", down), ("OUT", up)):
+        named.update({f"{prefix}{k:02d}": w for k, w in enumerate(values or []) if not (prefix == "IN" and k == 0)})
+    if mid is not None:
+        named.update({"M*": mid[0]} if mid_count == 1 else {f"M{k:02d}": w for k, w in enumerate(mid)})
+    return {k: (0.0 if w <= threshold else round(w, 6)) for k, w in named.items()
+            if (0.0 if w <= threshold else w) != 1.0}

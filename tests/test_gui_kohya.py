@@ -114,3 +114,32 @@ def test_locon_dreambooth_and_sample_keys_are_mapped():
     assert cfg.samples.every_n_steps == 100 and cfg.samples.scheduler == "euler_a"
     assert cfg.samples.prompts.startswith("a photo of sks dog") and cfg.checkpoints.every_n_epochs == 2
     assert not result.unsupported, result.unsupported
+
+
+def test_clip_skip_network_weights_masks_and_block_lr_are_mapped():
+    src = {"LoRA_type": "Standard", "network_dim": 8, "network_alpha": 4, "clip_skip": "2",
+           "lora_network_weights": "/loras/start.safetensors", "masked_loss": True,
+           "conditioning_data_dir": "/data/masks", "down_lr_weight": "0,0,0.5,,1,1,1,1,1,1,1,1",
+           "mid_lr_weight": "2", "up_lr_weight": "sine", "block_lr_zero_threshold": "0.1"}
+    result = import_kohya(src)
+    cfg = result.config()
+    assert cfg.model.clip_skip == 2 and cfg.network.network_weights == "/loras/start.safetensors"
+    assert cfg.loss.masked and cfg.dataset.mask_path == "/data/masks"
+    block_lr = cfg.network.block_lr
+    assert block_lr["IN01"] == 0 and block_lr["IN02"] == 0.5 and block_lr["IN03"] == 0  # empty entry = 0
+    assert "IN00" not in block_lr and "IN04" not in block_lr and block_lr["M*"] == 2
+    # sine: OUT00 = 0, OUT01 = sin(π/2 · 1/11), above the 0.1 threshold
+    assert block_lr["OUT00"] == 0 and block_lr["OUT01"] == pytest.approx(0.142315)
+    assert "OUT11" not in block_lr                 # sine ends at 1
+    assert not result.unsupported, result.unsupported
+
+
+def test_sdxl_block_weights_and_clip_skip():
+    src = {"LoRA_type": "Standard", "sdxl": True, "network_dim": 8, "clip_skip": 2,
+           "mid_lr_weight": "1,0,1", "down_lr_weight": "zeros+0.5"}
+    result = import_kohya(src)
+    cfg = result.config()
+    assert cfg.model.clip_skip == 1 and any("clip_skip 2 not imported" in n for n in result.notes)
+    assert cfg.network.block_lr == {**{f"IN{k:02d}": 0.5 for k in range(1, 9)}, "M01": 0.0}
+    # without masked_loss kohya's conditioning images are ControlNet inputs: not taken as masks
+    assert dict(import_kohya({"conditioning_data_dir": "/c"}).unsupported) == {"conditioning_data_dir": "/c"}

@@ -97,7 +97,7 @@ SHAPES = {"sdxl-lora-prodigy": SDXL_LORA_PRODIGY, "sd15-lora-dadapt": SD15_LORA_
 
 # Set in these shapes and truly not expressible in the schema (yet). Anything else reported
 # unsupported is a key we can express and fail to map.
-NOT_EXPRESSIBLE = {"clip_skip", "lora_network_weights", "num_cpu_threads_per_process", "sdxl_no_half_vae",
+NOT_EXPRESSIBLE = {"num_cpu_threads_per_process", "sdxl_no_half_vae",
                    "train_on_input", "unit", "optimizer_args decouple", "optimizer_args use_bias_correction",
                    "caption_metadata_filename", "latent_metadata_filename", "create_buckets", "create_caption",
                    "dataset_repeats", "full_path", "use_latent_files", "batch_size", "factor", "conv_alpha",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import (ARCH_CHOICES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES, LORA_LAYOUT_CHOICE_FAMILIES,
-                                 LORA_LAYOUTS)
+from ..families.registry import (ARCH_CHOICES, CLIP_SKIP_FAMILIES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES,
+                                 LORA_LAYOUT_CHOICE_FAMILIES, LORA_LAYOUTS)
 from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
@@ -53,6 +53,12 @@ class Model(Section):
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
                         ge=0.0, le=100.0, advanced=True, resume="safe",
                         when={"model.arch": ("flux",)})
+    clip_skip: int = F(1, "Text conditioning from the CLIP layer this far from the end, through the final layer "
+                          "norm, as kohya's sd-scripts and A1111 do: 1 = the last layer (the model's own), 2 = the "
+                          "penultimate (what NovelAI-descended anime SD1 models were trained with). Used for "
+                          "training, samples and class images, and written to the LoRA file (ss_clip_skip). SDXL "
+                          "already uses the penultimate layer by design and refuses values above 1.", ge=1, le=12,
+                      resume="safe", when={"model.arch": CLIP_SKIP_FAMILIES})
     t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption; 0 = the model's own (Flux dev "
                               "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True, resume="safe",
                            when={"model.arch": FLOW_FAMILIES})
@@ -81,6 +87,8 @@ class DatasetSubset(Section):
                                                       resume="ignored")
     keep_tokens: int = F(-1, "Leading tags kept in place; -1 = inherit.", ge=-1, le=1000, resume="ignored")
     tag_dropout: float = F(-1.0, "Probability of dropping each tag; -1 = inherit.", ge=-1.0, le=1.0, resume="ignored")
+    mask_path: str = F("", "With loss.masked: this subset's mask folder (see dataset.mask_path); empty = "
+                           "dataset.mask_path.", widget="path", resume="ignored")
 
 
 class Dataset(Section):
@@ -179,6 +187,11 @@ class Dataset(Section):
                               when=METADATA)
     validation_every_nth: int = F(0, "Hold out every Nth image (metadata record or file, sorted) for validation; "
                                      "0 = off.", ge=0, advanced=True, resume="safe")
+    mask_path: str = F("", "With loss.masked: a folder of mask images matched to the training images by file "
+                           "name stem (kohya's conditioning masks): white = train, black = ignore, grey in "
+                           "between. Empty = each image's own alpha channel. An image without a mask trains "
+                           "with full weight (one warning per folder). See docs/dataset.md.", widget="path",
+                       resume="safe", when={"loss.masked": (True,)})
     alpha_background: Literal["white", "black", "gray"] = F(
         "white", "Background that transparent images are composited on.", advanced=True, resume="safe")
     max_image_megapixels: float = F(100.0, "Skip images larger than this (decompression-bomb guard).", gt=0.0,

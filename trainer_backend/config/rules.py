@@ -88,6 +88,27 @@ def _network(cfg: TrainConfig) -> Iterator[Problem]:
                                            "every convolution (set it to 0)")
 
 
+@rule("network")
+def _adapter_layers(cfg: TrainConfig) -> Iterator[Problem]:
+    """network.block_lr and network.exclude_modules: well-formed (which blocks and modules they name is
+    checked once the model is loaded)."""
+    import re
+    from .block_patterns import pattern_problem
+    if cfg.network.type not in ("lora", "loha", "lokr"):
+        return
+    for key, factor in cfg.network.block_lr.items():
+        why = pattern_problem(key)
+        if why:
+            yield Problem("network.block_lr", why)
+        elif factor < 0:
+            yield Problem("network.block_lr", f"{key!r}: a multiplier is ≥ 0 (0 freezes the block), got {factor}")
+    for pattern in cfg.network.exclude_modules:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            yield Problem("network.exclude_modules", f"{pattern!r} is not a regular expression ({e})")
+
+
 @rule("family")
 def _family(cfg: TrainConfig) -> Iterator[Problem]:
     """What the chosen family cannot do (model.arch = auto is checked once the model loads)."""
@@ -96,6 +117,8 @@ def _family(cfg: TrainConfig) -> Iterator[Problem]:
     if arch == "auto":
         return
     family = entry(arch)
+    if cfg.model.clip_skip > 1 and not family.clip_skip:
+        yield Problem("model.clip_skip", clip_skip_refusal(arch))
     fmt = cfg.output.lora_format
     if fmt != "auto" and fmt not in family.lora_layouts:
         yield Problem("output.lora_format", f"{arch} LoRA files are written in {' or '.join(family.lora_layouts)} "
@@ -106,6 +129,15 @@ def _family(cfg: TrainConfig) -> Iterator[Problem]:
                                                f"use euler or default")
         if cfg.model.prediction_type != "auto":
             yield Problem("model.prediction_type", f"{arch} (model.arch) predicts the flow; use \"auto\"")
+
+
+def clip_skip_refusal(arch: str) -> str:
+    """Why model.clip_skip > 1 does not apply to family `arch` (also said once an auto model loads)."""
+    from ..families.registry import entry
+    if entry(arch).objective == "ddpm":  # SDXL
+        return (f"{arch} (model.arch) already conditions on the penultimate layer of both text encoders, by "
+                f"design (kohya's sd-scripts ignore clip_skip for SDXL); set 1")
+    return f"{arch} (model.arch) is not conditioned on one CLIP encoder's last layer; set 1"
 
 
 @rule("ema")

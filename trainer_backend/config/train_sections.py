@@ -45,6 +45,24 @@ class Network(Section):
                                         "upsamplers.0.conv"], "UNet convolution names that get adapters when "
                                        "conv_rank > 0.", advanced=True, resume="unsafe:adapters",
                                        when={"model.arch": DDPM_FAMILIES, "network.type": ADAPTERS})
+    network_weights: str = F(
+        "", "Start the adapters from an existing LoRA file instead of from scratch: this studio's own output, "
+            "a kohya/webui file or a diffusers file for the model's family. Its shapes must match network.rank, "
+            "conv_rank and the target modules (a mismatch is refused naming the first key); a different alpha "
+            "is folded into the weights so the starting effect is the file's. A checkpoint being resumed takes "
+            "precedence.", widget="path", resume="ignored", when={"network.type": ADAPTERS})
+    block_lr: dict[str, float] = F(
+        {}, "Learning-rate multiplier per denoiser block, e.g. {\"IN*\" = 0.5, \"OUT03-05\" = 0, \"M*\" = 2}: "
+            "keys are block names (UNets: IN00-IN11, M00-M02, OUT00-OUT11 as kohya/A1111 count them; Flux: "
+            "double_00…, single_00…; SD3: joint_00…), a glob (*, ?) or a numbered range (OUT03-05); the last "
+            "matching key wins, unmatched blocks keep 1. 0 freezes the block's adapters (they stay at their "
+            "start: zero effect, or the network_weights values). See docs/methods.md.", widget="table",
+        advanced=True, resume="safe", when={"network.type": ADAPTERS})
+    exclude_modules: list[str] = F(
+        [], "Denoiser module paths that get no adapter even when their name is in target_modules: regular "
+            "expressions searched in the module path, e.g. \"^down_blocks\\.0\\.\" or "
+            "\"single_transformer_blocks\\.(3[0-7])\\.\".", advanced=True, resume="unsafe:modules",
+        when={"network.type": ADAPTERS})
     lokr_factor: int = F(-1, "LoKr: Kronecker factor of the weight's dimensions; -1 = as square as possible.",
                          ge=-1, le=1024, advanced=True, resume="unsafe:adapters",
                          when={"network.type": ("lokr",)})
@@ -84,6 +102,9 @@ class Loss(Section):
     """Noise and loss shaping."""
     TAB: ClassVar[str] = "Optimizer & schedule"
     WHEN: ClassVar[dict[str, tuple]] = {"network.type": DENOISER_METHODS}  # VAE training has [vae] loss options
+    masked: bool = F(False, "Masked loss: weight the loss per latent pixel by a mask (the image's alpha channel, or "
+                            "dataset.mask_path), normalised by the mask's mean so the loss keeps its scale. White "
+                            "trains, black is ignored. See docs/dataset.md.", resume="safe")
     noise_offset: float = F(0.0, "Noise offset (helps very dark/bright images).", ge=0.0, le=1.0, resume="safe")
     min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0, resume="safe",
                              when={"model.arch": DDPM_FAMILIES})

@@ -30,9 +30,10 @@ def file_fingerprint(path: Path) -> str:
 
 
 def latent_key(fingerprint: str, path: Path, bucket: tuple[int, int], resized: tuple[int, int],
-               crop: tuple[int, int], flipped: bool, vae_id: str, background: str) -> str:
+               crop: tuple[int, int], flipped: bool, vae_id: str, background: str, mask: str = "") -> str:
+    """mask: the loss mask's identity when loss.masked is on (its latents then carry the mask)."""
     parts = [str(CACHE_FORMAT), fingerprint, str(path.resolve()), f"{bucket}", f"{resized}", f"{crop}",
-             f"flip={int(flipped)}", f"vae={vae_id}", f"bg={background}"]
+             f"flip={int(flipped)}", f"vae={vae_id}", f"bg={background}"] + ([mask] if mask else [])
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
@@ -71,13 +72,19 @@ class DiskLatents:
     def load(self, key: str) -> torch.Tensor:
         return load_file(self.path(key))["latents"]
 
-    def save(self, key: str, latents: torch.Tensor) -> None:
+    def load_mask(self, key: str) -> torch.Tensor:
+        return load_file(self.path(key))["mask"]
+
+    def save(self, key: str, latents: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         target = self.path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
         os.close(fd)
         try:
-            save_file({"latents": latents.contiguous().cpu()}, tmp)
+            tensors = {"latents": latents.contiguous().cpu()}
+            if mask is not None:  # loss.masked: the mask on the latent grid, cropped and flipped alike
+                tensors["mask"] = mask.contiguous().cpu()
+            save_file(tensors, tmp)
             with open(tmp, "rb") as f:  # on disk before it gets its name: after a power loss a cache
                 os.fsync(f.fileno())     # file is whole or absent, never short
             os.replace(tmp, target)

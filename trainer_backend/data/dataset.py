@@ -21,6 +21,7 @@ from .buckets import crop_offset, resize_size
 from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, split_text_outputs
 from .captions import augment_caption
 from .images import BadImage, load_rgb
+from .masks import mask_sources, render_mask, source_identity, to_grid
 from .scan import DatasetScan, ImageItem
 from .summary import class_sample_items, counted_groups
 
@@ -67,6 +68,9 @@ class TrainDataset(torch.utils.data.Dataset):
         self._fixed_crops: dict[int, tuple[int, int]] = {}
         self._text: dict[str, object] | None = None
         self._failed: set[int] = set()
+        # loss.masked: per item, where its mask comes from (data/masks.py); masks cached with latents
+        self._mask_sources = mask_sources(scan) if cfg.loss.masked else None
+        self._masks: dict[tuple[int, bool], torch.Tensor] = {}
 
     # ------------------------------------------------------------------ sampling
 
@@ -111,9 +115,13 @@ class TrainDataset(torch.utils.data.Dataset):
             top, left = self._crop_of(item_idx, item, crop01)
             sample["latents"] = self._cached_latents(item_idx, flip)
             sample["crop_top_left"] = self._flipped_crop(item, (top, left), flip)
+            if self._mask_sources is not None:
+                sample["mask"] = self._cached_mask(item_idx, flip)
         else:
             pixels, crop = self._pixels_with_fallback(item_idx, crop01, flip)
             sample["pixel_values"], sample["crop_top_left"] = pixels, crop
+            if self._mask_sources is not None:
+                sample["mask"] = self.mask(item_idx, self._crop_of(item_idx, item, crop01), flip)
         if self._text is not None:
             sample["text"] = self._text[caption]
         return sample
@@ -150,6 +158,12 @@ class TrainDataset(torch.utils.data.Dataset):
         if flip:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return to_tensor(img)
+
+    def mask(self, item_idx: int, crop: tuple[int, int], flip: bool) -> torch.Tensor:
+        """[1, H, W] loss weights of item `item_idx` rendered like its pixels (loss.masked)."""
+        item = self.items[item_idx]
+        return render_mask(self._mask_sources[item_idx], item.path, (item.width, item.height), item.bucket, crop,
+                           flip, self.max_pixels)
 
     def _pixels_with_fallback(self, item_idx: int, crop01, flip: bool) -> tuple[torch.Tensor, tuple[int, int]]:
         """A file that breaks after the scan (deleted, rewritten) never stops the run: warn once
@@ -204,7 +218,9 @@ class TrainDataset(torch.utils.data.Dataset):
                 fingerprint = "unreadable"
             resized = resize_size(item.width, item.height, item.bucket)
             for flip in flips:
-                key = latent_key(fingerprint, item.path, item.bucket, resized, crop, flip, vae_id, self.background)
+                mask_id = source_identity(self._mask_sources[idx]) if self._mask_sources is not None else ""
+                key = latent_key(fingerprint, item.path, item.bucket, resized, crop, flip, vae_id, self.background,
+                                 mask=mask_id)
                 self._latent_keys[(idx, flip)] = key
                 if self._disk is None or not self._disk.has(key):
                     todo.setdefault(item.bucket, []).append((idx, flip, key))
@@ -217,10 +233,15 @@ class TrainDataset(torch.utils.data.Dataset):
                 with torch.no_grad():
                     latents = encode(pixels).detach().float().cpu()
                 for (idx, flip, key), lat in zip(chunk, latents):
+                    mask = None
+                    if self._mask_sources is not None:  # on the latent grid, like the loss resizes it
+                        mask = to_grid(self.mask(idx, self._fixed_crops[idx], flip), tuple(lat.shape[-2:]))
                     if self._disk is not None:
-                        self._disk.save(key, lat.clone())
+                        self._disk.save(key, lat.clone(), mask=mask)
                     else:
                         memory[(idx, flip)] = lat.clone()
+                        if mask is not None:
+                            self._masks[(idx, flip)] = mask
                 bar.update(len(chunk))
         bar.close()
         self._latents = memory if self._disk is None else None
@@ -236,6 +257,12 @@ class TrainDataset(torch.utils.data.Dataset):
         if self._latents is not None:
             return self._latents[(item_idx, flip)]
         return self._disk.load(self._latent_keys[(item_idx, flip)])
+
+    def _cached_mask(self, item_idx: int, flip: bool) -> torch.Tensor:
+        flip = flip and self._flip_allowed
+        if self._latents is not None:
+            return self._masks[(item_idx, flip)]
+        return self._disk.load_mask(self._latent_keys[(item_idx, flip)])
 
     # ------------------------------------------------------------------ text-encoder cache
 

@@ -47,6 +47,7 @@ class SubsetSpec:
     captions: CaptionAugment
     is_class: bool = False
     class_prompt: str = ""
+    mask_path: str = ""         # loss.masked: mask folder ("" = the images' alpha channel; data/masks.py)
 
 
 @dataclass
@@ -77,7 +78,7 @@ def resolve_subsets(ds: Dataset) -> list[SubsetSpec]:
     if ds.path:
         specs.append(SubsetSpec("dataset.path", Path(ds.path).expanduser(), ds.source, ds.metadata_path, 0,
                                 ds.repeats, ds.caption_extension, ds.class_tokens, ds.flip, ds.center_crop,
-                                base_aug))
+                                base_aug, mask_path=ds.mask_path))
     for i, sub in enumerate(ds.subsets):
         aug = CaptionAugment(dropout=_pick(sub.caption_dropout, -1.0, ds.caption_dropout),
                              shuffle=_pick(sub.shuffle_tags, "inherit", ds.shuffle_tags), shuffle_p=ds.shuffle_tags_p,
@@ -88,7 +89,7 @@ def resolve_subsets(ds: Dataset) -> list[SubsetSpec]:
             f"dataset.subsets[{i}].path", Path(sub.path).expanduser(), _pick(sub.source, "inherit", ds.source),
             sub.metadata_path, sub.repeats, ds.repeats, sub.caption_extension or ds.caption_extension,
             sub.class_tokens, _pick(sub.flip, "inherit", ds.flip), _pick(sub.center_crop, "inherit", ds.center_crop),
-            aug))
+            aug, mask_path=sub.mask_path or ds.mask_path))
     if not specs:
         raise ConfigError("dataset.path: no dataset given (set dataset.path or add [[dataset.subsets]])")
     return specs

@@ -34,6 +34,7 @@ class LoadedModel:
     vae_scale_factor: int     # pixels per latent cell along one side
     scheduler_config: dict = field(default_factory=dict)  # the model's own (inference) scheduler config
     text_max_length: int = 0  # model.t5_max_length: tokens per caption for T5-style encoders; 0 = the model's own
+    clip_skip: int = 1        # model.clip_skip: the CLIP layer counted from the end (families that apply it)
 
     @property
     def arch(self) -> str:
@@ -141,10 +142,30 @@ class Family:
         from diffusers.models.attention_processor import AttnProcessor
         model.denoiser.set_attn_processor(AttnProcessor())
 
+    # ---- blocks (network.block_lr)
+    # (regular expression on a denoiser module path, block name format with its groups as ints)
+    block_patterns: tuple[tuple[str, str], ...] = ()
+
+    def block_of(self, model: LoadedModel, module_path: str) -> str | None:
+        """The named block (network.block_lr) a denoiser module belongs to; None: no block."""
+        import re
+        for pattern, name in self.block_patterns:
+            found = re.match(pattern, module_path)
+            if found:
+                return name.format(*(int(g) for g in found.groups()))
+        return None
+
     # ---- sampling and outputs
     def pipeline_class(self):
         """The diffusers pipeline class of this family (loads its folders and LoRA files)."""
         raise NotImplementedError
+
+    def prompt_arguments(self, model: LoadedModel, prompt: str | list[str],
+                         negative: str | list[str] | None) -> dict:
+        """The prompt arguments of a sampling pipeline call. Default: the texts (the pipeline encodes
+        them itself); a family whose training encodes text differently (SD's clip_skip) passes its own
+        embeddings, so samples see the conditioning the model is trained on."""
+        return {"prompt": prompt, "negative_prompt": negative}
 
     def pipeline_call_options(self, model: LoadedModel) -> dict:
         """Extra keyword arguments for the pipeline's __call__ when sampling (e.g. Flux's T5 length)."""
@@ -176,6 +197,15 @@ class Family:
         """peft adapter weights per component -> the LoRA file in `layout` (see lora_layout), the key
         layout ComfyUI/A1111/kohya/diffusers load."""
         raise NotImplementedError
+
+    def read_lora_file(self, model: LoadedModel, state: dict[str, "torch.Tensor"], modules: dict):
+        """A LoRA file's weights (network.network_weights) in peft's layout, as families/lora_files.py's
+        LoraWeights; `modules`: component -> the module its adapters go on. Default: diffusers' layout,
+        else what diffusers' own converters read. ConfigError naming network.network_weights otherwise."""
+        from .lora_files import is_diffusers_layout, read_diffusers_layout, read_with_diffusers
+        if is_diffusers_layout(state, (self.denoiser_name, *self.text_encoder_names)):
+            return read_diffusers_layout(state, modules)
+        return read_with_diffusers(self.pipeline_class(), state, modules, self.label)
 
     def diffusers_lora_targets(self, file_state: dict[str, "torch.Tensor"], denoiser) -> set[str]:
         """The denoiser module paths diffusers' own LoRA loader puts this file's adapters on

@@ -15,6 +15,9 @@ class FlowFamily(Family):
     denoiser_name = "transformer"
     text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+    # the embeddings before the blocks, the output layers after them
+    BASE_AND_END = ((r"^(?:pos_embed|x_embedder|context_embedder|time_text_embed)\.", "BASE"),
+                    (r"^(?:norm_out|proj_out)\b", "END"))
 
     def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
         import torch

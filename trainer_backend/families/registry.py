@@ -20,11 +20,14 @@ class FamilyEntry:
     objective: str     # "ddpm" (UNet, epsilon/v-prediction) or "flow" (rectified flow transformers)
     # the LoRA file key layouts the family writes (output.lora_format); the first is its default
     lora_layouts: tuple[str, ...] = ("kohya",)
+    # model.clip_skip applies: the text conditioning is one CLIP encoder's last hidden state, so a
+    # layer counted from the end can replace it (SDXL already uses the penultimate layer by design)
+    clip_skip: bool = False
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
-    FamilyEntry("sd1", "Stable Diffusion 1.x", "trainer_backend.families.sd", "SD1", "ddpm"),
-    FamilyEntry("sd2", "Stable Diffusion 2.x", "trainer_backend.families.sd", "SD2", "ddpm"),
+    FamilyEntry("sd1", "Stable Diffusion 1.x", "trainer_backend.families.sd", "SD1", "ddpm", clip_skip=True),
+    FamilyEntry("sd2", "Stable Diffusion 2.x", "trainer_backend.families.sd", "SD2", "ddpm", clip_skip=True),
     FamilyEntry("sdxl", "Stable Diffusion XL", "trainer_backend.families.sd", "SDXL", "ddpm"),
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow", ("diffusers",)),
     FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX", "flow",
@@ -35,6 +38,7 @@ ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
 # for options that apply to one kind of family only (config `when` conditions)
 DDPM_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.objective == "ddpm")
 FLOW_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.objective == "flow")
+CLIP_SKIP_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.clip_skip)
 # LoRA key layouts (output.lora_format choices besides "auto"), and the families that offer a choice
 LORA_LAYOUTS: tuple[str, ...] = tuple(dict.fromkeys(layout for e in FAMILIES for layout in e.lora_layouts))
 LORA_LAYOUT_CHOICE_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if len(e.lora_layouts) > 1)

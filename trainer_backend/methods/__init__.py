@@ -34,6 +34,13 @@ def load_method_model(cfg: TrainConfig):
     from ..families import load_configured
     model = load_configured(cfg.model)
     model.text_max_length = cfg.model.t5_max_length
+    if cfg.model.clip_skip > 1:
+        from ..config.rules import clip_skip_refusal
+        from ..errors import ConfigError
+        from ..families.registry import entry
+        if not entry(model.arch).clip_skip:  # model.arch = auto: known now
+            raise ConfigError(f"model.clip_skip: {clip_skip_refusal(model.arch)}")
+        model.clip_skip = cfg.model.clip_skip
     return model
 
 
@@ -92,9 +99,12 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
         from .full import setup_full
         trainable = setup_full(model, cfg)
     else:
-        from .lora import setup_lora
+        from .lora import alpha_for_module, setup_lora
         model.family.lora_layout(cfg.output.lora_format)  # refused before training, naming the key
         trainable = setup_lora(model, cfg)
+        if cfg.network.network_weights:  # into the fp32 adapters; a resumed checkpoint loads later and wins
+            from .network_weights import load_network_weights
+            load_network_weights(model, trainable.modules, cfg, alpha_for_module(cfg))
     count = sum(p.numel() for p in trainable.parameters())
     LOG.info("method: %s; %s trainable parameters", describe_method(cfg, class_samples), f"{count:,}")
     if cfg.network.type != "full":

@@ -51,6 +51,8 @@ def class_cache_dir(cfg: TrainConfig, model) -> Path:
     parts = [str(CLASS_FORMAT), weights_identity(model.source), weights_identity(cfg.model.vae),
              model.prediction_type, ds.class_prompt, ds.class_negative_prompt, str(ds.resolution),
              str(ds.class_generation_steps), repr(ds.class_guidance_scale), SAMPLER]
+    if model.clip_skip > 1:  # other conditioning, other images (the key of clip_skip 1 stays as it was)
+        parts.append(f"clip_skip={model.clip_skip}")
     key = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:20]
     base = Path(ds.cache_dir).expanduser() if ds.cache_dir else Path(cfg.output.dir) / ".cache"
     return base / "class_images" / key
@@ -70,8 +72,8 @@ def generate_class_images(model, indices: list[int], folder: Path, cfg: TrainCon
         for start in range(0, len(indices), ds.class_generation_batch_size):
             chunk = indices[start:start + ds.class_generation_batch_size]
             negative = [ds.class_negative_prompt] * len(chunk) if ds.class_negative_prompt else None
-            images = generate(pipe, device, weight_dtype, prompt=[ds.class_prompt] * len(chunk),
-                              negative_prompt=negative, width=ds.resolution, height=ds.resolution,
+            prompts = model.family.prompt_arguments(model, [ds.class_prompt] * len(chunk), negative)
+            images = generate(pipe, device, weight_dtype, **prompts, width=ds.resolution, height=ds.resolution,
                               num_inference_steps=ds.class_generation_steps, guidance_scale=ds.class_guidance_scale,
                               generator=[torch.Generator("cpu").manual_seed(class_seed(i)) for i in chunk],
                               **model.family.pipeline_call_options(model))

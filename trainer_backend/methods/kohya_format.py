@@ -14,6 +14,8 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
+from ..families.registry import entry
+
 
 def tag_frequency(scan) -> dict[str, dict[str, int]]:
     """kohya's ss_tag_frequency: per subset folder, how often each caption tag occurs."""
@@ -60,6 +62,8 @@ def kohya_metadata(cfg, family, *, steps: int, epochs: int, num_images: int,
         "ss_min_snr_gamma": str(cfg.loss.min_snr_gamma),
         "ss_training_started_at": str(started_at),
         "ss_tag_frequency": json.dumps(tag_frequency or {}),
+        # kohya writes None when clip_skip is not given; families without it never apply one
+        "ss_clip_skip": str(cfg.model.clip_skip) if entry(family.name).clip_skip else "None",
     }
     meta.update(family.lora_metadata())  # ss_base_model_version, modelspec.architecture, ...
     return meta

@@ -33,6 +33,9 @@ def adapter_config(cfg: TrainConfig, component: str):
     rank_pattern = {re.escape(t): n.conv_rank for t in conv}
     alpha_pattern = {re.escape(t): n.conv_alpha for t in conv}
     common = dict(r=n.rank, target_modules=targets, rank_pattern=rank_pattern, alpha_pattern=alpha_pattern)
+    if not component.startswith("text_encoder") and n.exclude_modules:
+        from .block_lr import exclude_pattern
+        common["exclude_modules"] = exclude_pattern(cfg)
     if n.type == "lora":
         return LoraConfig(lora_alpha=n.alpha, lora_dropout=n.dropout, init_lora_weights="gaussian",
                           use_dora=n.dora, **common)
@@ -56,10 +59,13 @@ def alpha_for_module(cfg: TrainConfig):
 
 def setup_lora(model, cfg: TrainConfig) -> Trainable:
     """Freeze the base model, add adapters to the UNet (and text encoders when asked),
-    and return the adapter parameters in fp32 grouped by learning rate."""
+    and return the adapter parameters in fp32 grouped by learning rate (network.block_lr too);
+    network.network_weights then fills them (methods/network_weights.py)."""
+    from .block_lr import check_excludes, split_by_block
     family = model.family
     for module in (model.denoiser, model.vae, *model.text_encoders):
         module.requires_grad_(False)
+    check_excludes(cfg, model.denoiser)
     _add_adapter(model.denoiser, adapter_config(cfg, family.denoiser_name), "network.target_modules")
     modules: dict[str, torch.nn.Module] = {family.denoiser_name: model.denoiser}
     if cfg.network.train_text_encoder:
@@ -67,6 +73,13 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
             _add_adapter(encoder, adapter_config(cfg, name), "network.text_encoder_target_modules")
             modules[name] = encoder
     groups = fp32_param_groups(modules, cfg.optimizer.lr, cfg.network.text_encoder_lr or cfg.optimizer.lr)
+    if cfg.network.block_lr:
+        name = family.denoiser_name
+        groups = [g for group in groups for g in (
+            split_by_block(model, name, modules[name], group, cfg.network.block_lr) if group["name"] == name
+            else [group])]
+        if not groups:
+            raise ConfigError("network.block_lr: every block is frozen (multiplier 0); nothing would train")
     return Trainable(modules=modules, param_groups=groups, kind="adapter")
 
 

@@ -39,7 +39,7 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
 
     pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype, cfg=cfg)
     target = objective.target(latents, noise, timesteps)
-    per_sample = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=tuple(range(1, pred.ndim)))
+    per_sample = per_sample_loss(pred, target, batch.get("mask"))
     weights = objective.weights(timesteps, cfg.loss)
     if weights is not None:
         per_sample = per_sample * weights
@@ -49,6 +49,20 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
         weights = torch.where(batch["is_class"].to(device), cfg.dataset.prior_loss_weight, 1.0)
         per_sample = per_sample * weights
     return per_sample.mean()
+
+
+def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error per sample. loss.masked: each latent pixel weighted by the mask (area-resized
+    to the latent grid), divided by the mask's mean, so a sample's loss is the mean over what it trains
+    on and keeps its scale (a mask of zeros gives 0)."""
+    dims = tuple(range(1, pred.ndim))
+    error = F.mse_loss(pred.float(), target.float(), reduction="none")
+    if mask is None:
+        return error.mean(dim=dims)
+    from ..data.masks import to_grid
+    weights = to_grid(mask.to(error.device), tuple(error.shape[-2:]))
+    covered = weights.mean(dim=dims)
+    return (error * weights).mean(dim=dims) / torch.where(covered > 0, covered, torch.ones_like(covered))
 
 
 class LossParts:

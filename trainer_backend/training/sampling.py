@@ -144,8 +144,8 @@ class SampleImages:
                 (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
             pipe = model.family.build_pipeline(model, self.cfg.samples.scheduler)
             for i, p in enumerate(self.prompts):
-                (image,) = generate(pipe, device, self.weight_dtype, prompt=p.prompt,
-                                    negative_prompt=p.negative or None, width=p.width, height=p.height,
+                prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
+                (image,) = generate(pipe, device, self.weight_dtype, **prompts, width=p.width, height=p.height,
                                     num_inference_steps=p.steps, guidance_scale=p.cfg_scale,
                                     generator=torch.Generator("cpu").manual_seed(p.seed),
                                     **model.family.pipeline_call_options(model))

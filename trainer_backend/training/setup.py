@@ -148,6 +148,8 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
         return {name: tensor.to(dtype).cpu() for name, tensor in text.items()}
 
     key = f"{model.source}|{cfg.dataset.max_token_length}|{model.text_max_length}|{family.text_cache_dtype}"
+    if model.clip_skip > 1:
+        key += f"|clip_skip={model.clip_skip}"
     if dataset.cache_text(encode, key=key):
         LOG.info("cached text-encoder outputs for the dataset's captions")
 

@@ -23,6 +23,8 @@ class FluxFamily(FlowFamily):
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "proj_mlp")
     text_encoder_file_options = ("clip_l", "t5")
+    block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
+                      (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "flux1"
     modelspec_architecture = "flux-1-dev"
 

@@ -4,9 +4,13 @@ pooled embedding and size/crop conditioning."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..base import Family, LoadedModel
+
+# a UNet layer inside a down/up block; its kohya/A1111 block number is computed in block_of
+_UNET_LAYER = re.compile(r"^(down|up)_blocks\.(\d+)\.(resnets|attentions|downsamplers|upsamplers)\.(\d+)\.")
 
 
 class StableDiffusionFamily(Family):
@@ -60,6 +64,15 @@ class StableDiffusionFamily(Family):
         hidden, pooled = encode_text(model, input_ids, encoders)
         return {"hidden": hidden} if pooled is None else {"hidden": hidden, "pooled": pooled}
 
+    def prompt_arguments(self, model, prompt, negative):
+        if model.clip_skip <= 1:
+            return super().prompt_arguments(model, prompt, negative)
+        # diffusers' own clip_skip counts differently and reaches for transformers 4's `.text_model`
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negatives = [negative or ""] * len(prompts) if not isinstance(negative, list) else list(negative)
+        embed = lambda texts: self.encode_text(model, self.tokenize(model, texts, 75))["hidden"]  # noqa: E731
+        return {"prompt_embeds": embed(prompts), "negative_prompt_embeds": embed(negatives)}
+
     # ---- objective and forward
     def objective(self, model):
         from ..objectives import DDPMObjective
@@ -80,6 +93,27 @@ class StableDiffusionFamily(Family):
             batch["original_size"].tolist(), batch["crop_top_left"].tolist(), batch["target_size"].tolist())])
         return {"text_embeds": text["pooled"].to(device), "time_ids": time_ids.to(device, dtype)}
 
+    # ---- blocks: kohya's and A1111's numbering of the original UNet's input/middle/output blocks
+    block_patterns = ((r"^conv_in\b", "IN00"), (r"^mid_block\.resnets\.0\.", "M00"),
+                      (r"^mid_block\.attentions\.0\.", "M01"), (r"^mid_block\.resnets\.1\.", "M02"),
+                      (r"^(?:time_embedding|add_embedding|add_time_proj)\.", "BASE"),
+                      (r"^(?:conv_norm_out|conv_out)\b", "END"))
+
+    def block_of(self, model, module_path):
+        """IN01-IN11: input_blocks.k of the original layout (k = 1 + 3i + j for layer j of down block i,
+        its downsampler last); M00 (resnet), M01 (attention), M02 (resnet): the middle block; OUT00-OUT11:
+        output_blocks.k (k = 3i + j, the upsampler with the last layer)."""
+        found = _UNET_LAYER.match(module_path)
+        if not found:
+            return super().block_of(model, module_path)
+        side, i, kind, j = found[1], int(found[2]), found[3], int(found[4])
+        per_block = model.denoiser.config.layers_per_block
+        per_block = per_block if isinstance(per_block, int) else per_block[i]
+        if kind in ("downsamplers", "upsamplers"):
+            j = per_block
+        k = (per_block + 1) * i + j
+        return f"IN{k + 1:02d}" if side == "down" else f"OUT{k:02d}"
+
     # ---- sampling and outputs
     def pipeline_class(self):
         from .loader import _pipeline_class
@@ -93,6 +127,12 @@ class StableDiffusionFamily(Family):
         from .lora_keys import to_kohya
         self.lora_layout(layout)
         return to_kohya(adapter_states, alpha, self.name, dict(model.denoiser.config))
+
+    def read_lora_file(self, model, state, modules):
+        if any(k.startswith(("lora_unet_", "lora_te")) for k in state):
+            from .lora_keys import from_kohya
+            return from_kohya(state, modules, self.name, dict(model.denoiser.config))
+        return super().read_lora_file(model, state, modules)
 
     def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
         from diffusers.utils import convert_unet_state_dict_to_peft

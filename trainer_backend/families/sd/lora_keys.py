@@ -56,3 +56,50 @@ def to_kohya(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float | Cal
                 value = alpha(component, peft_module) if callable(alpha) else alpha
                 out[f"{name}.alpha"] = torch.tensor(float(value))
     return out
+
+
+def _kohya_name(component: str, module: str, arch: str, unet_config: dict | None) -> str:
+    if component == "unet":
+        if arch == "sdxl" and unet_config is not None:
+            module = _sdxl_unet_module(module, unet_config)
+        return "lora_unet_" + module.replace(".", "_")
+    if not module.startswith("text_model."):
+        module = "text_model." + module
+    return f"{_te_prefix(component, arch)}_{module.replace('.', '_')}"
+
+
+def from_kohya(state: dict[str, torch.Tensor], modules: dict, arch: str, unet_config: dict | None = None):
+    """A kohya/webui-layout file -> LoraWeights (families/lora_files.py), the inverse of to_kohya over
+    the layers of `modules` (component -> module). A name that is no layer of theirs is refused."""
+    from ...errors import ConfigError
+    from ..lora_files import KEY, LoraWeights
+    names: dict[str, tuple[str, str]] = {}
+    for component, module in modules.items():
+        for path, layer in module.named_modules():
+            if isinstance(layer, (torch.nn.Linear, torch.nn.Conv2d)) or hasattr(layer, "base_layer"):
+                if ".base_layer" not in path and ".lora_" not in path:
+                    names[_kohya_name(component, path, arch, unet_config)] = (component, path)
+    out = LoraWeights(layout="kohya")
+    alphas: dict[tuple[str, str], float] = {}
+    parts = {"lora_down.weight": "lora_A", "lora_up.weight": "lora_B"}
+    for key, tensor in state.items():
+        name, _, suffix = key.partition(".")
+        if name not in names:
+            trained = sorted({c for c, _ in names.values()})
+            raise ConfigError(f"{KEY}: {key} names no layer of the model's {' or '.join(trained)} (a LoRA for "
+                              f"another model family, or network.train_text_encoder is off)")
+        component, path = names[name]
+        if suffix == "alpha":
+            alphas[(component, path)] = float(tensor)
+        elif suffix in parts:
+            out.add(component, path, parts[suffix], tensor)
+        else:
+            raise ConfigError(f"{KEY}: {key} is not a LoRA weight this studio can start from "
+                              f"(lora_down, lora_up and alpha are)")
+    for component, weights in out.weights.items():
+        for key, tensor in weights.items():
+            if key.endswith(".lora_A.weight"):
+                module = key[:-len(".lora_A.weight")]
+                # kohya: a missing alpha means alpha = rank
+                out.scales[(component, module)] = alphas.get((component, module), tensor.shape[0]) / tensor.shape[0]
+    return out

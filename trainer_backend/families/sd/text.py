@@ -40,8 +40,9 @@ def encode_text(model: LoadedModel, input_ids: list[torch.Tensor],
     """(encoder_hidden_states, pooled).
 
     sd1/sd2: the encoder's last hidden state (after its final layer norm; SD2's encoder already
-    ends one layer early), pooled None. sdxl: the penultimate hidden states of both encoders
-    concatenated on the feature axis; pooled = encoder 2's projected text embedding.
+    ends one layer early), pooled None; with model.clip_skip = n > 1 the hidden state n layers from
+    the end through the same final layer norm (kohya's sd-scripts and A1111). sdxl: the penultimate
+    hidden states of both encoders concatenated on the feature axis; pooled = encoder 2's projected text embedding.
     Gradients flow through any trainable parameters (e.g. text-encoder LoRA).
     `encoders` replaces model.text_encoders, e.g. with DDP-wrapped ones whose forward syncs
     gradients across processes.
@@ -56,7 +57,9 @@ def encode_text(model: LoadedModel, input_ids: list[torch.Tensor],
         return hidden, pooled
     if model.arch != "sdxl":
         encoder = encoders[0]
-        return encoder(input_ids[0].to(_device(encoder)))[0], None
+        if model.clip_skip <= 1:
+            return encoder(input_ids[0].to(_device(encoder)))[0], None
+        return _skipped_layers(encoder, input_ids[0], model.clip_skip), None
     states, pooled = [], None
     for encoder, ids in zip(encoders, input_ids):
         out = encoder(ids.to(_device(encoder)), output_hidden_states=True)
@@ -64,6 +67,17 @@ def encode_text(model: LoadedModel, input_ids: list[torch.Tensor],
             pooled = out[0]
         states.append(out.hidden_states[-2])
     return torch.cat(states, dim=-1), pooled
+
+
+def _skipped_layers(encoder, input_ids: torch.Tensor, clip_skip: int) -> torch.Tensor:
+    """hidden_states[-clip_skip] through the encoder's final layer norm."""
+    from ...errors import ConfigError
+    inner = getattr(encoder, "module", encoder)  # DDP-wrapped while the text encoder trains
+    layers = inner.config.num_hidden_layers
+    if clip_skip > layers:
+        raise ConfigError(f"model.clip_skip: {clip_skip} is more than the text encoder's {layers} layers")
+    states = encoder(input_ids.to(_device(encoder)), output_hidden_states=True).hidden_states
+    return inner.final_layer_norm(states[-clip_skip])
 
 
 def _device(module: torch.nn.Module) -> torch.device:

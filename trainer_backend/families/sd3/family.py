@@ -22,6 +22,7 @@ class SD3Family(FlowFamily):
     full_single_file = None  # full fine-tunes: the diffusers folder (original-layout export: not yet)
     # the joint blocks' attention on both streams, and their MLPs' projections
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+    block_patterns = ((r"^transformer_blocks\.(\d+)\.", "joint_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "sd3"
     modelspec_architecture = "stable-diffusion-v3-medium"
 
