@@ -20,6 +20,9 @@ class FamilyEntry:
     objective: str     # "ddpm" (UNet, epsilon/v-prediction) or "flow" (rectified flow transformers)
     # the LoRA file key layouts the family writes (output.lora_format); the first is its default
     lora_layouts: tuple[str, ...] = ("kohya",)
+    # paired control (reference) images per training image (dataset.control_path): "" = not used,
+    # "optional", "required" (an edit model); the same value as the Family's `control_images`
+    control_images: str = ""
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -38,6 +41,9 @@ FLOW_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.objective =
 # LoRA key layouts (output.lora_format choices besides "auto"), and the families that offer a choice
 LORA_LAYOUTS: tuple[str, ...] = tuple(dict.fromkeys(layout for e in FAMILIES for layout in e.lora_layouts))
 LORA_LAYOUT_CHOICE_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if len(e.lora_layouts) > 1)
+# paired control images (families/base.py Family.control_images): the families that take them at all
+CONTROL_IMAGE_MODES: tuple[str, ...] = ("", "optional", "required")
+CONTROL_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.control_images)
 
 
 def entry(name: str) -> FamilyEntry:

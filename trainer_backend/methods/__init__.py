@@ -34,6 +34,10 @@ def load_method_model(cfg: TrainConfig):
     from ..families import load_configured
     model = load_configured(cfg.model)
     model.text_max_length = cfg.model.t5_max_length
+    if cfg.model.arch == "auto":  # the config rules could not know the family's control images yet
+        from ..config.control_rules import control_problems
+        for problem in control_problems(cfg, model.family.control_images, model.family.name):
+            raise problem.error()
     return model
 
 
