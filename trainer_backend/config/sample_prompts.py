@@ -41,9 +41,9 @@ def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
         if name not in _OPTIONS:
             raise ValueError(f"unknown option --{name} (known: {', '.join('--' + k for k in _OPTIONS)})")
         field, raw = _OPTIONS[name], raw.strip()
+        if field == "control" and not raw:
+            raise ValueError("--control needs an image file")
         try:
-            if field == "control" and not raw:
-                raise ValueError("--control needs an image file")
             if field in ("negative", "control"):
                 values[field] = raw
             elif field == "cfg_scale":
