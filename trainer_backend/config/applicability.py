@@ -26,7 +26,7 @@ def describe(when: dict[str, list]) -> str:
     if not when:
         return ""
     # an empty list: no registered family (yet) takes the option (dataset.control_path before an edit model)
-    parts = [f"{key} is {' or '.join(str(v) for v in allowed) or '(no registered value yet)'}"
+    parts = [f"{key} is {' or '.join(str(v) for v in allowed) or '(none registered yet)'}"
              for key, allowed in when.items()]
     return "only when " + " and ".join(parts)
 
