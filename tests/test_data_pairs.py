@@ -259,6 +259,15 @@ def test_a_family_without_control_images_refuses_a_control_folder(tmp_path):
     assert auto == []                                       # auto: checked once the model loads
 
 
+def test_an_auto_model_is_checked_once_its_family_is_known(tmp_path, tiny_models):
+    from trainer_backend.methods import load_method_model
+    images, controls = paired_folder(tmp_path, sizes=[(64, 64)])
+    cfg = load_config(None, [f"model.path={tiny_models('sd1')}", f"dataset.path={images}",
+                             f"dataset.control_path={controls}"])
+    with pytest.raises(ConfigError, match=r"^dataset.control_path: sd1 \(model.arch\) takes no control images"):
+        load_method_model(cfg)
+
+
 def test_control_folder_problems_are_named(tmp_path):
     images, _ = paired_folder(tmp_path, sizes=[(64, 64)])
     found = problems_of([f"dataset.path={images}", f"dataset.control_path={tmp_path / 'missing'}",
@@ -367,3 +376,24 @@ def test_the_inspector_shows_pairs_side_by_side_and_counts_the_unmatched(tmp_pat
     text = dv.summary_markdown(summary)
     assert "2 images paired with a control image" in text
     assert "1 images have no control image" in text and "`alone.png`" in text
+
+
+def test_the_form_shows_a_refused_control_folder_even_where_it_does_not_apply(tmp_path):
+    """dataset.control_path only applies to families that take control images; left set for sd1 it is
+    refused, and the form shows it, outlined, with the message under it, instead of hiding it."""
+    from gui.schema_form import config_to_values, field_visibility, form_fields, form_problems
+    from gui.widgets import FormWidgets, error_updates, shown_errors
+    fields = form_fields()
+    dotted = [f.dotted for f in fields]
+    for arch, refused in (("sd1", True), ("auto", False)):
+        values = config_to_values(fields, load_config(None, ["dataset.control_path=c", f"model.arch={arch}"]))
+        _, errors = form_problems(fields, values)
+        placed = error_updates(fields, errors)
+        visible = field_visibility(fields, values)
+        updates = FormWidgets(fields=fields, inputs=[], errors=[], tabs=None).visibility_updates(
+            visible, shown_errors(placed))
+        i = dotted.index("dataset.control_path")
+        assert visible[i] is not refused                    # it applies with auto only
+        assert updates[i]["visible"] is True
+        assert ("field-invalid" in updates[i]["elem_classes"]) is refused
+        assert ("takes no control images" in placed[i].get("value", "")) is refused

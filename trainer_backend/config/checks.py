@@ -73,7 +73,7 @@ def _control_folders(cfg: TrainConfig) -> Iterator[Problem]:
     for key, value in control_sources(cfg):
         if not value:
             continue
-        folder, root = _resolved(resolve_path(value)), _resolved(images[key])
+        folder, root = _resolved(resolve_path(value)), _resolved(images[key]) if images[key] else None
         if folder is None or not folder.is_dir():
             yield Problem(key, f"{value} is not a folder (the control images, one per training image)")
         elif root is not None and folder.is_relative_to(root):

@@ -17,7 +17,7 @@ def control_sources(cfg: TrainConfig) -> list[tuple[str, str]]:
     """(config key, control folder or "") of every folder of training images: dataset.path's, then each
     subset's. Class images (prior preservation) are never paired."""
     ds = cfg.dataset
-    found = [("dataset.control_path", ds.control_path)] if ds.path else []
+    found = [("dataset.control_path", ds.control_path)] if ds.path or ds.control_path else []
     return found + [(f"dataset.subsets[{i}].control_path", s.control_path) for i, s in enumerate(ds.subsets)]
 
 
