@@ -72,7 +72,9 @@ def _signature(cfg: TrainConfig) -> str:
     """Dataset settings plus the folders' modification times: re-scan when either changes."""
     data = to_dict(cfg)["dataset"]
     stamps = []
-    for p in [data.get("path", ""), data.get("class_path", ""), *[s.get("path", "") for s in data.get("subsets", [])]]:
+    folders = [data.get("path", ""), data.get("class_path", ""), data.get("control_path", ""),
+               *[s.get(key, "") for s in data.get("subsets", []) for key in ("path", "control_path")]]
+    for p in folders:
         try:
             stamps.append(os.stat(p).st_mtime_ns if p else 0)
         except OSError:
@@ -147,6 +149,14 @@ def summary_markdown(summary: dict) -> str:
                      f"{s.get('samples', 0)} | {s.get('missing_captions', 0)} |")
     if summary.get("missing_captions"):
         lines.append(f"\n⚠️ {summary['missing_captions']} images have no caption file.")
+    if summary.get("control_images") or summary.get("missing_controls"):
+        lines.append(f"\n{summary.get('control_images', 0)} images paired with a control image (shown side by side: "
+                     f"image | control).")
+    if summary.get("missing_controls"):
+        lines.append(f"\n⚠️ {summary['missing_controls']} images have no control image and are skipped:")
+        for key, files in (summary.get("missing_control_files") or {}).items():
+            names = ", ".join(f"`{Path(f).name}`" for f in files[:5]) + (", …" if len(files) > 5 else "")
+            lines.append(f"- {key}: {len(files)} ({names})")
     if summary.get("skipped_count"):
         kinds = ", ".join(f"{k}: {v}" for k, v in (summary.get("skipped_by_kind") or {}).items())
         lines.append(f"\n⚠️ {summary['skipped_count']} files skipped ({kinds}).")
@@ -175,14 +185,52 @@ def name_tail(name: str, width: int = 22) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 
-def thumbnails(summary: dict, limit: int = 24, size: int = 160, max_megapixels: float = 100.0) -> list:
-    """PIL thumbnails of the first images of each subset (PIL objects, so any folder works
-    without widening the server's allowed file paths). Images above dataset.max_image_megapixels
-    (the trainer skips them too), unreadable files and anything but regular files are left out:
-    one such file never breaks the page."""
+def _thumbnail(path: Path, size: int, max_megapixels: float):
+    """A PIL RGB thumbnail, or None for a file above max_megapixels, an unreadable or hostile one."""
     import warnings
 
     from PIL import Image
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(path)
+        with im:
+            if im.width * im.height > max_megapixels * 1e6:
+                return None
+            im.draft("RGB", (size, size))
+            im.thumbnail((size, size))
+            return im.convert("RGB")
+    except Exception:  # PIL's own bomb guard above ~179 MP, truncated or hostile files
+        return None
+
+
+def side_by_side(image, control, gap: int = 4):
+    """One picture of a pair: the training image on the left, its control image on the right."""
+    from PIL import Image
+    out = Image.new("RGB", (image.width + gap + control.width, max(image.height, control.height)), (255, 255, 255))
+    out.paste(image, (0, 0))
+    out.paste(control, (image.width + gap, 0))
+    return out
+
+
+def pair_thumbnails(summary: dict, limit: int = 24, size: int = 160, max_megapixels: float = 100.0) -> list:
+    """(image | control) side-by-side thumbnails of the pairs the scan matched (summary["control_pairs"])."""
+    out = []
+    for image_path, control_path in (summary.get("control_pairs") or [])[:limit]:
+        image = _thumbnail(Path(image_path), size, max_megapixels)
+        control = _thumbnail(Path(control_path), size, max_megapixels) if image is not None else None
+        if control is not None:
+            out.append((side_by_side(image, control), name_tail(Path(image_path).name) + " | control"))
+    return out
+
+
+def thumbnails(summary: dict, limit: int = 24, size: int = 160, max_megapixels: float = 100.0) -> list:
+    """PIL thumbnails of the first images of each subset (PIL objects, so any folder works
+    without widening the server's allowed file paths); for a paired dataset, each image beside its
+    control image. Images above dataset.max_image_megapixels (the trainer skips them too),
+    unreadable files and anything but regular files are left out: one such file never breaks the page."""
+    if summary.get("control_pairs"):
+        return pair_thumbnails(summary, limit, size, max_megapixels)
     out = []
     for s in summary.get("subsets", []):
         folder = Path(s.get("path", ""))
@@ -190,18 +238,9 @@ def thumbnails(summary: dict, limit: int = 24, size: int = 160, max_megapixels: 
             continue
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         for p in files[:max(1, limit // max(1, len(summary.get("subsets", []))))]:
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                    im = Image.open(p)
-                with im:
-                    if im.width * im.height > max_megapixels * 1e6:
-                        continue
-                    im.draft("RGB", (size, size))
-                    im.thumbnail((size, size))
-                    out.append((im.convert("RGB"), name_tail(p.name)))
-            except Exception:  # PIL's own bomb guard above ~179 MP, truncated or hostile files
-                continue
+            thumb = _thumbnail(p, size, max_megapixels)
+            if thumb is not None:
+                out.append((thumb, name_tail(p.name)))
             if len(out) >= limit:
                 return out
     return out

@@ -33,10 +33,12 @@ class FormWidgets:
 
     def visibility_updates(self, visible: list[bool], invalid: list[bool] | None = None) -> list[dict]:
         """Show the options that apply, hide the rest (and a heading or accordion left empty); a field
-        with a problem is highlighted (its cell gets the `field-invalid` class)."""
+        with a problem is highlighted (its cell gets the `field-invalid` class) and shown even where it
+        does not apply (a dataset.control_path left set for a family that takes no control images)."""
         invalid = invalid or [False] * len(visible)
-        cells = [gr.update(visible=v, elem_classes=cell_classes(bad)) for v, bad in zip(visible, invalid, strict=True)]
-        return cells + [gr.update(visible=any(visible[i] for i in members)) for _, members in self.groups]
+        shown = [v or bad for v, bad in zip(visible, invalid, strict=True)]
+        cells = [gr.update(visible=v, elem_classes=cell_classes(bad)) for v, bad in zip(shown, invalid, strict=True)]
+        return cells + [gr.update(visible=any(shown[i] for i in members)) for _, members in self.groups]
 
     @property
     def visibility_outputs(self) -> list:

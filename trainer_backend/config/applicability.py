@@ -25,7 +25,9 @@ def describe(when: dict[str, list]) -> str:
     """'only when model.arch is sd3 or flux' (empty when the option always applies)."""
     if not when:
         return ""
-    parts = [f"{key} is {' or '.join(str(v) for v in allowed)}" for key, allowed in when.items()]
+    # an empty list: no registered family (yet) takes the option (dataset.control_path before an edit model)
+    parts = [f"{key} is {' or '.join(str(v) for v in allowed) or '(none registered yet)'}"
+             for key, allowed in when.items()]
     return "only when " + " and ".join(parts)
 
 

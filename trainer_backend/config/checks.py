@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import TrainConfig, rules
-from .base import Problem
+from .base import ConfigError, Problem
 from .paths import BUILTIN_PREFIX, PROJECT_ROOT, resolve_path, resolve_paths  # noqa: F401 (re-exported)
 
 
@@ -64,6 +64,48 @@ def _no_overlap(cfg: TrainConfig) -> Iterator[Problem]:
                                f"outside it")
 
 
+def _control_folders(cfg: TrainConfig) -> Iterator[Problem]:
+    """Each control folder exists, and is neither its image folder nor inside it (its control images
+    would be scanned as training images)."""
+    from .control_rules import control_sources
+    images = {"dataset.control_path": cfg.dataset.path,
+              **{f"dataset.subsets[{i}].control_path": s.path for i, s in enumerate(cfg.dataset.subsets)}}
+    for key, value in control_sources(cfg):
+        if not value:
+            continue
+        folder, root = _resolved(resolve_path(value)), _resolved(images[key]) if images[key] else None
+        if folder is None or not folder.is_dir():
+            yield Problem(key, f"{value} is not a folder (the control images, one per training image)")
+        elif root is not None and folder.is_relative_to(root):
+            yield Problem(key, f"{folder} is inside the image folder {root}: its control images would be trained "
+                               f"as images; keep the control images in a folder of their own")
+
+
+def _sample_controls(cfg: TrainConfig) -> Iterator[Problem]:
+    """Every `--control` image of a sample prompt exists (inline lines and the prompt file); the prompt
+    file's lines fit the family's control images (the inline ones: config/control_rules.py)."""
+    from .control_rules import family_control_mode
+    from .sample_prompts import control_line_problems, defaults_of, parse_prompt_line, prompt_lines
+    if cfg.network.type == "vae":
+        return
+    try:
+        lines = prompt_lines(cfg)
+    except ConfigError:  # an unreadable prompt file: _prompt_file names it
+        return
+    for key, number, line in lines:
+        try:
+            control = parse_prompt_line(line, defaults_of(cfg)).control
+        except ValueError:
+            continue
+        path = Path(resolve_path(control)).expanduser() if control else None
+        if path is not None and not path.is_file():  # that it decodes is checked when sampling starts
+            yield Problem(key, f"line {number}: --control {control}: no such image file")
+    if cfg.samples.prompt_file:
+        text = Path(cfg.samples.prompt_file).expanduser().read_text(encoding="utf-8")
+        yield from (Problem(key, message) for key, message in control_line_problems(
+            cfg, "samples.prompt_file", text, family_control_mode(cfg.model.arch), cfg.model.arch))
+
+
 def _validation_folder(cfg: TrainConfig) -> Iterator[Problem]:
     if cfg.validation.path and not Path(resolve_path(cfg.validation.path)).is_dir():
         yield Problem("validation.path", f"{resolve_path(cfg.validation.path)} is not a folder")
@@ -88,7 +130,8 @@ def _prompt_file(cfg: TrainConfig) -> Iterator[Problem]:
                                          "every_n_epochs or before_first_step); add prompts or samples.prompt_file")
 
 
-FILE_CHECKS = (_model_paths, _dataset_path, _run_folder, _no_overlap, _validation_folder, _prompt_file)
+FILE_CHECKS = (_model_paths, _dataset_path, _run_folder, _no_overlap, _control_folders, _validation_folder, _prompt_file,
+               _sample_controls)
 
 
 def run_problems(cfg: TrainConfig) -> list[Problem]:

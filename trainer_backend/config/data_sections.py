@@ -3,11 +3,19 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import (ARCH_CHOICES, CLIP_SKIP_FAMILIES, DDPM_FAMILIES, FAMILY_NAMES, FLOW_FAMILIES,
+from ..families.registry import (ARCH_CHOICES, CLIP_SKIP_FAMILIES, CONTROL_FAMILIES, DDPM_FAMILIES, FAMILY_NAMES,
+                                 FLOW_FAMILIES,
                                  LORA_LAYOUT_CHOICE_FAMILIES, LORA_LAYOUTS)
 from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
+CONTROL = {"model.arch": CONTROL_FAMILIES}    # families that take paired control images (edit models)
+# Paired control images: a control_path is where the files live (resume "ignored", like dataset.path); a
+# resume still refuses changed control images, because run/resume.py's dataset fingerprint covers each pair.
+CONTROL_HELP = ("Folder of control (reference) images for edit models, one per training image, matched by file "
+                "stem in the same relative sub-folder (photos/cat.jpg <-> <control_path>/photos/cat.png); the pair "
+                "is bucketed (by the training image), cropped, flipped and cached together. An image without its "
+                "control image is skipped (one warning), never trained without it. Empty = no control images.")
 
 
 class Output(Section):
@@ -69,6 +77,8 @@ class DatasetSubset(Section):
     Options left at "inherit" (or -1 / "") take the value from [dataset]."""
     path: str = F("", "Folder of this subset (images + captions, or the root that metadata paths are relative to).",
                   widget="path", min_length=1, resume="ignored")
+    control_path: str = F("", CONTROL_HELP + " Not inherited: each subset names its own folder.", widget="path",
+                          resume="ignored", when=CONTROL)
     source: Literal["inherit", "folders", "metadata"] = F("inherit", "folders or metadata (JSON) mode.",
                                                           resume="ignored")
     metadata_path: str = F("", "Metadata JSON file or folder of JSON files; empty = search this subset's path.",
@@ -96,6 +106,8 @@ class Dataset(Section):
     TAB: ClassVar[str] = "Dataset"
     path: str = F("", "Folder of images with same-named caption files; kohya-style N_concept subfolders give repeats.",
                   widget="path", resume="ignored")
+    control_path: str = F("", CONTROL_HELP + " Applies to dataset.path; each [[dataset.subsets]] entry has its own.",
+                          widget="path", resume="ignored", when=CONTROL)
     source: Literal["folders", "metadata"] = F(
         "folders", "folders: images with caption files (flat or N_concept subfolders); metadata: per-image JSON files "
                    "with tags, score and path.", resume="safe")

@@ -21,6 +21,9 @@ def resolve_path(value: str) -> str:
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     cfg.model.path = resolve_path(cfg.model.path)
     cfg.dataset.path = resolve_path(cfg.dataset.path)
+    cfg.dataset.control_path = resolve_path(cfg.dataset.control_path)
+    for subset in cfg.dataset.subsets:
+        subset.control_path = resolve_path(subset.control_path)
     if cfg.model.vae:
         cfg.model.vae = resolve_path(cfg.model.vae)
     return cfg

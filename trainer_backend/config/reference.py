@@ -13,7 +13,7 @@ BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 RESUME_BEGIN, RESUME_END = "<!-- resume-safety:begin -->", "<!-- resume-safety:end -->"
 # what run/resume.py refuses besides the options' own declarations (it compares more than options)
 RESUME_CHECKS = (
-    ("the dataset's contents (images added/removed/resized, captions, repeats)", "named as `dataset.path`"),
+    ("the dataset's contents (images added/removed/resized, captions, repeats, paired control images)", "named as `dataset.path`"),
     ("`model.path` (another file/folder name)", "another base model"),
     ("the number of processes", "each rank's data position and RNG state"),
     ("`precision.mixed` to or from fp16", "the gradient scaler's state"),

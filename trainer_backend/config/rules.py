@@ -9,14 +9,14 @@ checks), no torch, nothing from methods/, training/ or launch/; the old entry po
 (`check_precision_options`, `validate_hardware`, …) are thin wrappers over a group of these rules.
 
 Add a rule: a generator of `Problem`s decorated with `@rule("<group>")`, here (or in
-config/hardware_rules.py for [hardware] and [precision]).
+config/hardware_rules.py for [hardware] and [precision], config/control_rules.py for paired control images).
 """
 from __future__ import annotations
 
 import importlib.util
 from typing import Callable, Iterator
 
-from . import hardware_rules
+from . import control_rules, hardware_rules
 from .base import Problem
 from .schema import TrainConfig
 
@@ -38,7 +38,7 @@ def rule(group: str) -> Callable[[Rule], Rule]:
 
 def problems(cfg: TrainConfig, *groups: str) -> list[Problem]:
     """Every cross-field problem of `cfg` (of the given groups only, when named); [] when there is none."""
-    every = [*RULES, *hardware_rules.RULES]
+    every = [*RULES, *hardware_rules.RULES, *control_rules.RULES]
     unknown = set(groups) - {g for g, _ in every}
     if unknown:
         raise ValueError(f"no rule group {sorted(unknown)}")

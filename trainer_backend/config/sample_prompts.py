@@ -1,7 +1,8 @@
 """Sample prompt lines (pure: the config's `samples.prompts` and `samples.prompt_file` hold them).
 
 A line is kohya's syntax: `a photo of sks dog --n blurry --w 512 --h 768 --d 7 --s 28 --l 6`
-(negative prompt, width, height, seed, steps, CFG scale); empty lines and `#` comments are skipped.
+(negative prompt, width, height, seed, steps, CFG scale), and `--control <image file>` for a family that
+takes a control (reference) image (an edit model); empty lines and `#` comments are skipped.
 `config/rules.py` checks the inline lines, `config/checks.py` the file, `training/sampling.py`
 renders them.
 """
@@ -16,7 +17,8 @@ from .base import ConfigError
 from .schema import TrainConfig
 
 _OPTION = re.compile(r"\s+--([a-z]+)(?=\s|$)")
-_OPTIONS = {"n": "negative", "w": "width", "h": "height", "d": "seed", "s": "steps", "l": "cfg_scale"}
+_OPTIONS = {"n": "negative", "w": "width", "h": "height", "d": "seed", "s": "steps", "l": "cfg_scale",
+            "control": "control"}
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class SamplePrompt:
     seed: int = 0
     steps: int = 20
     cfg_scale: float = 7.0
+    control: str = ""          # the control (reference) image file, as written (config/paths.py resolves it)
 
 
 def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
@@ -38,8 +41,10 @@ def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
         if name not in _OPTIONS:
             raise ValueError(f"unknown option --{name} (known: {', '.join('--' + k for k in _OPTIONS)})")
         field, raw = _OPTIONS[name], raw.strip()
+        if field == "control" and not raw:
+            raise ValueError("--control needs an image file")
         try:
-            if field == "negative":
+            if field in ("negative", "control"):
                 values[field] = raw
             elif field == "cfg_scale":
                 values[field] = float(raw)
@@ -77,7 +82,27 @@ def line_problems(cfg: TrainConfig, key: str, text: str) -> Iterator[tuple[str, 
             yield key, f"line {number}: {e}"
 
 
-def _prompt_lines(cfg: TrainConfig) -> list[tuple[str, int, str]]:
+def control_line_problems(cfg: TrainConfig, key: str, text: str, mode: str | None,
+                          arch: str) -> Iterator[tuple[str, str]]:
+    """(key, 'line N: …') for lines whose control image does not fit the family: an edit model
+    (Family.control_images == "required") needs `--control` on every line, a family that takes no
+    control image (mode "") refuses it; mode None (model.arch = auto) checks nothing. Lines that do
+    not parse are line_problems' to report."""
+    if mode is None or mode == "optional":
+        return
+    for _, number, line in _numbered(key, text):
+        try:
+            prompt = parse_prompt_line(line, defaults_of(cfg))
+        except ValueError:
+            continue
+        if mode == "required" and not prompt.control:
+            yield key, f"line {number}: {arch} (model.arch) is an edit model: add --control <image file> (the " \
+                       f"image the prompt edits)"
+        elif mode == "" and prompt.control:
+            yield key, f"line {number}: --control: {arch} (model.arch) takes no control image"
+
+
+def prompt_lines(cfg: TrainConfig) -> list[tuple[str, int, str]]:
     """(config key, line number, text) of every prompt line, samples.prompts first."""
     out = _numbered("samples.prompts", cfg.samples.prompts)
     if cfg.samples.prompt_file:
@@ -94,7 +119,7 @@ def load_prompts(cfg: TrainConfig) -> list[SamplePrompt]:
     """All sample prompts with the [samples] defaults; prompt i defaults to seed samples.seed + i."""
     s, defaults = cfg.samples, defaults_of(cfg)
     prompts = []
-    for i, (key, number, line) in enumerate(_prompt_lines(cfg)):
+    for i, (key, number, line) in enumerate(prompt_lines(cfg)):
         try:
             prompts.append(parse_prompt_line(line, replace(defaults, seed=s.seed + i)))
         except ValueError as e:

@@ -179,7 +179,8 @@ class Samples(Section):
     TAB: ClassVar[str] = "Samples"
     WHEN: ClassVar[dict[str, tuple]] = {"network.type": DENOISER_METHODS}  # a VAE alone has nothing to sample with
     prompts: str = F("", "One prompt per line. Options after the prompt, kohya style: --n negative prompt, "
-                         "--w width, --h height, --d seed, --s steps, --l CFG scale. Lines starting with # are "
+                         "--w width, --h height, --d seed, --s steps, --l CFG scale; --control <image file> for "
+                         "edit models (the prompt's control image, one per line). Lines starting with # are "
                          "ignored.", widget="textarea", resume="safe")
     prompt_file: str = F("", "Text file with more prompts, same format (used after samples.prompts).",
                          widget="path", resume="safe")

@@ -18,13 +18,14 @@ __all__ = ["DatasetScan", "ImageItem", "TrainDataset", "collate", "latent_cache_
 
 def collate(samples: list[dict]) -> dict:
     """Stack a list of samples (all from one bucket) into a batch: pixel_values [B,3,H,W] or
-    latents [B,C,h,w]; caption (alias captions) list[str]; original_size / crop_top_left / target_size as long
-    tensors [B,2] (h,w / top,left / h,w); is_class bool [B]; text (when cached) stacked per key; mask
-    [B,1,H,W] (pixels) or [B,1,h,w] (cached latents' grid) with loss.masked."""
+    latents [B,C,h,w] (paired images: control_pixel_values or control_latents alike); caption (alias captions)
+    list[str]; original_size / crop_top_left / target_size as long tensors [B,2] (h,w / top,left / h,w);
+    is_class bool [B]; text (when cached) stacked per key; mask [B,1,H,W] (pixels) or [B,1,h,w] (cached
+    latents' grid) with loss.masked."""
     captions = [s["caption"] for s in samples]
     batch: dict = {"caption": captions, "captions": captions,  # both spellings: same list
                    "is_class": torch.tensor([bool(s["is_class"]) for s in samples], dtype=torch.bool)}
-    for key in ("pixel_values", "latents", "mask"):
+    for key in ("pixel_values", "latents", "mask", "control_pixel_values", "control_latents"):
         if key in samples[0]:
             batch[key] = torch.stack([s[key] for s in samples])
     for key in ("original_size", "crop_top_left", "target_size"):

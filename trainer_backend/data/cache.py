@@ -2,7 +2,7 @@
 
 A latent is stored under a key that hashes everything it depends on: the image file (path,
 size, mtime and a hash of its first bytes), the bucket, the resize and crop, the flip, the alpha
-background and the VAE. Change any of them and the key changes, so a stale latent is never
+background and the VAE; a paired control image's latent has a key of its own file, the same way. Change any of them and the key changes, so a stale latent is never
 used; old files simply stop being read. Disk caches live outside the dataset folder.
 """
 from __future__ import annotations
@@ -30,10 +30,14 @@ def file_fingerprint(path: Path) -> str:
 
 
 def latent_key(fingerprint: str, path: Path, bucket: tuple[int, int], resized: tuple[int, int],
-               crop: tuple[int, int], flipped: bool, vae_id: str, background: str, mask: str = "") -> str:
-    """mask: the loss mask's identity when loss.masked is on (its latents then carry the mask)."""
+               crop: tuple[int, int], flipped: bool, vae_id: str, background: str, mask: str = "",
+               role: str = "") -> str:
+    """mask: the loss mask's identity when loss.masked is on (its latents then carry the mask).
+    role: "" for a training image; "control" for a paired control image (`path`, `fingerprint` its own
+    file; `resized` its training image's resized size, which it is placed at: data/pairs.py)."""
     parts = [str(CACHE_FORMAT), fingerprint, str(path.resolve()), f"{bucket}", f"{resized}", f"{crop}",
-             f"flip={int(flipped)}", f"vae={vae_id}", f"bg={background}"] + ([mask] if mask else [])
+             f"flip={int(flipped)}", f"vae={vae_id}", f"bg={background}"] + ([mask] if mask else []) + \
+            ([f"role={role}"] if role else [])
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 

@@ -22,10 +22,18 @@ from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, spl
 from .captions import augment_caption
 from .images import BadImage, load_rgb
 from .masks import mask_sources, render_mask, source_identity, to_grid
+from .pairs import control_in_bucket
 from .scan import DatasetScan, ImageItem
 from .summary import class_sample_items, counted_groups
 
 LOG = logging.getLogger(__name__)
+
+
+def _fingerprint(path: Path) -> str:
+    try:
+        return file_fingerprint(path)
+    except OSError:
+        return "unreadable"
 
 
 def to_tensor(img: Image.Image) -> torch.Tensor:
@@ -64,6 +72,8 @@ class TrainDataset(torch.utils.data.Dataset):
         self._flip_allowed = True
         self._latents: dict[tuple[int, bool], torch.Tensor] | None = None
         self._latent_keys: dict[tuple[int, bool], str] = {}
+        self._control_latents: dict[tuple[int, bool], torch.Tensor] = {}   # paired images' control latents
+        self._control_keys: dict[tuple[int, bool], str] = {}
         self._disk: DiskLatents | None = None
         self._fixed_crops: dict[int, tuple[int, int]] = {}
         self._text: dict[str, object] | None = None
@@ -114,14 +124,18 @@ class TrainDataset(torch.utils.data.Dataset):
         if self._latents is not None or self._disk is not None:
             top, left = self._crop_of(item_idx, item, crop01)
             sample["latents"] = self._cached_latents(item_idx, flip)
+            if item.control is not None:
+                sample["control_latents"] = self._cached_latents(item_idx, flip, control=True)
             sample["crop_top_left"] = self._flipped_crop(item, (top, left), flip)
             if self._mask_sources is not None:
                 sample["mask"] = self._cached_mask(item_idx, flip)
         else:
-            pixels, crop = self._pixels_with_fallback(item_idx, crop01, flip)
+            pixels, control, crop = self._pixels_with_fallback(item_idx, crop01, flip)
             sample["pixel_values"], sample["crop_top_left"] = pixels, crop
             if self._mask_sources is not None:
                 sample["mask"] = self.mask(item_idx, self._crop_of(item_idx, item, crop01), flip)
+            if control is not None:  # the same resize, crop and flip as pixel_values (data/pairs.py)
+                sample["control_pixel_values"] = control
         if self._text is not None:
             sample["text"] = self._text[caption]
         return sample
@@ -146,15 +160,25 @@ class TrainDataset(torch.utils.data.Dataset):
         return crop[0], resized[0] - crop[1] - item.bucket[0]
 
     def render(self, item: ImageItem, crop: tuple[int, int], flip: bool, source: ImageItem | None = None
-               ) -> torch.Tensor:
-        """Load `source` (default: item), resize to cover item's bucket, crop, flip -> tensor."""
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Load `source` (default: item), resize to cover item's bucket, crop, flip -> tensor; and the
+        same for its control image (None when it has none), placed at the training image's resized size
+        first (data/pairs.py), so both get exactly the same crop and flip."""
         src = source or item
         img = load_rgb(src.path, self.max_pixels, self.background)
         resized = resize_size(img.width, img.height, item.bucket)
+        control = None
+        if src.control is not None:
+            control = control_in_bucket(load_rgb(src.control, self.max_pixels, self.background), img.size, resized)
         if (img.width, img.height) != resized:
             img = img.resize(resized, Image.Resampling.LANCZOS)
+        return self._crop_flip(img, item.bucket, crop, flip), \
+            None if control is None else self._crop_flip(control, item.bucket, crop, flip)
+
+    @staticmethod
+    def _crop_flip(img: Image.Image, bucket, crop: tuple[int, int], flip: bool) -> torch.Tensor:
         top, left = crop
-        img = img.crop((left, top, left + item.bucket[0], top + item.bucket[1]))
+        img = img.crop((left, top, left + bucket[0], top + bucket[1]))
         if flip:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return to_tensor(img)
@@ -165,9 +189,11 @@ class TrainDataset(torch.utils.data.Dataset):
         return render_mask(self._mask_sources[item_idx], item.path, (item.width, item.height), item.bucket, crop,
                            flip, self.max_pixels)
 
-    def _pixels_with_fallback(self, item_idx: int, crop01, flip: bool) -> tuple[torch.Tensor, tuple[int, int]]:
-        """A file that breaks after the scan (deleted, rewritten) never stops the run: warn once
-        and train this sample on the next good image, rendered into the same bucket."""
+    def _pixels_with_fallback(self, item_idx: int, crop01, flip: bool
+                              ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int]]:
+        """(pixels, control pixels or None, crop). A file that breaks after the scan (deleted,
+        rewritten; the control image too) never stops the run: warn once and train this sample on
+        the next good image (pair), rendered into the same bucket."""
         item = self.items[item_idx]
         crop = self._crop_of(item_idx, item, crop01)
         for step in range(len(self.items)):
@@ -178,8 +204,7 @@ class TrainDataset(torch.utils.data.Dataset):
             use_crop = crop if k == item_idx else crop_offset(
                 resize_size(source.width, source.height, item.bucket), item.bucket, True, crop01)
             try:
-                return (self.render(item, use_crop, flip, source),
-                        self._flipped_crop(item, use_crop, flip, source))
+                return (*self.render(item, use_crop, flip, source), self._flipped_crop(item, use_crop, flip, source))
             except BadImage as e:
                 self._failed.add(k)
                 LOG.warning("%s: skipped during training: %s (a different image is used in its place)",
@@ -192,7 +217,8 @@ class TrainDataset(torch.utils.data.Dataset):
                       progress: bool = True, vae_id: str = "", batch_size: int = 4) -> None:
         """Encode every image once (both orientations when flip is on and dataset.cache_both_flips)
         and serve latents from memory, or from safetensors files in cache_dir (reused across runs).
-        Random crops are frozen per image while cached."""
+        Random crops are frozen per image while cached. A paired image's control image is encoded with
+        it (the same crop and flip; `encode` gives the posterior mean) under a key of its own file."""
         from tqdm.auto import tqdm
 
         any_flip = any(self._group(item).flip for item in self.items)
@@ -206,57 +232,64 @@ class TrainDataset(torch.utils.data.Dataset):
             check_outside(Path(cache_dir), roots)
             self._disk = DiskLatents(Path(cache_dir))
         memory: dict[tuple[int, bool], torch.Tensor] = {}
-        todo: dict[tuple[int, int], list[tuple[int, bool, str]]] = {}
+        todo: dict[tuple[int, int], list[tuple[int, bool, str, str]]] = {}
         for idx, item in enumerate(self.items):
             crop_rng = random.Random(f"{self.seed}:crop:{idx}")
             crop = self._crop_of(idx, item, (crop_rng.random(), crop_rng.random()))
             self._fixed_crops[idx] = crop
             flips = (False, True) if self._group(item).flip and self._flip_allowed else (False,)
-            try:
-                fingerprint = file_fingerprint(item.path)
-            except OSError:
-                fingerprint = "unreadable"
+            fingerprint = _fingerprint(item.path)
+            control_print = _fingerprint(item.control) if item.control is not None else ""
             resized = resize_size(item.width, item.height, item.bucket)
             for flip in flips:
                 mask_id = source_identity(self._mask_sources[idx]) if self._mask_sources is not None else ""
                 key = latent_key(fingerprint, item.path, item.bucket, resized, crop, flip, vae_id, self.background,
                                  mask=mask_id)
                 self._latent_keys[(idx, flip)] = key
-                if self._disk is None or not self._disk.has(key):
-                    todo.setdefault(item.bucket, []).append((idx, flip, key))
+                control_key = ""
+                if item.control is not None:  # its own file's identity: an edited control image is re-encoded
+                    control_key = latent_key(control_print, item.control, item.bucket, resized, crop, flip, vae_id,
+                                             self.background, role="control")
+                    self._control_keys[(idx, flip)] = control_key
+                if self._disk is None or not all(self._disk.has(k) for k in (key, control_key) if k):
+                    todo.setdefault(item.bucket, []).append((idx, flip, key, control_key))
         total = sum(len(v) for v in todo.values())
         bar = tqdm(total=total, desc="caching latents", disable=not progress or total == 0, unit="img")
         for jobs in todo.values():
             for start in range(0, len(jobs), batch_size):
                 chunk = jobs[start:start + batch_size]
-                pixels = torch.stack([self._pixels_for_cache(idx, flip) for idx, flip, _ in chunk])
+                rendered = [self._pixels_with_fallback(idx, (0.5, 0.5), flip)[:2] for idx, flip, _, _ in chunk]
                 with torch.no_grad():
-                    latents = encode(pixels).detach().float().cpu()
-                for (idx, flip, key), lat in zip(chunk, latents):
+                    latents = encode(torch.stack([pixels for pixels, _ in rendered])).detach().float().cpu()
+                    paired = [j for j, (_, control) in enumerate(rendered) if control is not None]
+                    controls = dict(zip(paired, encode(torch.stack([rendered[j][1] for j in paired])).detach()
+                                        .float().cpu())) if paired else {}
+                for j, ((idx, flip, key, control_key), lat) in enumerate(zip(chunk, latents)):
                     mask = None
                     if self._mask_sources is not None:  # on the latent grid, like the loss resizes it
                         mask = to_grid(self.mask(idx, self._fixed_crops[idx], flip), tuple(lat.shape[-2:]))
-                    if self._disk is not None:
-                        self._disk.save(key, lat.clone(), mask=mask)
-                    else:
-                        memory[(idx, flip)] = lat.clone()
-                        if mask is not None:
-                            self._masks[(idx, flip)] = mask
+                    for k, value, store, m in ((key, lat, memory, mask),
+                                               (control_key, controls.get(j), self._control_latents, None)):
+                        if not k or value is None:
+                            continue
+                        if self._disk is not None:
+                            self._disk.save(k, value.clone(), mask=m)
+                        else:
+                            store[(idx, flip)] = value.clone()
+                            if m is not None:
+                                self._masks[(idx, flip)] = m
                 bar.update(len(chunk))
         bar.close()
         self._latents = memory if self._disk is None else None
         self.cached_count, self.encoded_count = len(self._latent_keys), total
 
-    def _pixels_for_cache(self, idx: int, flip: bool) -> torch.Tensor:
-        # the crop is already fixed for idx; a broken file falls back like during training
-        return self._pixels_with_fallback(idx, (0.5, 0.5), flip)[0]
-
-    def _cached_latents(self, item_idx: int, flip: bool) -> torch.Tensor:
+    def _cached_latents(self, item_idx: int, flip: bool, control: bool = False) -> torch.Tensor:
+        """The cached latents of the image (or of its control image) in the orientation served."""
         if not flip or not self._flip_allowed:
             flip = False
         if self._latents is not None:
-            return self._latents[(item_idx, flip)]
-        return self._disk.load(self._latent_keys[(item_idx, flip)])
+            return (self._control_latents if control else self._latents)[(item_idx, flip)]
+        return self._disk.load((self._control_keys if control else self._latent_keys)[(item_idx, flip)])
 
     def _cached_mask(self, item_idx: int, flip: bool) -> torch.Tensor:
         flip = flip and self._flip_allowed

@@ -18,6 +18,7 @@ from .captions import read_caption, split_tags
 from .images import BadImage, load_rgb, probe
 from .metadata import TagOptions, filter_reason, image_of, json_files, metadata_location, read_records, \
     transform_tags
+from .pairs import pair_images
 from .subsets import Group, SubsetSpec, check_root, class_spec, folder_groups, resolve_subsets, walk_images
 from .summary import ScanLog, build_summary, data_counts
 
@@ -37,6 +38,7 @@ class ImageItem:
     height: int
     bucket: Size                 # target (width, height)
     is_class: bool = False
+    control: Path | None = None  # the paired control image (data/pairs.py); None when the folder has none
 
 
 @dataclass
@@ -62,6 +64,7 @@ class _Candidate:
     is_class: bool
     caption_missing: bool = False
     caption_problem: str = ""
+    control: Path | None = None
 
 
 def _folder_candidates(group: Group, index: int) -> list[_Candidate]:
@@ -153,7 +156,15 @@ def _check(c: _Candidate, spec: BucketSpec, buckets: list[Size], max_pixels: int
             load_rgb(c.path, max_pixels, background, draft=bucket).close()
     except BadImage as e:
         return None, e, ()
-    item = ImageItem(c.path, c.caption, c.tags, c.separator, c.group, info.width, info.height, bucket, c.is_class)
+    if c.control is not None:
+        try:  # a pair is used whole or not at all
+            probe(c.control, max_pixels, background)
+            if verify:
+                load_rgb(c.control, max_pixels, background).close()
+        except BadImage as e:
+            return None, BadImage(f"its control image {c.control} cannot be used: {e}", "bad_control"), ()
+    item = ImageItem(c.path, c.caption, c.tags, c.separator, c.group, info.width, info.height, bucket, c.is_class,
+                     c.control)
     return item, None, info.notes
 
 
@@ -196,7 +207,8 @@ def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
     buckets = make_buckets(spec)
     log = ScanLog(MAX_WARNINGS_PER_KIND)
     problems: list[tuple[Path, str]] = []
-    groups, candidates = _gather(cfg, log, problems)
+    groups, found = _gather(cfg, log, problems)
+    candidates = pair_images(groups, found, log, problems)
     for path, reason in problems:
         kind = "symlink_loop" if "symlink loop" in reason else "unreadable" if "unreadable" in reason else "metadata"
         log.skip(path, reason, kind)
@@ -219,9 +231,10 @@ def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
         items.append(item)
         usable.append(c)
     _report_captions(groups, usable, log)
-    validation = [ImageItem(c.path, c.caption, c.tags, c.separator, c.group, 0, 0, buckets[0]) for c in held]
+    validation = [ImageItem(c.path, c.caption, c.tags, c.separator, c.group, 0, 0, buckets[0], control=c.control)
+                  for c in held]
 
-    _require_usable(cfg, items, candidates, log)
+    _require_usable(cfg, items, found, log)
     # the plan counts class images that training will generate first, so it is right before they exist
     pending = _pending_class_images(cfg, spec, buckets) if split == "train" else []
     counted = pending + items

@@ -48,6 +48,12 @@ class SubsetSpec:
     is_class: bool = False
     class_prompt: str = ""
     mask_path: str = ""         # loss.masked: mask folder ("" = the images' alpha channel; data/masks.py)
+    control_root: Path | None = None   # the folder of paired control images (data/pairs.py); None = unpaired
+
+    @property
+    def control_key(self) -> str:
+        """The config key of this folder's control images: dataset.control_path, dataset.subsets[i].control_path."""
+        return self.key.rpartition(".")[0] + ".control_path"
 
 
 @dataclass
@@ -78,7 +84,7 @@ def resolve_subsets(ds: Dataset) -> list[SubsetSpec]:
     if ds.path:
         specs.append(SubsetSpec("dataset.path", Path(ds.path).expanduser(), ds.source, ds.metadata_path, 0,
                                 ds.repeats, ds.caption_extension, ds.class_tokens, ds.flip, ds.center_crop,
-                                base_aug, mask_path=ds.mask_path))
+                                base_aug, mask_path=ds.mask_path, control_root=_control_root(ds.control_path)))
     for i, sub in enumerate(ds.subsets):
         aug = CaptionAugment(dropout=_pick(sub.caption_dropout, -1.0, ds.caption_dropout),
                              shuffle=_pick(sub.shuffle_tags, "inherit", ds.shuffle_tags), shuffle_p=ds.shuffle_tags_p,
@@ -89,10 +95,14 @@ def resolve_subsets(ds: Dataset) -> list[SubsetSpec]:
             f"dataset.subsets[{i}].path", Path(sub.path).expanduser(), _pick(sub.source, "inherit", ds.source),
             sub.metadata_path, sub.repeats, ds.repeats, sub.caption_extension or ds.caption_extension,
             sub.class_tokens, _pick(sub.flip, "inherit", ds.flip), _pick(sub.center_crop, "inherit", ds.center_crop),
-            aug, mask_path=sub.mask_path or ds.mask_path))
+            aug, mask_path=sub.mask_path or ds.mask_path, control_root=_control_root(sub.control_path)))
     if not specs:
         raise ConfigError("dataset.path: no dataset given (set dataset.path or add [[dataset.subsets]])")
     return specs
+
+
+def _control_root(value: str) -> Path | None:
+    return Path(value).expanduser() if value else None
 
 
 def class_spec(ds: Dataset) -> SubsetSpec | None:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .subsets import Group
 
 TOP_TAGS = 30
+PAIRS_SHOWN = 24  # (image, control image) pairs the summary lists for the inspector's side-by-side view
 
 
 class ScanLog:
@@ -32,6 +33,7 @@ class ScanLog:
         self.repair_counts: Counter = Counter()
         self.caption_problems: list[dict] = []
         self.missing_captions: dict[int, list[str]] = {}   # group index -> files
+        self.missing_controls: dict[str, list[str]] = {}   # control_path key -> images without a control image
         self.filter_counts: Counter = Counter()
         self.records: dict[str, int] = {}
         self._lines: Counter = Counter()
@@ -49,6 +51,13 @@ class ScanLog:
         self.skipped.append({"file": str(path), "reason": reason, "kind": kind})
         self.skip_counts[kind] += 1
         self.warn(f"{path}: skipped: {reason}", kind)
+
+    def unpaired(self, control_key: str, paths: list[Path], reason: str) -> None:
+        """Images skipped for want of their control image: listed, warned about once per folder by the caller."""
+        self.missing_controls.setdefault(control_key, []).extend(str(p) for p in paths)
+        for path in paths:
+            self.skipped.append({"file": str(path), "reason": reason, "kind": "no_control"})
+            self.skip_counts["no_control"] += 1
 
     def repaired(self, path: Path, note: str) -> None:
         kind = note.split(" ")[0].lower()
@@ -84,6 +93,7 @@ def _repair_kind(note: str) -> str:
 def build_summary(cfg: TrainConfig, groups: list["Group"], items: list["ImageItem"], log: ScanLog,
                   spec: BucketSpec, class_samples: int, held_out: int) -> dict:
     per_group = Counter(item.group for item in items)
+    unpaired = {f for files in log.missing_controls.values() for f in files}
     subsets = []
     for i, g in enumerate(groups):
         entry = {"name": g.name, "path": str(g.folder),
@@ -91,7 +101,9 @@ def build_summary(cfg: TrainConfig, groups: list["Group"], items: list["ImageIte
                  "repeats": g.repeats, "files": len(g.files), "images": per_group[i],
                  "samples": per_group[i] * g.repeats if not g.spec.is_class else 0,
                  "missing_captions": len(log.missing_captions.get(i, [])),
-                 "class_tokens": g.class_tokens}
+                 "class_tokens": g.class_tokens,
+                 "control_path": str(g.spec.control_root or ""),
+                 "missing_controls": sum(1 for f in g.files if str(f) in unpaired)}
         if g.name in log.records:
             entry["metadata_records"] = log.records[g.name]
         subsets.append(entry)
@@ -117,6 +129,11 @@ def build_summary(cfg: TrainConfig, groups: list["Group"], items: list["ImageIte
         "subsets": subsets,
         "missing_captions": sum(len(v) for v in log.missing_captions.values()),
         "missing_caption_files": {str(groups[i].folder): files for i, files in log.missing_captions.items()},
+        "control_images": sum(1 for item in instance if item.control is not None),
+        "missing_controls": len(unpaired),
+        "missing_control_files": log.missing_controls,
+        "control_pairs": [[str(item.path), str(item.control)] for item in instance
+                          if item.control is not None][:PAIRS_SHOWN],
         "caption_problems": log.caption_problems,
         "skipped": log.skipped,
         "skipped_count": len(log.skipped),

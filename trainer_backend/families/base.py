@@ -82,6 +82,15 @@ class Family:
     # metadata stamped into outputs (kohya's ss_base_model_version, SAI modelspec)
     base_model_version: str = ""
     modelspec_architecture: str = ""
+    # paired control (reference) images, one per training image (dataset.control_path, docs/dataset.md):
+    # "" = not used (a control_path is refused), "optional", "required" (an edit model: refused without
+    # one). Keep it equal to the registry entry's `control_images` (the config rules read that, torch-free).
+    # Training batches then hold `control_latents` [B, C, h, w] (the control image through the same
+    # bucket resize, crop and flip as the target, encoded by encode_latents with eps=None); `predict`
+    # reads them from its `batch`. Samples pass each prompt's `--control` image to the pipeline under
+    # `control_image_argument`.
+    control_images: str = ""
+    control_image_argument: str = "image"
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -134,7 +143,9 @@ class Family:
     def predict(self, model: LoadedModel, denoiser, noisy: "torch.Tensor", timesteps: "torch.Tensor",
                 text: dict[str, "torch.Tensor"], batch: dict, dtype, cfg=None) -> "torch.Tensor":
         """The denoiser's prediction in the latents' layout, with the family's extra conditioning
-        taken from the batch (and training options from the run's config `cfg`, e.g. Flux guidance)."""
+        taken from the batch (and training options from the run's config `cfg`, e.g. Flux guidance).
+        A family with control_images reads `batch["control_latents"]` (always present, on any device:
+        move it to `noisy`'s; training/diffusion_loss.py encodes it when latents are not cached)."""
         raise NotImplementedError
 
     def use_plain_attention(self, model: LoadedModel) -> None:

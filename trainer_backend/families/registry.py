@@ -23,6 +23,9 @@ class FamilyEntry:
     # model.clip_skip applies: the text conditioning is one CLIP encoder's last hidden state, so a
     # layer counted from the end can replace it (SDXL already uses the penultimate layer by design)
     clip_skip: bool = False
+    # paired control (reference) images per training image (dataset.control_path): "" = not used,
+    # "optional", "required" (an edit model); the same value as the Family's `control_images`
+    control_images: str = ""
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -42,6 +45,9 @@ CLIP_SKIP_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.clip_s
 # LoRA key layouts (output.lora_format choices besides "auto"), and the families that offer a choice
 LORA_LAYOUTS: tuple[str, ...] = tuple(dict.fromkeys(layout for e in FAMILIES for layout in e.lora_layouts))
 LORA_LAYOUT_CHOICE_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if len(e.lora_layouts) > 1)
+# paired control images (families/base.py Family.control_images): the families that take them at all
+CONTROL_IMAGE_MODES: tuple[str, ...] = ("", "optional", "required")
+CONTROL_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.control_images)
 
 
 def entry(name: str) -> FamilyEntry:

@@ -51,25 +51,35 @@ class ResumeSource:
 
 def dataset_fingerprint(scan) -> str:
     """'<images>:<sha256>' over each image's folder, name, size, caption, repeats and class
-    flag, in dataset order (the order the sampler's indices refer to). Folder locations are left
-    out so a moved dataset still matches; bucket shapes are config (resolution, bucket_*)."""
+    flag (and a paired image's control image: its name and size), in dataset order (the order the
+    sampler's indices refer to). Folder locations are left out so a moved dataset (or control folder)
+    still matches; bucket shapes are config (resolution, bucket_*)."""
     h = hashlib.sha256()
     groups = getattr(scan, "groups", [])
     for item in scan.items:
         group = groups[item.group] if item.group < len(groups) else None
-        try:
-            size = Path(item.path).stat().st_size
-        except OSError:
-            size = -1
+        size = _size(item.path)
         h.update(repr((_relative(item.path, group), size, item.caption, getattr(group, "repeats", 1),
                        item.is_class)).encode())
+        control = getattr(item, "control", None)
+        if control is not None:  # a paired image: its control image is part of what is trained
+            h.update(repr(("control", _relative(control, None, getattr(getattr(group, "spec", None), "control_root", None)),
+                           _size(control))).encode())
     h.update(repr(getattr(scan, "class_samples", 0)).encode())
     return f"{len(scan.items)}:{h.hexdigest()[:32]}"
 
 
-def _relative(path, group) -> str:
-    """The image's path inside its subset (so N_concept folder names count, the root's does not)."""
-    root = getattr(getattr(group, "spec", None), "root", None)
+def _size(path) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return -1
+
+
+def _relative(path, group, root=None) -> str:
+    """The image's path inside its subset (so N_concept folder names count, the root's does not), or
+    inside `root` when given (a control image in its control folder)."""
+    root = root or getattr(getattr(group, "spec", None), "root", None)
     try:
         return Path(path).relative_to(root).as_posix() if root else Path(path).name
     except ValueError:
@@ -104,8 +114,8 @@ def check_compatible(state: TrainState, cfg: TrainConfig, fingerprint: str, num_
                           f"state cannot be carried over{hint}")
     if state.dataset_fingerprint and fingerprint and state.dataset_fingerprint != fingerprint:
         then, now = state.dataset_fingerprint.split(":")[0], fingerprint.split(":")[0]
-        what = f"{then} images then, {now} now" if then != now else "the same number of images, but files or " \
-                                                                   "captions differ"
+        what = f"{then} images then, {now} now" if then != now else "the same number of images, but files, " \
+                                                                   "captions or control images differ"
         raise ConfigError(f"dataset.path: the dataset's contents changed since the checkpoint ({what}){hint}")
     if not state.config:
         LOG.warning("the checkpoint does not record its config: option changes cannot be checked")

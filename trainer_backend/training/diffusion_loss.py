@@ -29,6 +29,8 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
             latents = family.encode_latents(model, pixels, eps.to(device))
     noise, timesteps = noise.to(device), timesteps.to(device)
     noisy = objective.noisy(latents, noise, timesteps)
+    if "control_pixel_values" in batch and "control_latents" not in batch:
+        batch = {**batch, "control_latents": control_latents(model, batch["control_pixel_values"], device)}
 
     if "text" in batch:  # cached text-encoder outputs (frozen encoders, static captions)
         text = {k: v.to(device) for k, v in batch["text"].items()}
@@ -63,6 +65,14 @@ def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor
     weights = to_grid(mask.to(error.device), tuple(error.shape[-2:]))
     covered = weights.mean(dim=dims)
     return (error * weights).mean(dim=dims) / torch.where(covered > 0, covered, torch.ones_like(covered))
+
+
+def control_latents(model, pixels: torch.Tensor, device) -> torch.Tensor:
+    """Paired control images -> the latents `family.predict` reads as batch["control_latents"]: the
+    posterior mean (eps=None), since a conditioning image needs no sampling noise; as the latent cache
+    stores them."""
+    with torch.no_grad():
+        return model.family.encode_latents(model, pixels.to(device), None)
 
 
 class LossParts:

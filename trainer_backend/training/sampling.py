@@ -1,7 +1,8 @@
 """Sample images during training: when, from which prompts, and without disturbing training.
 
 Prompts are lines like kohya's: `a photo of sks dog --n blurry --w 512 --h 768 --d 7 --s 28 --l 6`
-(negative prompt, width, height, seed, steps, CFG scale). Images are made on the main process
+(negative prompt, width, height, seed, steps, CFG scale); `--control <image>` gives an edit model's prompt
+its control image (passed to the pipeline as the family's control_image_argument). Images are made on the main process
 with the current weights (or the EMA's), each from its own seeded generator, and saved as
 `<run>/samples/step-XXXXXXXX_pNN.png`; a `sample` event lists them and TensorBoard shows them.
 The global RNG states and the modules' train/eval modes are restored afterwards, so a run
@@ -84,6 +85,29 @@ def save_png(image, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def control_images(prompts: list[SamplePrompt], family, cfg: TrainConfig) -> list:
+    """Each prompt's control image (RGB PIL, or None), loaded before training so a bad file stops the
+    run at once, and checked against the family now that it is known (model.arch = auto)."""
+    from ..config.paths import resolve_path
+    from ..data.images import BadImage, load_rgb
+    out = []
+    for p in prompts:
+        if family.control_images == "required" and not p.control:
+            raise ConfigError(f"samples.prompts: {p.prompt!r}: {family.name} is an edit model: add --control "
+                              f"<image file> to every sample prompt")
+        if family.control_images == "" and p.control:
+            raise ConfigError(f"samples.prompts: {p.prompt!r}: --control: {family.name} takes no control image")
+        if not p.control:
+            out.append(None)
+            continue
+        try:
+            out.append(load_rgb(Path(resolve_path(p.control)).expanduser(),
+                                int(cfg.dataset.max_image_megapixels * 1e6), cfg.dataset.alpha_background))
+        except (BadImage, OSError) as e:
+            raise ConfigError(f"samples.prompts: --control {p.control}: {e}") from None
+    return out
+
+
 class SampleImages:
     """Decides when to sample (maybe_sample) and does it (sample)."""
 
@@ -93,6 +117,7 @@ class SampleImages:
         self.prompts = load_prompts(cfg)
         self.check_schedule(cfg, self.prompts)
         self.enabled = getattr(model, "denoiser", None) is not None  # a VAE run has nothing to sample with
+        self.controls = control_images(self.prompts, model.family, cfg) if self.enabled else []
         self.dir = Path(run.dir) / SAMPLES_DIR
         self.control = Path(run.dir) / CONTROL_DIR / Control.SAMPLE_NOW.value
         self.last_step = -1
@@ -145,7 +170,8 @@ class SampleImages:
             pipe = model.family.build_pipeline(model, self.cfg.samples.scheduler)
             for i, p in enumerate(self.prompts):
                 prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
-                (image,) = generate(pipe, device, self.weight_dtype, **prompts, width=p.width, height=p.height,
+                control = {model.family.control_image_argument: self.controls[i]} if self.controls[i] else {}
+                (image,) = generate(pipe, device, self.weight_dtype, **prompts, **control, width=p.width, height=p.height,
                                     num_inference_steps=p.steps, guidance_scale=p.cfg_scale,
                                     generator=torch.Generator("cpu").manual_seed(p.seed),
                                     **model.family.pipeline_call_options(model))

@@ -199,9 +199,12 @@ class Validator:
         during diffusion training. Every timestep and every later evaluation then costs UNet passes only."""
         if number in self._cache:
             return self._cache[number]
+        from .diffusion_loss import control_latents
         batch = collate([(i, self.dataset[i]) for i in indices])
         model, family, device = self.model, self.model.family, self.accelerator.device
         batch["latents"] = family.encode_latents(model, batch.pop("pixel_values").to(device), None).cpu()
+        if "control_pixel_values" in batch:  # paired images: their control latents, as training reads them
+            batch["control_latents"] = control_latents(model, batch.pop("control_pixel_values"), device).cpu()
         if not self.cfg.network.train_text_encoder:
             ids = family.tokenize(model, batch["caption"], self.cfg.dataset.max_token_length)
             text = family.encode_text(model, [i.to(device) for i in ids], self.text_encoders)
