@@ -26,11 +26,12 @@ def steps_plan(tiny: bool) -> tuple[int, int]:
     return (1, 3) if tiny else (5, 20)
 
 
-def total_steps(tiny: bool, stop_after: int = 0) -> int:
+def total_steps(tiny: bool, steps_before: int = 0) -> int:
     """What the programs are told to train: warm-up + timed + the FLOP-counted step + slack (the
-    observer ends the process after the counted step; a stopped run needs its steps again)."""
+    observer ends the process after the counted step), after the `steps_before` a resumed run
+    continues from (both runs of the resume case are told the same length)."""
     warmup, measure = steps_plan(tiny)
-    return warmup + measure + 3 + stop_after
+    return steps_before + warmup + measure + 3
 
 
 def mixed_precision(case: Case) -> str:
@@ -49,11 +50,13 @@ def observer_argv(case: Case, steps_log: Path, tiny: bool, stop_after: int = 0) 
 
 
 def ours_argv(case: Case, *, model_dir: Path, images: Path, run_root: Path, run_name: str, steps_log: Path,
-              tiny: bool, cpu: bool, stop_after: int = 0) -> list[str]:
+              tiny: bool, cpu: bool, stop_after: int = 0, steps_before: int = 0) -> list[str]:
+    """`stop_after`: SIGTERM after that step (the first run of the resume case); `steps_before`: the
+    steps a resumed run already has (the resume case's both runs)."""
     sets = [f"model.path={json.dumps(str(model_dir))}", f"dataset.path={json.dumps(str(images))}",
             f"dataset.resolution={case.resolution}", f"dataset.class_tokens={json.dumps(PROMPT)}",
             "dataset.cache_text_encoder_outputs=true", f"output.dir={json.dumps(str(run_root))}",
-            f"output.name={run_name}", f"schedule.max_steps={total_steps(tiny, stop_after)}",
+            f"output.name={run_name}", f"schedule.max_steps={total_steps(tiny, steps_before)}",
             f"schedule.batch_size={case.batch}", f"precision.mixed={mixed_precision(case)}", "optimizer.lr=1e-4",
             "schedule.seed=42"]
     if case.method == "lora":

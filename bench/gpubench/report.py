@@ -80,11 +80,13 @@ def render(records: list[dict], peak_override: float = 0.0) -> str:
     if not cases:
         return "no case results yet"
     lines = []
-    for s in sessions[-1:]:
+    headers = []  # one line per distinct environment (results of several device calls may be concatenated)
+    for s in sessions:
         ex = s.get("examples") or {}
-        lines.append(f"device: {s['device']}; torch {s.get('torch')}, diffusers {s.get('diffusers')}, transformers "
+        headers.append(f"device: {s['device']}; torch {s.get('torch')}, diffusers {s.get('diffusers')}, transformers "
                      f"{s.get('transformers')}, peft {s.get('peft')}; examples from diffusers {ex.get('ref', '?')} "
                      f"({str(ex.get('commit', '?'))[:10]}){'; TINY models on the CPU' if s.get('tiny') else ''}")
+    lines += list(dict.fromkeys(headers))
     flops = model_flops(cases)
     lines += ["", "| case | status | it/s | × ref | peak GiB | × ref | first step s | GFLOP/step | MFU | compared with "
                   "/ note |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -57,13 +57,20 @@ class Budget:
         return self.deadline - time.monotonic()
 
 
-def install_wheels(bundle: Path, site: Path) -> None:
+def install_wheels(bundle: Path, site: Path) -> bool:
+    """pip install --no-index into `site`; False when this bundle is installed there already (a warm
+    machine keeps it between calls)."""
     wheels = sorted(str(p) for p in (bundle / "wheels").glob("*.whl"))
     if not wheels:
         raise SystemExit(f"run: no wheels in {bundle / 'wheels'}: run `python bench/gpu.py prepare` on the dev "
                          "machine and carry .gpubench/bundle")
+    stamp, manifest = site / ".gpubench-bundle.json", (bundle / "bundle.json").read_text()
+    if stamp.is_file() and stamp.read_text() == manifest:
+        return False
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--upgrade", "--target", str(site), *wheels], check=True)
+    stamp.write_text(manifest)
+    return True
 
 
 def child_env(site: Path | None, work: Path, cpu: bool) -> dict:
@@ -131,8 +138,8 @@ class Runner:
         site = self.work / "site" if install else None
         if site:
             t = time.monotonic()
-            install_wheels(self.bundle, site)
-            print(f"installed the carried wheels into {site} in {time.monotonic() - t:.0f} s", flush=True)
+            if install_wheels(self.bundle, site):
+                print(f"installed the carried wheels into {site} in {time.monotonic() - t:.0f} s", flush=True)
         self.env = child_env(site, self.work, self.cpu)
         probe = subprocess.run([sys.executable, "-c", SESSION_PROBE], env=self.env, capture_output=True, text=True,
                                cwd=str(ROOT))
@@ -214,14 +221,15 @@ class Runner:
         subprocess.run(["rm", "-rf", str(run_root / slug), str(self.work / "example-out" / slug)], check=False)
         facts: dict = {}
         if case.trainer == "ours":
+            stop_at = commands.steps_plan(self.tiny)[0] + 2 if case.kind == "resume" else 0
+
             def argv(stop_after=0, log_path=steps_log):
                 return commands.ours_argv(case, model_dir=model_dir, images=images, run_root=run_root,
                                           run_name=slug, steps_log=log_path, tiny=self.tiny, cpu=self.cpu,
-                                          stop_after=stop_after)
-            if case.kind == "resume":  # the first run is stopped by SIGTERM after a few steps; this one resumes
+                                          stop_after=stop_after, steps_before=stop_at)
+            if case.kind == "resume":  # the first run is stopped by SIGTERM after a few steps; the second resumes
                 first_log = logs / f"{slug}.first.steps.jsonl"
                 first_log.unlink(missing_ok=True)
-                stop_at = commands.steps_plan(self.tiny)[0] + 2
                 rc1, _ = run_process(argv(stop_at, first_log), self.env, log, self.budget.left())
                 facts = {"first_run_rc": rc1, "stopped_after_step": stop_at}
             cmd = argv()
