@@ -37,13 +37,13 @@ def case_metrics(records: list[dict], warmup: int, t0: float, batch: int) -> dic
     out["first_step_s"] = round(steps[0]["time"] - t0, 2)
     # the interval ending at step s (s > warmup); steps[i] is step i + 1
     intervals = [steps[i]["time"] - steps[i - 1]["time"] for i in range(max(warmup, 1), len(steps))
-                 if "flops" not in steps[i]]
+                 if "flops" not in steps[i] and "profiled" not in steps[i]]
     out["steps_timed"] = len(intervals)
     if intervals:
         median = statistics.median(intervals)
         out.update(step_s=round(median, 5), it_s=round(1.0 / median, 4), samples_s=round(batch / median, 4),
                    step_s_min=round(min(intervals), 5), step_s_max=round(max(intervals), 5))
-    timed = [r for r in steps if "flops" not in r]
+    timed = [r for r in steps if "flops" not in r and "profiled" not in r]
     if timed and "max_allocated" in timed[-1]:
         out["peak_allocated"] = timed[-1]["max_allocated"]
         out["peak_reserved"] = timed[-1]["max_reserved"]

@@ -40,6 +40,13 @@ class StepObserver:
         self.stop_after = stop_after
         self.flop_mode = None
         self.cuda = torch.cuda.is_available()
+        # GPUBENCH_PROFILE_DIR: profile two steps after the timed ones (before the counted one) with
+        # torch.profiler and write where the time went; the timed steps stay unprofiled.
+        self.profile_dir = os.environ.get("GPUBENCH_PROFILE_DIR", "")
+        self.profile_steps = 2 if self.profile_dir and not stop_after else 0
+        self.profiler = None
+        self.profile_end = 0
+        self.log_path = log_path
 
     def write(self, record: dict) -> None:
         self.log.write(json.dumps(record) + "\n")
@@ -54,6 +61,8 @@ class StepObserver:
         if self.cuda:
             record["max_allocated"] = torch.cuda.max_memory_allocated()
             record["max_reserved"] = torch.cuda.max_memory_reserved()
+        if self.profiler is not None:
+            record["profiled"] = True  # not timed: the profiler slows the step
         if self.flop_mode is not None:  # the step that was counted ends here
             self.flop_mode.__exit__(None, None, None)
             record["flops"] = self.flop_mode.get_total_flops()
@@ -64,6 +73,18 @@ class StepObserver:
             return
         if self.stop_after:
             return
+        if self.steps == self.last_timed and self.profile_steps and self.profile_end == 0:
+            from torch.profiler import ProfilerActivity, profile
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            self.profiler = profile(activities=acts)
+            self.profiler.__enter__()
+            self.profile_t0, self.profile_end = time.time(), self.steps + self.profile_steps
+            return
+        if self.profiler is not None:
+            if self.steps < self.profile_end:
+                return
+            self.write_profile(time.time() - self.profile_t0)
+            self.last_timed = self.steps
         if self.steps == self.last_timed and self.count_flops:
             from torch.utils.flop_counter import FlopCounterMode
             self.flop_mode = FlopCounterMode(display=False)
@@ -74,6 +95,23 @@ class StepObserver:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)  # skip the programs' final saves and validation: not part of a step
+
+    def write_profile(self, wall: float) -> None:
+        prof, self.profiler = self.profiler, None
+        prof.__exit__(None, None, None)
+        events = prof.key_averages()
+        n = self.profile_steps
+        device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+        name = os.path.basename(self.log_path).replace(".steps.jsonl", "")
+        os.makedirs(self.profile_dir, exist_ok=True)
+        with open(os.path.join(self.profile_dir, f"{name}.prof.txt"), "w", encoding="utf-8") as f:
+            f.write(f"{n} profiled steps: wall {wall / n * 1000:.1f} ms/step, device kernels "
+                    f"{device_us / n / 1000:.1f} ms/step (busy {device_us / 1e6 / max(wall, 1e-9):.0%})\n\n")
+            for key in ("self_device_time_total", "self_cpu_time_total"):
+                try:
+                    f.write(events.table(sort_by=key, row_limit=30, max_name_column_width=70) + "\n\n")
+                except Exception as exc:  # the sort key's name differs between torch versions
+                    f.write(f"(table by {key}: {exc})\n")
 
 
 def main(argv: list[str] | None = None) -> None:
