@@ -64,7 +64,7 @@ def test_model_dataset_and_process_count_changes(reference_run, fast_inputs, tin
     moved = shutil.copytree(fast_inputs[1], tmp_path / "moved-data")  # same contents elsewhere: fine
     assert _check(state, config, f"dataset.path='{moved}'", scan=True) == []
     (moved / "img000.txt").write_text("a different caption")
-    with pytest.raises(ConfigError, match="^dataset.path: the dataset's contents changed .*captions differ"):
+    with pytest.raises(ConfigError, match="^dataset.path: the dataset's contents changed .*captions or control images differ"):
         _check(state, config, f"dataset.path='{moved}'", scan=True)
     shutil.copy(fast_inputs[1] / "img001.png", moved / "extra.png")
     with pytest.raises(ConfigError, match=r"^dataset.path: .*\(4 images then, 5 now\)"):
