@@ -50,7 +50,7 @@ class LoadedModel:
         """(name, module) of the text encoders network.train_text_encoder trains."""
         if self.family is None:
             return []
-        names = self.family.trained_text_encoders or self.family.text_encoder_names
+        names = self.family.trainable_text_encoders()
         return [(n, te) for n, te in zip(self.family.text_encoder_names, self.text_encoders) if n in names]
 
     def components(self) -> dict[str, Any]:
@@ -67,7 +67,8 @@ class Family:
     label: str = ""                             # human name
     denoiser_name: str = "unet"                 # pipeline component name of the trained network
     text_encoder_names: tuple[str, ...] = ("text_encoder",)
-    # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families)
+    # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families);
+    # () = none (keep the registry entry's text_encoder_training False then)
     trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names
     # a full fine-tune's single file: the whole model ("whole", SD checkpoints), the denoiser alone
     # ("denoiser", Flux, as ComfyUI keeps it), or none (None: the diffusers folder only)
@@ -91,6 +92,10 @@ class Family:
     # `control_image_argument`.
     control_images: str = ""
     control_image_argument: str = "image"
+
+    def trainable_text_encoders(self) -> tuple[str, ...]:
+        """The text encoders network.train_text_encoder trains (none when the family keeps them frozen)."""
+        return self.text_encoder_names if self.trained_text_encoders is None else self.trained_text_encoders
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:

@@ -26,6 +26,9 @@ class FamilyEntry:
     # paired control (reference) images per training image (dataset.control_path): "" = not used,
     # "optional", "required" (an edit model); the same value as the Family's `control_images`
     control_images: str = ""
+    # network.train_text_encoder applies: the family's LoRA loaders also load text-encoder adapters
+    # (False: the text encoder stays frozen, as Z-Image's loaders read the transformer only)
+    text_encoder_training: bool = True
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -35,6 +38,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow", ("diffusers",)),
     FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX", "flow",
                 ("diffusers", "kohya")),
+    FamilyEntry("zimage", "Z-Image (Turbo, base)", "trainer_backend.families.zimage", "ZIMAGE", "flow",
+                ("diffusers", "kohya"), text_encoder_training=False),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
