@@ -29,7 +29,7 @@ class Output(Section):
                 "kohya/webui; SD3, Flux and Z-Image diffusers' transformer.…lora_A/lora_B, read by diffusers and "
                 "ComfyUI). kohya = kohya's layout on the original modules (q/k/v fused, .alpha): Flux's "
                 "lora_unet_double_blocks_…, read by kohya's sd-scripts, ComfyUI, Forge and diffusers; Z-Image's "
-                "lora_unet_layers_…_attention_qkv, read by ComfyUI (not by diffusers 0.42).", advanced=True,
+                "lora_unet_layers_…_attention_qkv, read by ComfyUI and diffusers.", advanced=True,
         resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 

@@ -11,7 +11,7 @@ updates exactly, and `read_kohya_zimage` splits it back (network.network_weights
 
 The default layout (diffusers', `transformer.layers.0.attention.to_q.lora_A.weight`) loads in
 diffusers and in ComfyUI (its Z-Image key map takes diffusers names); this one is for tools that
-only know the original names. diffusers 0.42 does not split a fused qkv written this way.
+only know the original names. diffusers 0.42's Z-Image converter reads it too (tests/test_zimage_lora.py).
 """
 from __future__ import annotations
 
