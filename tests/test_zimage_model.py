@@ -146,3 +146,15 @@ def test_a_run_trains_from_the_comfyui_files(comfy_files, tmp_path):
     lora = load_file(str(run / "from-files.safetensors"))
     assert "transformer.layers.1.attention.to_q.lora_B.weight" in lora
     assert any(v.abs().max() > 0 for k, v in lora.items() if "lora_B" in k)
+
+
+@pytest.mark.parametrize("name", ["zimage-turbo-lora-24gb", "demo-zimage-lora"])
+def test_presets_pass_the_rules_and_target_real_modules(name, tiny):
+    from conftest import ROOT
+    cfg = load_config(ROOT / "presets" / f"{name}.toml", [])
+    assert problems(cfg) == []
+    _, model = tiny
+    leaves = {n for n, m in model.denoiser.named_modules() if isinstance(m, torch.nn.Linear)}
+    for target in cfg.network.target_modules:
+        assert any(n == target or n.endswith("." + target) for n in leaves), target
+    assert cfg.samples.cfg_scale == 0.0  # Turbo samples without guidance

@@ -112,7 +112,7 @@ class Loss(Section):
     timestep_max: int = F(1000, "Highest training timestep (exclusive).", ge=1, le=1000, advanced=True, resume="safe")
     # flow-matching families (flux, sd3): how σ is drawn, shifted and weighted
     timestep_sampling: Literal["logit_normal", "uniform", "sigmoid", "mode"] = F(
-        "logit_normal", "Flow-matching families (flux, sd3) only: the density σ is drawn from (SD3 paper; sigmoid = "
+        "logit_normal", "Flow-matching families (flux, sd3, zimage) only: the density σ is drawn from (SD3 paper; sigmoid = "
         "logit-normal with mean 0, std 1).", advanced=True, resume="safe",
                                                                                  when={"model.arch": FLOW_FAMILIES})
     logit_mean: float = F(0.0, "Flow-matching families only: mean of the logit-normal density.", ge=-10.0, le=10.0,
@@ -124,7 +124,7 @@ class Loss(Section):
     mode_scale: float = F(1.29, "Flow-matching families only: scale of the mode density.", ge=0.0, le=10.0,
                           advanced=True, resume="safe",
                           when={"model.arch": FLOW_FAMILIES, "loss.timestep_sampling": ("mode",)})
-    flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3: 3.0; flux: "
+    flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3, zimage: 3.0; flux: "
                                "resolution-dependent, as its scheduler samples).", ge=0.0, le=100.0, advanced=True,
                                resume="safe",
                           when={"model.arch": FLOW_FAMILIES})
