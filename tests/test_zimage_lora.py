@@ -120,3 +120,25 @@ def test_kohya_file_merged_as_comfyui_does_matches_the_trained_model(trained):
     for module, (down, up, scale) in to_peft_updates(written, model.denoiser).items():
         a, b = state[f"{module}.lora_A.weight"], state[f"{module}.lora_B.weight"]
         assert torch.allclose(scale * up @ down, 0.5 * b @ a, atol=1e-6), module
+
+
+def test_a_run_starts_from_a_kohya_layout_file(trained, tiny_models, tmp_path):
+    """network.network_weights = a kohya-layout file (fused qkv): the run's adapters start from it, so
+    after one step at a negligible learning rate the output file applies the same update."""
+    from safetensors.torch import load_file, save_file
+    from conftest import make_dataset
+    from method_runs import train_run
+    model, state = trained  # rank 4, alpha 2
+    path = tmp_path / "start.safetensors"
+    save_file(ZIMAGE.lora_file_state(model, {"transformer": state}, 2.0, "kohya"), str(path))
+    data = make_dataset(tmp_path / "data", n=1, size=32)
+    run, _, _ = train_run(tmp_path, tiny_models("zimage"), data, "resumed-from-kohya", f"network.network_weights={path}",
+                          "network.alpha=2", "network.target_modules=[\"to_q\",\"to_k\",\"to_v\",\"to_out.0\",\"w1\",\"w2\",\"w3\"]",
+                          "schedule.max_steps=1", "optimizer.name=sgd", "optimizer.lr=1e-12")
+    out = load_file(str(run / "resumed-from-kohya.safetensors"))  # diffusers layout: alpha/rank folded into B
+    modules = {k[len("transformer."): -len(".lora_A.weight")] for k in out if k.endswith(".lora_A.weight")}
+    assert len(modules) == 4 * 7
+    for m in modules:
+        got = out[f"transformer.{m}.lora_B.weight"] @ out[f"transformer.{m}.lora_A.weight"]
+        want = 0.5 * state[f"{m}.lora_B.weight"] @ state[f"{m}.lora_A.weight"]
+        assert torch.allclose(got, want, atol=1e-5), m
