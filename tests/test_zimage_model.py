@@ -175,3 +175,30 @@ def test_samples_during_training_with_and_without_guidance(tiny, tmp_path):
     images = [np.asarray(Image.open(p), dtype=np.float32) for p in paths]
     assert all(im.shape == (32, 32, 3) and im.std() > 0 for im in images)
     assert np.abs(images[0] - images[1]).max() > 0  # different prompts and guidance give different images
+
+
+def test_a_transformer_file_in_diffusers_names_loads_too(comfy_files, tmp_path):
+    """Some repackaged Z-Image files keep diffusers' names (to_q/to_k/to_v) under ComfyUI's prefix."""
+    ref = comfy_files["model"]
+    path = tmp_path / "z_image_diffusers_names.safetensors"
+    save_file({f"model.diffusion_model.{k}": v for k, v in ref.denoiser.state_dict().items()}, str(path),
+              metadata=_config_meta(dict(ref.denoiser.config)))
+    got = _load(comfy_files, path=str(path))
+    assert got.family.name == "zimage"
+    assert all(torch.equal(a, b) for a, b in zip(got.denoiser.state_dict().values(), ref.denoiser.state_dict().values()))
+
+
+def test_a_full_finetune_from_the_files_writes_a_transformer_file_that_loads_back(comfy_files, tmp_path):
+    """bf16 mixed precision from ComfyUI's files: the trained transformer file (original layout) loads
+    with the same qwen3/ae files and differs from the base; the frozen Qwen3 keeps its weights."""
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    f = comfy_files
+    run, _, _ = train_run(tmp_path, f["path"], data, "full", f"model.qwen3={f['qwen3']}", f"model.vae={f['vae']}",
+                          f"model.tokenizer={f['folder']}", "network.type=full", "precision.mixed=bf16",
+                          "schedule.max_steps=1", "optimizer.lr=1e-3")
+    assert "layers.0.attention.qkv.weight" in load_file(str(run / "full.safetensors"))
+    trained, base = _load(f, path=str(run / "full.safetensors")), _load(f)
+    moved = max((a - b).abs().max().item() for a, b in zip(trained.denoiser.state_dict().values(),
+                                                           base.denoiser.state_dict().values()))
+    assert moved > 0, "the trained transformer equals the base"
+    assert torch.equal(trained.text_encoders[0].embed_tokens.weight, base.text_encoders[0].embed_tokens.weight)
