@@ -25,10 +25,11 @@ class Output(Section):
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
     lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
-        "auto", "Flux only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 and "
-                "Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's Flux "
-                "layout (lora_unet_double_blocks_…, q/k/v fused, .alpha), read by kohya's sd-scripts, ComfyUI and "
-                "Forge, and by diffusers for the full-size Flux.1 architecture.", advanced=True, resume="safe",
+        "auto", "Flux and Flux.2 only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL "
+                "kohya/webui; SD3 and Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI; "
+                "Flux.2 kohya). kohya = kohya's layout on the original module names (lora_unet_double_blocks_…, "
+                "q/k/v fused, .alpha), read by kohya's sd-scripts, ComfyUI and Forge, and by diffusers for the "
+                "full-size Flux.1 and any Flux.2 architecture.", advanced=True, resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 
@@ -47,9 +48,10 @@ class Model(Section):
                                                                     when={"model.arch": DDPM_FAMILIES})
     tokenizer: str = F("", "Tokenizers for a single-file checkpoint that carries none. SD: a diffusers model folder of "
                            "any SD family, or a folder with vocab.json + merges.txt. Flux: a Flux diffusers folder "
-                           "(tokenizer/ and tokenizer_2/). Empty = look in the Hugging Face cache (offline).",
+                           "(tokenizer/ and tokenizer_2/). Flux.2: a Flux.2 diffusers folder or a Qwen3 tokenizer "
+                           "folder. Empty = look in the Hugging Face cache (offline).",
                        widget="path", advanced=True, resume="ignored",
-                       when={"model.arch": (*DDPM_FAMILIES, "flux")})
+                       when={"model.arch": (*DDPM_FAMILIES, "flux", "flux2")})
     clip_l: str = F("", "Flux single file only: the CLIP-L text encoder file (ComfyUI's "
                         "models/clip/clip_l.safetensors); model.path is the transformer (flux1-dev.safetensors) "
                         "and model.vae the autoencoder (ae.safetensors).", widget="path", resume="ignored",
@@ -57,6 +59,11 @@ class Model(Section):
     t5: str = F("", "Flux single file only: the T5-XXL text encoder file (ComfyUI's "
                     "models/clip/t5xxl_fp16.safetensors).",
                 widget="path", resume="ignored", when={"model.arch": ("flux",)})
+    text_encoder: str = F("", "Flux.2 single file only: the Qwen3 text encoder file (ComfyUI's "
+                              "models/text_encoders/qwen_3_4b.safetensors for Klein 4B, qwen_3_8b for 9B); "
+                              "model.path is the transformer (flux-2-klein-base-4b.safetensors) and model.vae the "
+                              "autoencoder (flux2-vae.safetensors).", widget="path", resume="ignored",
+                          when={"model.arch": ("flux2",)})
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
                         ge=0.0, le=100.0, advanced=True, resume="safe",
@@ -67,8 +74,8 @@ class Model(Section):
                           "training, samples and class images, and written to the LoRA file (ss_clip_skip). SDXL "
                           "already uses the penultimate layer by design and refuses values above 1.", ge=1, le=12,
                       resume="safe", when={"model.arch": CLIP_SKIP_FAMILIES})
-    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption; 0 = the model's own (Flux dev "
-                              "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True, resume="safe",
+    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Flux.2: Qwen3 tokens); 0 = the "
+                              "model's own (Flux dev 512, schnell 256, SD3 256, Flux.2 512).", ge=0, le=512, advanced=True, resume="safe",
                            when={"model.arch": FLOW_FAMILIES})
 
 

@@ -50,7 +50,9 @@ class LoadedModel:
         """(name, module) of the text encoders network.train_text_encoder trains."""
         if self.family is None:
             return []
-        names = self.family.trained_text_encoders or self.family.text_encoder_names
+        names = self.family.trained_text_encoders
+        if names is None:
+            names = self.family.text_encoder_names
         return [(n, te) for n, te in zip(self.family.text_encoder_names, self.text_encoders) if n in names]
 
     def components(self) -> dict[str, Any]:
@@ -68,7 +70,7 @@ class Family:
     denoiser_name: str = "unet"                 # pipeline component name of the trained network
     text_encoder_names: tuple[str, ...] = ("text_encoder",)
     # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families)
-    trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names
+    trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names; (): none
     # a full fine-tune's single file: the whole model ("whole", SD checkpoints), the denoiser alone
     # ("denoiser", Flux, as ComfyUI keeps it), or none (None: the diffusers folder only)
     full_single_file: str | None = "whole"

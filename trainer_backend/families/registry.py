@@ -35,6 +35,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow", ("diffusers",)),
     FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX", "flow",
                 ("diffusers", "kohya")),
+    FamilyEntry("flux2", "Flux.2 Klein (4B, 9B)", "trainer_backend.families.flux2", "FLUX2", "flow",
+                ("kohya", "diffusers"), control_images="optional"),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
