@@ -29,6 +29,12 @@ HF_CACHE = [("black-forest-labs/FLUX.2-klein-base-4B", "tokenizer"), ("black-for
             ("Qwen/Qwen3-4B", ""), ("Qwen/Qwen3-8B", "")]
 
 
+def _own(metadata: dict[str, str], fallback: dict, marker: str) -> dict:
+    """The file's own config (this project's exports) when it is one of this kind (has `marker`)."""
+    own = _own_config(metadata, {})
+    return own if marker in own else fallback
+
+
 def bundled(name: str) -> dict:
     from ..sd.loader import ASSETS_CONFIGS
     return {k: v for k, v in json.loads((ASSETS_CONFIGS / "flux2" / name).read_text()).items() if k != "_note"}
@@ -50,7 +56,7 @@ def transformer_config(shapes: dict[str, tuple], metadata: dict[str, str]) -> di
                   "guidance_embeds": "guidance_in.in_layer.weight" in shapes}
     except KeyError as e:
         raise ConfigError(f"model.path: not a Flux.2 transformer file: it has no {e.args[0]}") from None
-    return _own_config(metadata, config)
+    return _own(metadata, config, "num_single_layers")
 
 
 def load_transformer(path: Path):
@@ -81,10 +87,11 @@ def load_text_encoder(path_str: str):
     shapes, metadata = _header("model.text_encoder", path)
     shapes = _strip(shapes, QWEN_PREFIXES)
     width = shapes.get("model.embed_tokens.weight", (0, 0))[1]
-    if META_OWN not in metadata and width not in QWEN_SIZES:
+    own = _own(metadata, {}, "num_hidden_layers")
+    if not own and width not in QWEN_SIZES:
         raise ConfigError(f"model.text_encoder: {path.name} is not a Qwen3-4B or Qwen3-8B text encoder "
                           f"(no model.embed_tokens.weight of width 2560 or 4096)")
-    config = Qwen3Config(**_own_config(metadata, bundled(QWEN_SIZES.get(width, QWEN_SIZES[2560]))))
+    config = Qwen3Config(**(own or bundled(QWEN_SIZES[width])))
     with _weights_on_meta():
         model = Qwen3ForCausalLM(config)
     head = "lm_head.weight"  # only for logits, which the encoding never computes: tied when the file has none
@@ -95,9 +102,6 @@ def load_text_encoder(path_str: str):
     if head not in state:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
-
-
-META_OWN = "sd_studio.config"
 
 
 def load_vae(path_str: str):
@@ -116,7 +120,7 @@ def load_vae(path_str: str):
             raise ConfigError(f"model.vae: {path} is not a Flux.2 VAE folder ({str(e).splitlines()[0]})") from None
     from safetensors.torch import load_file
     shapes, metadata = _header("model.vae", path)
-    config = _own_config(metadata, bundled("vae.json"))
+    config = _own(metadata, bundled("vae.json"), "latent_channels")
     with _weights_on_meta():
         vae = AutoencoderKLFlux2.from_config(config)
     like = vae.state_dict()
