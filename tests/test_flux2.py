@@ -4,6 +4,8 @@ each layout loads in a plain diffusers Flux2KleinPipeline, changes the image, an
 transformer back within 1e-5; text, latents and reference images go in as the pipeline puts them."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from peft import LoraConfig
@@ -38,7 +40,8 @@ def test_full_size_lora_layouts_land_on_the_trained_modules_with_the_trained_upd
     denoiser = FLUX2.meta_denoiser(size)
     assert (denoiser.config.num_layers, denoiser.config.num_single_layers) == blocks
     original = to_original(denoiser.state_dict(), dict(denoiser.config))
-    assert len(original) == len(denoiser.state_dict())  # every weight has its original name, none twice
+    # every weight has its place in the original layout, none twice (q, k and v fused into one)
+    assert sum(v.numel() for v in original.values()) == sum(v.numel() for v in denoiser.state_dict().values())
     state = _random_lora(denoiser, list(FLUX2.default_targets), rank=3, alpha=2.0)
     adapted = {k[: -len(".lora_A.weight")] for k in state if k.endswith("lora_A.weight")}
     written = FLUX2.lora_file_state(_Meta(denoiser), {"transformer": state}, 2.0, layout)
@@ -59,7 +62,7 @@ def test_full_size_lora_layouts_land_on_the_trained_modules_with_the_trained_upd
         ca, cb = converted[f"transformer.{module}.lora_A.weight"], converted[f"transformer.{module}.lora_B.weight"]
         x = torch.randn(a.shape[1], 2, generator=g)
         want = (2.0 / a.shape[0]) * (b @ (a @ x))  # alpha / rank
-        assert torch.allclose(cb @ (ca @ x), want, atol=1e-6, rtol=1e-5), module
+        assert (cb @ (ca @ x) - want).abs().max() <= 1e-5 * want.abs().max(), module
 
 
 def test_kohya_file_merged_like_comfyui_equals_peft_merge(tiny_models):
@@ -100,12 +103,14 @@ def test_tiny_lora_loads_in_diffusers_changes_the_image_and_is_the_trained_model
     model_dir = tiny_models("flux2")
     data = make_dataset(tmp_path / "data", n=2, size=32)
     run, _, cfg = train_run(tmp_path, model_dir, data, layout, f"output.lora_format={layout}", "schedule.max_steps=2",
-                            "optimizer.lr=1e-2", "checkpoints.every_n_steps=2")
+                            "optimizer.lr=5e-2", "checkpoints.every_n_steps=2",
+                            f"network.target_modules={json.dumps(list(FLUX2.default_targets))}")
     out = run / f"{layout}.safetensors"
     with safe_open(str(out), "pt") as f:
         keys, meta = set(f.keys()), f.metadata()
     assert meta["ss_base_model_version"] == "flux2"
     assert ("lora_unet_double_blocks_0_img_attn_qkv.alpha" in keys) == (layout == "kohya")
+    assert ("lora_unet_single_blocks_0_linear1.lora_up.weight" in keys) == (layout == "kohya")
     assert ("transformer.single_transformer_blocks.0.attn.to_qkv_mlp_proj.lora_A.weight" in keys) == \
         (layout == "diffusers")
 

@@ -18,6 +18,7 @@ from ..objectives import FlowMatchObjective, resolution_shift
 PIPELINES = ("Flux2KleinPipeline", "Flux2KleinKVPipeline")
 TEXT_MAX_LENGTH = 512  # Flux2KleinPipeline's max_sequence_length
 REFERENCE_TIME = 10    # the pipeline's time coordinate of the first reference image
+HIDDEN_LAYERS = (9, 18, 27)  # the pipeline's text_encoder_out_layers
 
 
 class Flux2Objective(FlowMatchObjective):
@@ -100,10 +101,10 @@ class Flux2Family(FlowFamily):
 
     @staticmethod
     def hidden_layers(encoder) -> tuple[int, int, int]:
-        """The stacked hidden states: the pipeline's (9, 18, 27) of Qwen3's 36 layers; the same quarter
-        points of a smaller encoder."""
+        """The stacked hidden states: the pipeline's (9, 18, 27) (of Qwen3-4B/8B's 36 layers; any encoder
+        with more than 27 layers has them); a shallower encoder: its quarter points."""
         n = _unwrap(encoder).config.num_hidden_layers
-        return (n // 4, n // 2, 3 * n // 4)
+        return HIDDEN_LAYERS if n > HIDDEN_LAYERS[-1] else (n // 4, n // 2, 3 * n // 4)
 
     def encode_text(self, model, input_ids, encoders=None):
         import torch

@@ -1,6 +1,6 @@
 """A tiny random Flux.2 Klein pipeline for tests and the demo: a Flux2Transformer2DModel with one double
-and one single block, a 36-layer (as Qwen3-4B/8B, so the pipeline's hidden layers 9, 18, 27 exist) but
-32-wide Qwen3 text encoder with the offline Qwen tokenizer (families/tiny_qwen.py), and a three-level
+and one single block, a 28-layer (the fewest that have the pipeline's hidden layers 9, 18 and 27, before
+the final norm, as in the 36-layer Qwen3-4B/8B) but 32-wide Qwen3 text encoder with the offline Qwen tokenizer (families/tiny_qwen.py), and a three-level
 AutoencoderKLFlux2 with 8 latent channels (32 after the 2x2 patchify) whose batch-norm statistics are
 random, so a latent normalisation gone wrong shows."""
 from __future__ import annotations
@@ -40,7 +40,7 @@ def build_tiny_flux2(out_dir: str | Path, seed: int = 0) -> Path:
         vae.bn.running_mean.copy_(torch.randn(32) * 0.2)
         vae.bn.running_var.copy_(torch.rand(32) + 0.5)
         torch.manual_seed(seed + 2)
-        text_encoder = Qwen3ForCausalLM(tiny_qwen3_config(hidden_size=32, num_hidden_layers=36))
+        text_encoder = Qwen3ForCausalLM(tiny_qwen3_config(hidden_size=32, num_hidden_layers=28))
     pipe = Flux2KleinPipeline(scheduler=FlowMatchEulerDiscreteScheduler(**scheduler_config()), vae=vae,
                               text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
     pipe.save_pretrained(out, safe_serialization=True)
