@@ -31,7 +31,7 @@ FAMILIES = list(FAMILY_NAMES)
 
 def _image(pipe) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    return torch.from_numpy(pipe("a red square", num_inference_steps=2, height=64, width=64, generator=g,
+    return torch.from_numpy(pipe(prompt="a red square", num_inference_steps=2, height=64, width=64, generator=g,
                                  output_type="np").images[0])
 
 
@@ -87,7 +87,7 @@ def test_full_size_lora_keys_all_load_in_diffusers(arch):
     denoiser = family.meta_denoiser()
     denoiser.add_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=list(family.default_targets)))
     adapted = {name for name, m in denoiser.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
-    assert len(adapted) > 100, "the full-size model should have many adapted modules"
+    assert len(adapted) >= 50, "the full-size model should have many adapted modules"  # Klein 4B: 60
     state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(denoiser).items()}
     written = family.lora_file_state(_MetaModel(family, denoiser), {family.denoiser_name: state}, 1.0)
     loaded = family.diffusers_lora_targets(written, denoiser)

@@ -40,6 +40,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 ("diffusers", "kohya")),
     FamilyEntry("zimage", "Z-Image (Turbo, base)", "trainer_backend.families.zimage", "ZIMAGE", "flow",
                 ("diffusers", "kohya"), text_encoder_training=False),
+    FamilyEntry("flux2", "Flux.2 Klein (4B, 9B)", "trainer_backend.families.flux2", "FLUX2", "flow",
+                ("kohya", "diffusers"), control_images="optional", text_encoder_training=False),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)

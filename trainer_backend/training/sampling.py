@@ -74,7 +74,7 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
         latents = latents * torch.tensor(std).view(shape).to(latents) / cfg.scaling_factor + \
             torch.tensor(mean).view(shape).to(latents)
     else:
-        latents = latents / cfg.scaling_factor + (getattr(cfg, "shift_factor", None) or 0.0)
+        latents = latents / getattr(cfg, "scaling_factor", 1.0) + (getattr(cfg, "shift_factor", None) or 0.0)
     images = vae.decode(latents, return_dict=False)[0]
     return pipe.image_processor.postprocess(images.float(), output_type="pil")
 
