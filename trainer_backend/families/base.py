@@ -50,7 +50,9 @@ class LoadedModel:
         """(name, module) of the text encoders network.train_text_encoder trains."""
         if self.family is None:
             return []
-        names = self.family.trained_text_encoders or self.family.text_encoder_names
+        names = self.family.trained_text_encoders
+        if names is None:
+            names = self.family.text_encoder_names
         return [(n, te) for n, te in zip(self.family.text_encoder_names, self.text_encoders) if n in names]
 
     def components(self) -> dict[str, Any]:
@@ -68,7 +70,7 @@ class Family:
     denoiser_name: str = "unet"                 # pipeline component name of the trained network
     text_encoder_names: tuple[str, ...] = ("text_encoder",)
     # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families)
-    trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names
+    trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names; (): none
     # a full fine-tune's single file: the whole model ("whole", SD checkpoints), the denoiser alone
     # ("denoiser", Flux, as ComfyUI keeps it), or none (None: the diffusers folder only)
     full_single_file: str | None = "whole"
@@ -91,6 +93,9 @@ class Family:
     # `control_image_argument`.
     control_images: str = ""
     control_image_argument: str = "image"
+    # the text encoder reads the control image too (an edit model's vision-language encoder): text is
+    # tokenized per batch with its control images (tokenize_batch) and never cached per caption
+    text_reads_control: bool = False
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -118,6 +123,11 @@ class Family:
     # ---- text and latents
     def tokenize(self, model: LoadedModel, captions: list[str], max_token_length: int) -> list["torch.Tensor"]:
         raise NotImplementedError
+
+    def tokenize_batch(self, model: LoadedModel, batch: dict, max_token_length: int) -> list["torch.Tensor"]:
+        """A training batch's text-encoder inputs: its captions (and, where text_reads_control, its
+        control images: `control_pixel_values`, or `control_latents` when latents are cached)."""
+        return self.tokenize(model, list(batch["caption"]), max_token_length)
 
     def encode_text(self, model: LoadedModel, input_ids: list["torch.Tensor"],
                     encoders: list | None = None) -> dict[str, "torch.Tensor"]:

@@ -35,6 +35,10 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow", ("diffusers",)),
     FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX", "flow",
                 ("diffusers", "kohya")),
+    FamilyEntry("qwen_image", "Qwen-Image", "trainer_backend.families.qwen_image", "QWEN_IMAGE", "flow",
+                ("diffusers", "kohya")),
+    FamilyEntry("qwen_image_edit", "Qwen-Image-Edit", "trainer_backend.families.qwen_image", "QWEN_IMAGE_EDIT", "flow",
+                ("diffusers", "kohya"), control_images="required"),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
