@@ -25,10 +25,12 @@ class Output(Section):
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
     lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
-        "auto", "Flux only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 and "
+        "auto", "Flux and Qwen-Image only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 and "
                 "Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's Flux "
                 "layout (lora_unet_double_blocks_…, q/k/v fused, .alpha), read by kohya's sd-scripts, ComfyUI and "
-                "Forge, and by diffusers for the full-size Flux.1 architecture.", advanced=True, resume="safe",
+                "Forge, and by diffusers for the full-size Flux.1 architecture. Qwen-Image(-Edit): kohya = "
+                "lora_unet_transformer_blocks_… with lora_down/lora_up/.alpha (ComfyUI's and musubi-tuner's).",
+        advanced=True, resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 
@@ -47,9 +49,10 @@ class Model(Section):
                                                                     when={"model.arch": DDPM_FAMILIES})
     tokenizer: str = F("", "Tokenizers for a single-file checkpoint that carries none. SD: a diffusers model folder of "
                            "any SD family, or a folder with vocab.json + merges.txt. Flux: a Flux diffusers folder "
-                           "(tokenizer/ and tokenizer_2/). Empty = look in the Hugging Face cache (offline).",
+                           "(tokenizer/ and tokenizer_2/). Empty = look in the Hugging Face cache (offline). "
+                           "Qwen-Image: a Qwen-Image diffusers folder (tokenizer/; the edit model: processor/).",
                        widget="path", advanced=True, resume="ignored",
-                       when={"model.arch": (*DDPM_FAMILIES, "flux")})
+                       when={"model.arch": (*DDPM_FAMILIES, "flux", "qwen_image", "qwen_image_edit")})
     clip_l: str = F("", "Flux single file only: the CLIP-L text encoder file (ComfyUI's "
                         "models/clip/clip_l.safetensors); model.path is the transformer (flux1-dev.safetensors) "
                         "and model.vae the autoencoder (ae.safetensors).", widget="path", resume="ignored",
@@ -57,6 +60,10 @@ class Model(Section):
     t5: str = F("", "Flux single file only: the T5-XXL text encoder file (ComfyUI's "
                     "models/clip/t5xxl_fp16.safetensors).",
                 widget="path", resume="ignored", when={"model.arch": ("flux",)})
+    qwen_vl: str = F("", "Qwen-Image single file only: the Qwen2.5-VL text encoder file (ComfyUI's "
+                         "models/text_encoders/qwen_2.5_vl_7b.safetensors); model.path is the transformer "
+                         "(qwen_image_bf16.safetensors) and model.vae the autoencoder (qwen_image_vae.safetensors).",
+                     widget="path", resume="ignored", when={"model.arch": ("qwen_image", "qwen_image_edit")})
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
                         ge=0.0, le=100.0, advanced=True, resume="safe",
@@ -68,7 +75,7 @@ class Model(Section):
                           "already uses the penultimate layer by design and refuses values above 1.", ge=1, le=12,
                       resume="safe", when={"model.arch": CLIP_SKIP_FAMILIES})
     t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption; 0 = the model's own (Flux dev "
-                              "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True, resume="safe",
+                              "512, schnell 256, SD3 256). Qwen-Image: Qwen2.5-VL tokens per caption (512).", ge=0, le=512, advanced=True, resume="safe",
                            when={"model.arch": FLOW_FAMILIES})
 
 

@@ -48,6 +48,7 @@ class QwenImageFamily(FlowFamily):
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "net.0.proj", "net.2")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    text_encoder_file_options = ("qwen_vl",)
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "block_{0:02d}"),
                       (r"^(?:img_in|txt_in|txt_norm|time_text_embed)\.", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "qwen_image"
@@ -61,7 +62,9 @@ class QwenImageFamily(FlowFamily):
 
     def detect_file(self, shapes, metadata) -> bool:
         from .single_file import is_transformer_file
-        return not self.edit and is_transformer_file(shapes)
+        # the edit model's transformer file looks like Qwen-Image's: auto detection picks Qwen-Image
+        # (registered first), model.arch = qwen_image_edit picks the edit model (families.load_model)
+        return is_transformer_file(shapes)
 
     def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
              text_encoder_files: dict[str, str] | None = None) -> LoadedModel:
@@ -197,7 +200,9 @@ class QwenImageFamily(FlowFamily):
 
     def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
         from .single_file import export_transformer
-        out = [export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata)]
+        from ..sd.single_file import META_ARCH
+        stamped = {**(metadata or {}), META_ARCH: self.name}  # the family, which the keys cannot tell
+        out = [export_transformer(model.denoiser, single_file, dtype=dtype, metadata=stamped)]
         if folder is not None:
             pipe = self.build_pipeline(model, "default")
             if self.edit:  # diffusers cannot save the processor without torchvision: text.py writes it
