@@ -188,6 +188,11 @@ class Family:
         embeddings, so samples see the conditioning the model is trained on."""
         return {"prompt": prompt, "negative_prompt": negative}
 
+    def guidance_arguments(self, model: LoadedModel, scale: float) -> dict:
+        """A sampling call's guidance scale (samples' cfg_scale, class images' guidance) as the pipeline
+        takes it. Default: `guidance_scale` (classifier-free guidance, or Flux's distilled guidance)."""
+        return {"guidance_scale": scale}
+
     def pipeline_call_options(self, model: LoadedModel) -> dict:
         """Extra keyword arguments for the pipeline's __call__ when sampling (e.g. Flux's T5 length)."""
         return {}

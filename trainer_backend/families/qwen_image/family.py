@@ -184,9 +184,9 @@ class QwenImageFamily(FlowFamily):
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
-    def prompt_arguments(self, model, prompt, negative):
-        # true CFG (the pipelines' true_cfg_scale) runs only with a negative prompt
-        return {"prompt": prompt, "negative_prompt": negative}
+    def guidance_arguments(self, model, scale):
+        # true classifier-free guidance (a second pass with the negative prompt; none without one)
+        return {"true_cfg_scale": scale}
 
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":
