@@ -25,12 +25,13 @@ class Output(Section):
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
     lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
-        "auto", "Flux, Flux.2 and Z-Image only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL "
-                "kohya/webui; SD3, Flux and Z-Image diffusers' transformer.…lora_A/lora_B, read by diffusers and "
-                "ComfyUI; Flux.2 kohya). kohya = kohya's layout on the original modules (q/k/v fused, .alpha): "
-                "Flux's lora_unet_double_blocks_…, read by kohya's sd-scripts, ComfyUI, Forge and diffusers; "
-                "Flux.2's, read by ComfyUI and diffusers; Z-Image's lora_unet_layers_…_attention_qkv, read by "
-                "ComfyUI and diffusers.", advanced=True, resume="safe",
+        "auto", "Flux, Flux.2, Z-Image and Qwen-Image only: the LoRA file's key layout. auto = the family's own "
+                "(SD1/SD2/SDXL kohya/webui; SD3, Flux, Z-Image and Qwen-Image diffusers' transformer.…lora_A/lora_B, "
+                "read by diffusers and ComfyUI; Flux.2 kohya). kohya = kohya's layout on the original modules "
+                "(lora_down/lora_up/.alpha): Flux's lora_unet_double_blocks_… (q/k/v fused), read by kohya's "
+                "sd-scripts, ComfyUI, Forge and diffusers; Flux.2's, read by ComfyUI and diffusers; Z-Image's "
+                "lora_unet_layers_…_attention_qkv, read by ComfyUI and diffusers; Qwen-Image's "
+                "lora_unet_transformer_blocks_…, read by ComfyUI and musubi-tuner.", advanced=True, resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 
@@ -50,10 +51,11 @@ class Model(Section):
     tokenizer: str = F("", "Tokenizers for a single-file checkpoint that carries none. SD: a diffusers model folder of "
                            "any SD family, or a folder with vocab.json + merges.txt. Flux: a Flux diffusers folder "
                            "(tokenizer/ and tokenizer_2/). Z-Image: a Z-Image diffusers folder (tokenizer/) or a Qwen3 "
-                           "tokenizer folder. Flux.2: a Flux.2 diffusers folder or a Qwen3 tokenizer folder. Empty = "
+                           "tokenizer folder. Flux.2: a Flux.2 diffusers folder or a Qwen3 tokenizer folder. "
+                           "Qwen-Image: a Qwen-Image diffusers folder (tokenizer/; the edit model: processor/). Empty = "
                            "look in the Hugging Face cache (offline).",
                        widget="path", advanced=True, resume="ignored",
-                       when={"model.arch": (*DDPM_FAMILIES, "flux", "zimage", "flux2")})
+                       when={"model.arch": (*DDPM_FAMILIES, "flux", "zimage", "flux2", "qwen_image", "qwen_image_edit")})
     clip_l: str = F("", "Flux single file only: the CLIP-L text encoder file (ComfyUI's "
                         "models/clip/clip_l.safetensors); model.path is the transformer (flux1-dev.safetensors) "
                         "and model.vae the autoencoder (ae.safetensors).", widget="path", resume="ignored",
@@ -70,6 +72,10 @@ class Model(Section):
                               "model.path is the transformer (flux-2-klein-base-4b.safetensors) and model.vae the "
                               "autoencoder (flux2-vae.safetensors).", widget="path", resume="ignored",
                           when={"model.arch": ("flux2",)})
+    qwen_vl: str = F("", "Qwen-Image single file only: the Qwen2.5-VL text encoder file (ComfyUI's "
+                         "models/text_encoders/qwen_2.5_vl_7b.safetensors); model.path is the transformer "
+                         "(qwen_image_bf16.safetensors) and model.vae the autoencoder (qwen_image_vae.safetensors).",
+                     widget="path", resume="ignored", when={"model.arch": ("qwen_image", "qwen_image_edit")})
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
                         ge=0.0, le=100.0, advanced=True, resume="safe",
@@ -81,8 +87,9 @@ class Model(Section):
                           "already uses the penultimate layer by design and refuses values above 1.", ge=1, le=12,
                       resume="safe", when={"model.arch": CLIP_SKIP_FAMILIES})
     t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2: Qwen3 "
-                              "tokens); 0 = the model's own (Flux dev 512, schnell 256, SD3 256, Z-Image 512, Flux.2 "
-                              "512).", ge=0, le=512, advanced=True, resume="safe",
+                              "tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's own (Flux dev 512, schnell 256, "
+                              "SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512, advanced=True,
+                           resume="safe",
                            when={"model.arch": FLOW_FAMILIES})
 
 

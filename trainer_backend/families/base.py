@@ -92,6 +92,9 @@ class Family:
     # `control_image_argument`.
     control_images: str = ""
     control_image_argument: str = "image"
+    # the text encoder reads the control image too (an edit model's vision-language encoder): text is
+    # tokenized per batch with its control images (tokenize_batch) and never cached per caption
+    text_reads_control: bool = False
 
     def trainable_text_encoders(self) -> tuple[str, ...]:
         """The text encoders network.train_text_encoder trains (none when the family keeps them frozen)."""
@@ -123,6 +126,11 @@ class Family:
     # ---- text and latents
     def tokenize(self, model: LoadedModel, captions: list[str], max_token_length: int) -> list["torch.Tensor"]:
         raise NotImplementedError
+
+    def tokenize_batch(self, model: LoadedModel, batch: dict, max_token_length: int) -> list["torch.Tensor"]:
+        """A training batch's text-encoder inputs: its captions (and, where text_reads_control, its
+        control images: `control_pixel_values`, or `control_latents` when latents are cached)."""
+        return self.tokenize(model, list(batch["caption"]), max_token_length)
 
     def encode_text(self, model: LoadedModel, input_ids: list["torch.Tensor"],
                     encoders: list | None = None) -> dict[str, "torch.Tensor"]:
@@ -182,6 +190,11 @@ class Family:
         them itself); a family whose training encodes text differently (SD's clip_skip) passes its own
         embeddings, so samples see the conditioning the model is trained on."""
         return {"prompt": prompt, "negative_prompt": negative}
+
+    def guidance_arguments(self, model: LoadedModel, scale: float) -> dict:
+        """A sampling call's guidance scale (samples' cfg_scale, class images' guidance) as the pipeline
+        takes it. Default: `guidance_scale` (classifier-free guidance, or Flux's distilled guidance)."""
+        return {"guidance_scale": scale}
 
     def pipeline_call_options(self, model: LoadedModel) -> dict:
         """Extra keyword arguments for the pipeline's __call__ when sampling (e.g. Flux's T5 length)."""

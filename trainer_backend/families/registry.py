@@ -42,6 +42,10 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 ("diffusers", "kohya"), text_encoder_training=False),
     FamilyEntry("flux2", "Flux.2 Klein (4B, 9B)", "trainer_backend.families.flux2", "FLUX2", "flow",
                 ("kohya", "diffusers"), control_images="optional", text_encoder_training=False),
+    FamilyEntry("qwen_image", "Qwen-Image", "trainer_backend.families.qwen_image", "QWEN_IMAGE", "flow",
+                ("diffusers", "kohya"), text_encoder_training=False),
+    FamilyEntry("qwen_image_edit", "Qwen-Image-Edit", "trainer_backend.families.qwen_image", "QWEN_IMAGE_EDIT", "flow",
+                ("diffusers", "kohya"), control_images="required", text_encoder_training=False),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)

@@ -141,6 +141,10 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
         LOG.warning("dataset.cache_text_encoder_outputs is ignored: the text encoders are being trained")
         return
     family = model.family
+    if family.text_reads_control:
+        LOG.warning("dataset.cache_text_encoder_outputs is ignored: %s's text encoder reads each caption with its "
+                    "control image", family.label)
+        return
 
     def encode(captions: list[str]) -> dict:
         text = family.encode_text(model, family.tokenize(model, captions, cfg.dataset.max_token_length))
