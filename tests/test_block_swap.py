@@ -127,3 +127,61 @@ def test_block_swap_without_gradients_moves_blocks_and_changes_nothing():
 def test_block_swap_refuses_more_blocks_than_there_are():
     with pytest.raises(ValueError, match="1..5"):
         BlockSwap(list(Chain().blocks), 6, "cpu")
+
+
+FAMILIES = ("sd1", "sdxl", "sd3", "flux")
+
+
+@pytest.fixture
+def swaps(monkeypatch):
+    """Every BlockSwap a run makes (the real class, recorded as it is built)."""
+    from trainer_backend.training import block_swap, memory_setup
+    made = []
+
+    class Recorded(BlockSwap):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+            self.calls = []  # the blocks' forward calls in the order they ran (training passes)
+            for k, block in enumerate(self.blocks):
+                block.register_forward_pre_hook(self.record(k))
+
+        def record(self, k):
+            def hook(*_):
+                if torch.is_grad_enabled() and not in_backward():
+                    self.calls.append(k)
+            return hook
+
+    monkeypatch.setattr(block_swap, "BlockSwap", Recorded)
+    monkeypatch.setattr(memory_setup, "BlockSwap", Recorded)
+    return made
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_lora_run_with_block_swap_and_offloaded_encoders_trains_the_same_lora(tmp_path, tiny_models, swaps, arch):
+    """A LoRA run with 2 swapped blocks and the VAE and text encoders in CPU memory (samples made
+    through the pipeline too) writes the same LoRA as a plain run, and the blocks really moved."""
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    common = ["schedule.max_steps=1", "optimizer.lr=1e-3", "network.dropout=0", "samples.prompts=a square",
+              "samples.every_n_steps=1", "samples.steps=2", "samples.width=32", "samples.height=32"]
+    plain, _, _ = train_run(tmp_path, tiny_models(arch), data, "plain", *common)
+    assert not swaps
+    swapped, events, _ = train_run(tmp_path, tiny_models(arch), data, "swapped", "memory.block_swap=2",
+                                   "memory.offload_encoders=true", *common)
+    a, b = load_file(str(plain / "plain.safetensors")), load_file(str(swapped / "swapped.safetensors"))
+    assert a.keys() == b.keys()
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst <= 1e-6, worst
+    assert any(a[k].abs().max() > 0 for k in a if "lora_up" in k or "lora_B" in k), "training did not move"
+    assert any(e["event"] == "sample" for e in events)
+    denoiser = next(s for s in swaps if s.prefetch)
+    encoders = [s for s in swaps if s is not denoiser]
+    assert len(denoiser.swapped) == 2 and len(encoders) >= 2  # the VAE and at least one text encoder
+    # the family's blocks() lists every block once, in the order the forward runs them (what makes
+    # "every later block is done" true when the backward reaches a block)
+    blocks = len(denoiser.blocks)
+    assert denoiser.calls == list(range(blocks)) * (len(denoiser.calls) // blocks) and denoiser.calls
+    for k in denoiser.swapped:  # the step's forward and backward, and the samples' forwards
+        assert [kind for kind, j in denoiser.moves if j == k].count("fetch") >= 3
+    assert not denoiser.resident and all(not e.resident for e in encoders)
+    assert all(e.moves for e in encoders)  # each offloaded module came to the device for its calls
