@@ -19,15 +19,17 @@ class FusedBackward:
     def __init__(self, optimizer: torch.optim.Optimizer, params):
         """optimizer: the torch optimizer itself (accelerate's wrapper's `.optimizer`)."""
         self.optimizer = optimizer
-        self.group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+        # the group's index, not the group: loading a state dict (resume) replaces the group dicts
+        self.group_of = {id(p): i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
         self.handles = [p.register_post_accumulate_grad_hook(self._step) for p in params
                         if p.requires_grad and id(p) in self.group_of]
         self.stepped = 0  # weights stepped so far (tests, logs)
 
     @torch.no_grad()
     def _step(self, param: torch.Tensor) -> None:
-        group = self.group_of[id(param)]
-        groups, params = self.optimizer.param_groups, group["params"]
+        groups = self.optimizer.param_groups
+        group = groups[self.group_of[id(param)]]
+        params = group["params"]
         group["params"] = [param]
         self.optimizer.param_groups = [group]
         try:
