@@ -80,7 +80,7 @@ def full_weights(run) -> dict:
 def test_full_fine_tune_with_fused_backward_trains_the_same_weights_and_resumes_exactly(tmp_path, tiny_models):
     """A full fine-tune of tiny SD1 (batch 1, accumulation 1, warmup + cosine schedule, EMA saved as the
     output): the fused run writes the ordinary run's weights and LRs; a run resumed from the fused run's
-    step-2 checkpoint writes the same weights again."""
+    step-2 checkpoint, with block swap on, writes the same weights again."""
     data = make_dataset(tmp_path / "data", n=3, size=32)
     common = ["network.type=full", "schedule.max_steps=3", "checkpoints.every_n_steps=2", "optimizer.lr=1e-3",
               "optimizer.max_grad_norm=0", "optimizer.scheduler=cosine", "optimizer.warmup_steps=1",
@@ -98,8 +98,10 @@ def test_full_fine_tune_with_fused_backward_trains_the_same_weights_and_resumes_
         assert_same(straight, load_file(str(checkpoint / name)))
     resumed_root = tmp_path / "resumed"
     shutil.copytree(checkpoint, resumed_root / "runs" / "ft" / "checkpoints" / checkpoint.name)
+    # resumed with 2 of the UNet's blocks swapped: their weights, optimizer state and EMA live in CPU
+    # memory and step on the device copy during the backward (memory.block_swap is safe to change on resume)
     resumed, events, _ = train_run(resumed_root, tiny_models("sd1"), data, "ft", "optimizer.fused_backward=true",
-                                   *common)
+                                   "memory.block_swap=2", *common)
     assert [e["step"] for e in events if e["event"] == "step"] == [3]
     c = full_weights(resumed)
     assert all(torch.equal(b[k], c[k]) for k in b), [k for k in b if not torch.equal(b[k], c[k])][:3]
