@@ -112,17 +112,14 @@ class BlockSwap:
         with self._side():
             for t in self.tensors[k]:
                 if entry is None:
-                    dev = self.host[id(t)].to(self.device, non_blocking=True, copy=True)
-                    if compute is not None:
-                        dev.record_stream(compute)
-                    t.data = dev
+                    t.data = self._to_device(self.host[id(t)], compute)
                 if full and isinstance(t, torch.nn.Parameter):
                     if t.grad is not None:
-                        grad = t.grad.to(self.device, non_blocking=True, copy=True)
+                        grad = self._to_device(t.grad, compute)
                         t.grad = None
                         t.grad = grad
                     for holder, key in self._state(t):
-                        holder[key] = holder[key].to(self.device, non_blocking=True, copy=True)
+                        holder[key] = self._to_device(holder[key], compute)
             event = self.stream.record_event() if self.cuda else None
         self.resident[k] = {"event": event, "full": full}
         self.moves.append(("fetch", k))
@@ -156,6 +153,13 @@ class BlockSwap:
                     for holder, key in self._state(t):
                         holder[key] = self._to_host(holder[key])
         self.moves.append(("offload", k))
+
+    def _to_device(self, tensor: torch.Tensor, compute) -> torch.Tensor:
+        """A copy on the device, made on the side stream (the caller is inside `_side()`)."""
+        out = tensor.to(self.device, non_blocking=True, copy=True)
+        if compute is not None:
+            out.record_stream(compute)  # its memory is not reused before the compute stream is done with it
+        return out
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device == HOST and not self.cuda:
