@@ -105,3 +105,11 @@ def test_full_fine_tune_with_fused_backward_trains_the_same_weights_and_resumes_
     assert [e["step"] for e in events if e["event"] == "step"] == [3]
     c = full_weights(resumed)
     assert all(torch.equal(b[k], c[k]) for k in b), [k for k in b if not torch.equal(b[k], c[k])][:3]
+
+
+def test_kohya_import_maps_fused_backward_pass_and_blocks_to_swap():
+    from gui.kohya_import import import_kohya
+    result = import_kohya({"fused_backward_pass": True, "blocks_to_swap": 8, "max_grad_norm": 0,
+                           "optimizer": "Adafactor"})
+    assert result.data["optimizer"]["fused_backward"] is True and result.data["memory"]["block_swap"] == 8
+    assert rules.problems(result.config()) == []
