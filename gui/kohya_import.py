@@ -292,8 +292,9 @@ def import_kohya(source: str | dict) -> KohyaImport:
             continue
         if key in DIRECT:
             dotted, convert = DIRECT[key]
+            # 0 is a real setting where the studio's default is not 0 (max_grad_norm = 0: no clipping)
             if _blank(value) or (_off(value) and convert is not bool and dotted != "dataset.center_crop"
-                                 and key != "seed"):
+                                 and key not in ("seed", "max_grad_norm")):
                 continue
             try:
                 b.put(key, dotted, convert(value))

@@ -110,6 +110,8 @@ DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cache_text_encoder_outputs": ("dataset.cache_text_encoder_outputs", bool),
     "save_precision": ("network.save_precision", lambda v: {"float": "fp32"}.get(str(v).strip(), str(v).strip())),
     "full_bf16": ("precision.full_bf16", bool),
+    "fused_backward_pass": ("optimizer.fused_backward", bool),  # sd-scripts' names (docs/memory.md)
+    "blocks_to_swap": ("memory.block_swap", _int),
     "full_fp16": ("precision.full_fp16", bool),
     "num_machines": ("hardware.num_machines", _int),
     "main_process_port": ("hardware.main_process_port", _int),

@@ -86,6 +86,15 @@ class Optimizer(Section):
                        "polynomial"] = F("constant", "Learning-rate schedule.", resume="safe")
     warmup_steps: int = F(0, "Warmup optimizer steps.", ge=0, resume="safe")
     lr_cycles: int = F(1, "Cycles for cosine_with_restarts.", ge=1, advanced=True, resume="safe")
+    fused_backward: bool = F(
+        False, "Step the optimizer for each weight as soon as its gradient is ready during the backward pass, "
+               "then free that gradient, so the whole model's gradients never exist at once (a full fine-tune "
+               "saves about one copy of the trained weights). Exact: the same weights as the ordinary step. "
+               "With adapters it works the same but saves little (their gradients are small). Needs "
+               "schedule.grad_accum = 1 and optimizer.max_grad_norm = 0 (the global norm is known only after "
+               "the whole backward), one process, no fp16 loss scaling, and a per-weight optimizer (not "
+               "prodigy). The LR schedule, EMA, checkpoints and resume are unchanged. See docs/memory.md.",
+        resume="safe")
 
 
 class Schedule(Section):

@@ -179,6 +179,17 @@ class Family:
                 return name.format(*(int(g) for g in found.groups()))
         return None
 
+    # ---- blocks (memory.block_swap)
+    def blocks(self, model: LoadedModel) -> list:
+        """The denoiser's blocks in the order its forward runs them: the units memory.block_swap keeps in
+        CPU memory (training/block_swap.py swaps the last N). Default: the children of every top-level
+        nn.ModuleList of the denoiser, in registration order (diffusers' transformers: transformer_blocks,
+        then single_transformer_blocks). A family whose registration order is not its forward order, or
+        whose blocks are elsewhere, overrides this."""
+        import torch
+        return [block for child in model.denoiser.children() if isinstance(child, torch.nn.ModuleList)
+                for block in child]
+
     # ---- sampling and outputs
     def pipeline_class(self):
         """The diffusers pipeline class of this family (loads its folders and LoRA files)."""
