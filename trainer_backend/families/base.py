@@ -91,6 +91,11 @@ class Family:
     # `control_image_argument`.
     control_images: str = ""
     control_image_argument: str = "image"
+    # model.quantize(_text_encoders): linear layers that stay in full precision (small, sensitive ones:
+    # timestep/conditioning embeddings, the final projection). A name matches when it equals a part of
+    # the layer's dotted path or globs the whole path (training/quantize.py); the model classes'
+    # own `_keep_in_fp32_modules` are kept too.
+    keep_unquantized: tuple[str, ...] = ()
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:

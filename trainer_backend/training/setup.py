@@ -85,16 +85,22 @@ def _without_zero3_init(accelerator):
 
 
 def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
-    """Frozen weights in the compute dtype on the device; the VAE stays fp32 (fp16 VAEs NaN)."""
+    """Frozen weights in the compute dtype on the device; the VAE stays fp32 (fp16 VAEs NaN).
+    model.quantize / model.quantize_text_encoders quantize the frozen base on its way there
+    (training/quantize.py; config/quantize_rules.py refused what cannot be quantized)."""
+    from .quantize import quantize_module
     weight_dtype = WEIGHT_DTYPES[cfg.precision.mixed]
     # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
     trained = torch.float32 if cfg.network.type == "full" else weight_dtype
+    keep, device = getattr(model.family, "keep_unquantized", ()), accelerator.device  # a VAE run has no family
     if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
-        model.denoiser.to(accelerator.device, dtype=trained)
+        quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep)
     model.vae.to(accelerator.device, dtype=torch.float32)
     trained_encoders = {id(te) for _, te in model.trained_text_encoders()} if cfg.network.train_text_encoder else set()
     for encoder in model.text_encoders:
-        encoder.to(accelerator.device, dtype=trained if id(encoder) in trained_encoders else weight_dtype)
+        quantize_module(encoder, cfg.model.quantize_text_encoders, device=device, keep=keep,
+                        compute_dtype=trained if id(encoder) in trained_encoders else weight_dtype,
+                        key="model.quantize_text_encoders")
     if cfg.precision.attention == "default" and model.denoiser is not None:
         model.family.use_plain_attention(model)
     if cfg.precision.gradient_checkpointing:
