@@ -11,9 +11,9 @@ NETWORK_TYPES = {"standard": "lora", "lycoris/loha": "loha", "lycoris/lokr": "lo
 LOCON_TYPES = {"kohya locon", "locon", "lycoris/locon"}   # LoRA plus conv-layer adapters (conv_dim)
 SAMPLERS = {"euler": "euler", "euler_a": "euler_a", "k_euler": "euler", "k_euler_a": "euler_a", "ddim": "ddim",
             "dpmsolver++": "dpmpp_2m", "k_dpm_2": "dpmpp_2m", "pndm": "pndm", "ddpm": "ddpm", "unipc": "unipc"}
-OPTIMIZERS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "prodigy": "prodigy", "lion": "lion",
-              "adafactor": "adafactor", "sgd": "sgd"}
-APPROX_OPTIMIZERS = {"pagedadamw8bit": "adamw8bit", "pagedadamw": "adamw", "lion8bit": "lion",
+OPTIMIZERS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "pagedadamw8bit": "paged_adamw8bit", "prodigy": "prodigy",
+              "lion": "lion", "adafactor": "adafactor", "sgd": "sgd"}
+APPROX_OPTIMIZERS = {"pagedadamw": "adamw", "lion8bit": "lion",
                      "pagedlion8bit": "lion", "sgdnesterov": "sgd", "sgdnesterov8bit": "sgd",
                      "adamw_schedulefree": "adamw", "prodigyplus.prodigyplusschedulefree": "prodigy"}
 

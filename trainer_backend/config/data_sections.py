@@ -9,7 +9,8 @@ from ..families.registry import (ARCH_CHOICES, CLIP_SKIP_FAMILIES, CONTROL_FAMIL
 from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
-CONTROL = {"model.arch": CONTROL_FAMILIES}    # families that take paired control images (edit models)
+CONTROL = {"model.arch": CONTROL_FAMILIES}
+QUANT_KINDS = ("none", "int8", "float8", "nf4")  # model.quantize(_text_encoders); training/quantize.py    # families that take paired control images (edit models)
 # Paired control images: a control_path is where the files live (resume "ignored", like dataset.path); a
 # resume still refuses changed control images, because run/resume.py's dataset fingerprint covers each pair.
 CONTROL_HELP = ("Folder of control (reference) images for edit models, one per training image, matched by file "
@@ -86,6 +87,17 @@ class Model(Section):
                           "training, samples and class images, and written to the LoRA file (ss_clip_skip). SDXL "
                           "already uses the penultimate layer by design and refuses values above 1.", ge=1, le=12,
                       resume="safe", when={"model.arch": CLIP_SKIP_FAMILIES})
+    quantize: Literal[QUANT_KINDS] = F(
+        "none", "Store the frozen UNet/transformer's linear layers quantized, for LoRA/LoHa/LoKr training of big "
+                "models on small GPUs (QLoRA): int8 or float8 weight-only (torchao: ~1/2 of bf16, ~1/4 of fp32), nf4 "
+                "(bitsandbytes 4-bit: ~1/4 of bf16). The adapters stay fp32 and the LoRA file is the same as without "
+                "quantization; the loss differs slightly (the base is rounded). Refused for network.type = full "
+                "(the UNet itself is trained). nf4 takes LoRA/DoRA adapters only.",
+        resume="safe")
+    quantize_text_encoders: Literal[QUANT_KINDS] = F(
+        "none", "Store the frozen text encoders' linear layers quantized (as model.quantize). Refused when a full "
+                "fine-tune trains them (network.train_text_encoder with network.type = full).",
+        advanced=True, resume="safe")
     t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2: Qwen3 "
                               "tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's own (Flux dev 512, schnell 256, "
                               "SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512, advanced=True,

@@ -74,8 +74,12 @@ class Network(Section):
 class Optimizer(Section):
     """Optimizer and learning-rate schedule."""
     TAB: ClassVar[str] = "Optimizer & schedule"
-    name: Literal["adamw", "adamw8bit", "prodigy", "lion", "adafactor", "sgd"] = F(
-        "adamw", "Optimizer; adamw8bit/prodigy/lion need their packages installed.", resume="unsafe:optimizer")
+    name: Literal["adamw", "adamw8bit", "paged_adamw8bit", "prodigy", "lion", "adafactor", "sgd"] = F(
+        "adamw", "Optimizer. adamw8bit (bitsandbytes): AdamW with 8-bit states, ~1/4 of adamw's optimizer memory "
+                 "(tensors under 4096 values keep 32-bit states); paged_adamw8bit: the same with its states in "
+                 "paged memory that CUDA moves to system RAM when the GPU runs out (no OOM on spikes; on a CPU it "
+                 "is adamw8bit). prodigy: learning-rate-free Adam (lr around 1.0); lion: sign updates, one state.",
+        resume="unsafe:optimizer")
     lr: float = F(1e-4, "Learning rate.", gt=0.0, le=10.0, resume="safe")
     weight_decay: float = F(0.01, "Decoupled weight decay.", ge=0.0, advanced=True, resume="safe")
     beta1: float = F(0.9, "Adam beta1.", ge=0.0, lt=1.0, advanced=True, resume="safe")

@@ -99,6 +99,11 @@ class Family:
     def trainable_text_encoders(self) -> tuple[str, ...]:
         """The text encoders network.train_text_encoder trains (none when the family keeps them frozen)."""
         return self.text_encoder_names if self.trained_text_encoders is None else self.trained_text_encoders
+    # model.quantize(_text_encoders): linear layers that stay in full precision (small, sensitive ones:
+    # timestep/conditioning embeddings, the final projection). A name matches when it equals a part of
+    # the layer's dotted path or globs the whole path (training/quantize.py); the model classes'
+    # own `_keep_in_fp32_modules` are kept too.
+    keep_unquantized: tuple[str, ...] = ()
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
