@@ -47,16 +47,22 @@ class Model(Section):
                                                                     when={"model.arch": DDPM_FAMILIES})
     tokenizer: str = F("", "Tokenizers for a single-file checkpoint that carries none. SD: a diffusers model folder of "
                            "any SD family, or a folder with vocab.json + merges.txt. Flux: a Flux diffusers folder "
-                           "(tokenizer/ and tokenizer_2/). Empty = look in the Hugging Face cache (offline).",
+                           "(tokenizer/ and tokenizer_2/); SD3: an SD3 diffusers folder (tokenizer/, tokenizer_2/, "
+                           "tokenizer_3/). Empty = look in the Hugging Face cache (offline).",
                        widget="path", advanced=True, resume="ignored",
-                       when={"model.arch": (*DDPM_FAMILIES, "flux")})
-    clip_l: str = F("", "Flux single file only: the CLIP-L text encoder file (ComfyUI's "
-                        "models/clip/clip_l.safetensors); model.path is the transformer (flux1-dev.safetensors) "
-                        "and model.vae the autoencoder (ae.safetensors).", widget="path", resume="ignored",
-                    when={"model.arch": ("flux",)})
-    t5: str = F("", "Flux single file only: the T5-XXL text encoder file (ComfyUI's "
-                    "models/clip/t5xxl_fp16.safetensors).",
-                widget="path", resume="ignored", when={"model.arch": ("flux",)})
+                       when={"model.arch": (*DDPM_FAMILIES, "sd3", "flux")})
+    clip_l: str = F("", "Flux or SD3 single file: the CLIP-L text encoder file (ComfyUI's "
+                        "models/clip/clip_l.safetensors); model.path is the transformer (flux1-dev.safetensors, "
+                        "sd3.5_large.safetensors) and model.vae the autoencoder (Flux: ae.safetensors; SD3: inside "
+                        "model.path). For SD3, empty = the CLIP-L inside model.path (text_encoders.clip_l).",
+                    widget="path", resume="ignored", when={"model.arch": ("sd3", "flux")})
+    clip_g: str = F("", "SD3 single file only: the CLIP-G text encoder file (ComfyUI's models/clip/clip_g.safetensors); "
+                        "empty = the CLIP-G inside model.path (text_encoders.clip_g).",
+                    widget="path", resume="ignored", when={"model.arch": ("sd3",)})
+    t5: str = F("", "Flux or SD3 single file: the T5-XXL text encoder file (ComfyUI's "
+                    "models/clip/t5xxl_fp16.safetensors). SD3: empty = the T5 inside model.path, else none (SD3 "
+                    "trains without T5: zeros in its place, less memory).",
+                widget="path", resume="ignored", when={"model.arch": ("sd3", "flux")})
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
                         ge=0.0, le=100.0, advanced=True, resume="safe",

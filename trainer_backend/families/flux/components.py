@@ -13,13 +13,13 @@ tokenizer/ and tokenizer_2/) or the local Hugging Face cache.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
+from ..component_files import (META_CONFIG, bundled, find_tokenizers, check as _check, header as _header, load_into as _load,  # noqa: F401
+                               own_config as _own_config, strip as _strip, weights_on_meta as _weights_on_meta)
 
-META_CONFIG = "sd_studio.config"  # a component's own config (JSON), written by this project's exports
 CLIP_PREFIXES = ("text_encoders.clip_l.transformer.", "cond_stage_model.transformer.", "text_model.")
 T5_PREFIXES = ("text_encoders.t5xxl.transformer.",)
 # (repo, subfolder) looked up in the local Hugging Face cache only, per tokenizer slot
@@ -30,59 +30,7 @@ HF_CACHE = [[("black-forest-labs/FLUX.1-dev", "tokenizer"), ("black-forest-labs/
 
 
 def _bundled(name: str) -> dict:
-    from ..sd.loader import ASSETS_CONFIGS
-    path = ASSETS_CONFIGS / "flux" / name
-    return {k: v for k, v in json.loads(path.read_text()).items() if k != "_note"}
-
-
-def _header(option: str, path: Path) -> tuple[dict[str, tuple], dict[str, str]]:
-    from ..sd.single_file import read_keys_and_metadata
-    if not path.is_file():
-        raise ConfigError(f"{option}: {path} does not exist")
-    try:
-        return read_keys_and_metadata(path)
-    except ConfigError as e:
-        raise ConfigError(f"{option}: {str(e).split(': ', 1)[1]}") from None
-
-
-def _own_config(metadata: dict[str, str], fallback: dict) -> dict:
-    try:
-        return json.loads(metadata[META_CONFIG]) if META_CONFIG in metadata else fallback
-    except json.JSONDecodeError:
-        return fallback
-
-
-def _check(option: str, path: Path, shapes: dict, expected: dict, what: str) -> None:
-    """Every expected weight present with its shape; else one line naming the first that is not."""
-    for key, shape in expected.items():
-        if key not in shapes:
-            raise ConfigError(f"{option}: {path.name} is not a {what}: it has no {key}")
-        if tuple(shapes[key]) != tuple(shape):
-            raise ConfigError(f"{option}: {path.name} is not a {what}: {key} is {list(shapes[key])}, "
-                              f"expected {list(shape)}")
-
-
-def _load(option: str, path: Path, module, state: dict, skip=()) -> None:
-    """Assign the file's tensors (as fp32) to a module built on the meta device."""
-    import torch
-    missing, _ = module.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False,
-                                        assign=True)
-    missing = [k for k in missing if k not in skip]
-    if missing:
-        raise ConfigError(f"{option}: {path.name} has no {missing[0]}")
-
-
-def _weights_on_meta():
-    """Parameters on the meta device (no memory, no init), buffers (position ids) real."""
-    from accelerate import init_empty_weights
-    return init_empty_weights(include_buffers=False)
-
-
-def _strip(state: dict, prefixes: tuple[str, ...]) -> dict:
-    for p in prefixes:
-        if any(k.startswith(p) for k in state):
-            return {k[len(p):]: v for k, v in state.items() if k.startswith(p)}
-    return state
+    return bundled("flux", name)
 
 
 def load_transformer(path: Path):
@@ -173,35 +121,7 @@ def load_vae(path_str: str):
 
 def load_tokenizers(folder: str):
     """(CLIP tokenizer, T5 tokenizer) from model.tokenizer or the local Hugging Face cache."""
-    from transformers import AutoTokenizer
-    found = []
-    for slot, sub in enumerate(("tokenizer", "tokenizer_2")):
-        candidates = [Path(folder).expanduser() / sub] if folder else []
-        candidates += _hf_cache(slot)
-        tok = None
-        for c in candidates:
-            if c.is_dir() and any((c / f).is_file() for f in ("tokenizer.json", "vocab.json", "spiece.model")):
-                tok = AutoTokenizer.from_pretrained(str(c), local_files_only=True)
-                break
-        if tok is None:
-            raise ConfigError("model.tokenizer: Flux single files hold no tokenizers; set model.tokenizer to a Flux "
-                              f"diffusers folder (with tokenizer/ and tokenizer_2/); no {sub}/ found"
-                              + (f" in {folder}" if folder else " (and none in the Hugging Face cache)"))
-        found.append(tok)
-    return found
-
-
-def _hf_cache(slot: int) -> list[Path]:
-    from huggingface_hub import try_to_load_from_cache
-    cache_dir = os.environ.get("HF_HUB_CACHE") or (
-        os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None)
-    out = []
-    for repo, sub in HF_CACHE[slot]:
-        hit = try_to_load_from_cache(repo, f"{sub}/tokenizer_config.json" if sub else "tokenizer_config.json",
-                                     cache_dir=cache_dir)
-        if isinstance(hit, str):
-            out.append(Path(hit).parent)
-    return out
+    return find_tokenizers(folder, ("tokenizer", "tokenizer_2"), HF_CACHE, "Flux")
 
 
 def load_flux_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[str, str]) -> LoadedModel:
