@@ -168,3 +168,51 @@ def test_our_full_finetune_file_is_what_diffusers_own_converter_reads(sd3_files,
     _same(ref.vae, AutoencoderKL.from_single_file(str(path), subfolder="vae", **kw))
     assert ref.family.full_single_file == "denoiser"
     _same(ref.denoiser, ref.family.load_denoiser_file(path, like=ref.denoiser))
+
+
+@pytest.mark.parametrize("variant,model_type,published", [("transformer_large", "sd35_large", 8.1e9),
+                                                          ("transformer", "sd35_medium", 2.5e9),
+                                                          ("transformer_sd3_medium", "sd3", 2.0e9)])
+def test_full_size_original_layouts_are_the_ones_diffusers_recognises(variant, model_type, published):
+    """On the meta device (no weights): each bundled full-size config written in the original layout is
+    the model type diffusers' single-file detection names, its converter uses every key and gives the
+    model's own keys and shapes, our loader picks that config back from the shapes alone, and the size
+    is the published one (parameters + the position table)."""
+    from diffusers import SD3Transformer2DModel
+    from diffusers.loaders.single_file_utils import (convert_sd3_transformer_checkpoint_to_diffusers,
+                                                     infer_diffusers_model_type)
+    from trainer_backend.families.component_files import bundled
+    from trainer_backend.families.sd3.components import pick_config
+    config = bundled("sd3", f"{variant}/config.json")
+    with torch.device("meta"):
+        model = SD3Transformer2DModel.from_config(config)
+    own = model.state_dict()
+    original = to_original(own, config)
+    assert infer_diffusers_model_type({PREFIX + k: v for k, v in original.items()}) == model_type
+    left = dict(original)
+    converted = convert_sd3_transformer_checkpoint_to_diffusers(left)
+    assert left == {}, sorted(left)[:3]
+    assert {k: v.shape for k, v in converted.items()} == {k: v.shape for k, v in own.items()}
+    assert pick_config({k: tuple(v.shape) for k, v in original.items()}, {})[0] == config
+    size = sum(p.numel() for p in model.parameters()) + own["pos_embed.pos_embed"].numel()
+    assert abs(size / published - 1) < 0.05, size
+
+
+def test_full_size_text_encoders_have_the_names_of_the_release_files():
+    """The bundled CLIP-L, CLIP-G and T5-XXL on the meta device, under the prefixes of
+    sd3_medium_incl_clips_t5xxlfp16.safetensors, are what diffusers' single-file checks recognise; the
+    sizes are the published ones (CLIP ViT-L/14 text 123 M + projection, bigG text 695 M, T5 XXL encoder 4.76 B)."""
+    from diffusers.loaders.single_file_utils import is_clip_sd3_model, is_open_clip_sd3_model, is_t5_in_single_file
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from trainer_backend.families.component_files import bundled
+    whole, sizes = {}, []
+    with torch.device("meta"):
+        for option, (prefix, config_name, _, _) in ENCODERS.items():
+            config = bundled("sd3", f"{config_name}/config.json")
+            model = (T5EncoderModel(T5Config(**config)) if option == "t5"
+                     else CLIPTextModelWithProjection(CLIPTextConfig(**config)))
+            whole.update({prefix + k: v for k, v in model.state_dict().items()})
+            sizes.append(sum(p.numel() for p in model.parameters()))
+    assert is_clip_sd3_model(whole) and is_open_clip_sd3_model(whole) and is_t5_in_single_file(whole)
+    # CLIP-L text 123.06 M + its 768² projection; bigG text + projection 694.7 M; T5 encoder with its shared table
+    assert sizes == [123_060_480 + 768 * 768, 694_659_840, 4_762_310_656]
