@@ -25,10 +25,11 @@ class Output(Section):
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
     lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
-        "auto", "Flux only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 and "
-                "Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's Flux "
-                "layout (lora_unet_double_blocks_…, q/k/v fused, .alpha), read by kohya's sd-scripts, ComfyUI and "
-                "Forge, and by diffusers for the full-size Flux.1 architecture.", advanced=True, resume="safe",
+        "auto", "Flux and SD3: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 "
+                "and Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's layout "
+                "of the original modules (Flux lora_unet_double_blocks_…, SD3 lora_unet_joint_blocks_…; q/k/v fused, "
+                ".alpha), read by kohya's sd-scripts, ComfyUI and Forge, and by diffusers for the full-size Flux.1 "
+                "architecture (diffusers has no SD3 converter for it).", advanced=True, resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 

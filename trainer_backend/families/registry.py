@@ -32,7 +32,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("sd1", "Stable Diffusion 1.x", "trainer_backend.families.sd", "SD1", "ddpm", clip_skip=True),
     FamilyEntry("sd2", "Stable Diffusion 2.x", "trainer_backend.families.sd", "SD2", "ddpm", clip_skip=True),
     FamilyEntry("sdxl", "Stable Diffusion XL", "trainer_backend.families.sd", "SDXL", "ddpm"),
-    FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow", ("diffusers",)),
+    FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow",
+                ("diffusers", "kohya")),
     FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX", "flow",
                 ("diffusers", "kohya")),
 )

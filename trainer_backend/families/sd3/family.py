@@ -125,6 +125,12 @@ class SD3Family(FlowFamily):
             out.append(Path(folder))
         return out
 
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        if self.lora_layout(layout) == "kohya":
+            from .kohya_lora import to_kohya_sd3
+            return to_kohya_sd3(adapter_states, alpha, _unwrap(model.denoiser))
+        return super().lora_file_state(model, adapter_states, alpha, layout)
+
     def load_denoiser_file(self, path, like):
         from .single_file import load_transformer_file
         return load_transformer_file(path, like)
