@@ -114,7 +114,8 @@ def test_a_kohya_run_holds_the_update_diffusers_applies_from_the_same_runs_diffu
     plain, _, _ = train_run(tmp_path, tiny_models("sd3"), data, "plain", *common)
     with safe_open(str(kohya / "kohya.safetensors"), "pt") as f:
         keys, meta = set(f.keys()), f.metadata()
-    assert {"lora_unet_joint_blocks_0_x_block_attn_qkv.lora_up.weight", "lora_unet_joint_blocks_0_x_block_attn2_qkv.alpha",
+    assert {"lora_unet_joint_blocks_0_x_block_attn_qkv.lora_up.weight",
+            "lora_unet_joint_blocks_0_x_block_attn2_qkv.alpha",
             "lora_unet_joint_blocks_1_x_block_attn_proj.lora_down.weight"} <= keys
     assert any(k.startswith("lora_te1_text_model_encoder_layers_0_self_attn_q_proj") for k in keys)
     assert any(k.startswith("lora_te2_text_model_encoder_layers_0_self_attn_q_proj") for k in keys)

@@ -35,7 +35,8 @@ def sd3_files(tiny_models, tmp_path_factory):
     folder = tiny_models("sd3")
     model = load_model(str(folder))
     out = tmp_path_factory.mktemp("sd3-files")
-    transformer = {PREFIX + k: v for k, v in to_original(model.denoiser.state_dict(), dict(model.denoiser.config)).items()}
+    own = to_original(model.denoiser.state_dict(), dict(model.denoiser.config))
+    transformer = {PREFIX + k: v for k, v in own.items()}
     vae = vae_to_ldm(model.vae.state_dict(), dict(model.vae.config))
     encoders = {}
     for (option, (prefix, _, _, comfy)), encoder in zip(ENCODERS.items(), model.text_encoders):
@@ -55,7 +56,8 @@ def sd3_files(tiny_models, tmp_path_factory):
 
 
 def _load(f, path=None, **files):
-    return load_model(str(path or f["path"]), vae=files.pop("vae", ""), tokenizer=files.pop("tokenizer", str(f["folder"])),
+    tokenizer = files.pop("tokenizer", str(f["folder"]))
+    return load_model(str(path or f["path"]), vae=files.pop("vae", ""), tokenizer=tokenizer,
                       text_encoder_files={k: str(v) for k, v in files.items()})
 
 
@@ -125,7 +127,8 @@ def test_bad_input_is_one_line_naming_the_option_and_the_file_or_key(sd3_files, 
     plain.parent.mkdir()
     save_file(load_file(str(f["clip_l"])), str(plain))
     assert _message(f, clip_l=f["clip_l"], clip_g=plain).startswith(
-        "model.clip_g: clip_l.safetensors is not a CLIP-G text encoder: text_model.embeddings.token_embedding.weight is")
+        "model.clip_g: clip_l.safetensors is not a CLIP-G text encoder: "
+        "text_model.embeddings.token_embedding.weight is")
     assert _message(f, clip_l=f["clip_l"], clip_g=plain).endswith("expected [49408, 1280]")
     assert _message(f, clip_l=f["clip_l"], clip_g=f["clip_g"], t5=f["clip_g"]).startswith(
         "model.t5: clip_g.safetensors is not a T5-XXL encoder: it has no shared.weight")

@@ -26,8 +26,8 @@ class Output(Section):
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
     lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
         "auto", "Flux and SD3: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 "
-                "and Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's layout "
-                "of the original modules (Flux lora_unet_double_blocks_…, SD3 lora_unet_joint_blocks_…; q/k/v fused, "
+                "and Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's "
+                "layout of the original modules (Flux lora_unet_double_blocks_…, SD3 lora_unet_joint_blocks_…; q/k/v fused, "
                 ".alpha), read by kohya's sd-scripts, ComfyUI and Forge, and by diffusers for the full-size Flux.1 "
                 "architecture (diffusers has no SD3 converter for it).", advanced=True, resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
@@ -57,8 +57,8 @@ class Model(Section):
                         "sd3.5_large.safetensors) and model.vae the autoencoder (Flux: ae.safetensors; SD3: inside "
                         "model.path). For SD3, empty = the CLIP-L inside model.path (text_encoders.clip_l).",
                     widget="path", resume="ignored", when={"model.arch": ("sd3", "flux")})
-    clip_g: str = F("", "SD3 single file only: the CLIP-G text encoder file (ComfyUI's models/clip/clip_g.safetensors); "
-                        "empty = the CLIP-G inside model.path (text_encoders.clip_g).",
+    clip_g: str = F("", "SD3 single file only: the CLIP-G text encoder file (ComfyUI's "
+                        "models/clip/clip_g.safetensors); empty = the CLIP-G inside model.path (text_encoders.clip_g).",
                     widget="path", resume="ignored", when={"model.arch": ("sd3",)})
     t5: str = F("", "Flux or SD3 single file: the T5-XXL text encoder file (ComfyUI's "
                     "models/clip/t5xxl_fp16.safetensors). SD3: empty = the T5 inside model.path, else none (SD3 "

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..component_files import (META_CONFIG, bundled, find_tokenizers, check as _check, header as _header, load_into as _load,  # noqa: F401
-                               own_config as _own_config, strip as _strip, weights_on_meta as _weights_on_meta)
+from ..component_files import META_CONFIG, bundled, find_tokenizers  # noqa: F401 (META_CONFIG: a public name here)
+from ..component_files import check as _check, header as _header, load_into as _load, own_config as _own_config
+from ..component_files import strip as _strip, weights_on_meta as _weights_on_meta
 
 CLIP_PREFIXES = ("text_encoders.clip_l.transformer.", "cond_stage_model.transformer.", "text_model.")
 T5_PREFIXES = ("text_encoders.t5xxl.transformer.",)

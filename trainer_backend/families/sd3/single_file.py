@@ -27,7 +27,8 @@ TOP = [("x_embedder.proj", ["pos_embed.proj"]), ("context_embedder", ["context_e
 BLOCK = [("x_block.attn.qkv", ["attn.to_q", "attn.to_k", "attn.to_v"]),
          ("context_block.attn.qkv", ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]),
          ("x_block.attn.proj", ["attn.to_out.0"]), ("context_block.attn.proj", ["attn.to_add_out"]),
-         ("x_block.attn2.qkv", ["attn2.to_q", "attn2.to_k", "attn2.to_v"]), ("x_block.attn2.proj", ["attn2.to_out.0"]),
+         ("x_block.attn2.qkv", ["attn2.to_q", "attn2.to_k", "attn2.to_v"]),
+         ("x_block.attn2.proj", ["attn2.to_out.0"]),
          ("x_block.adaLN_modulation.1", ["norm1.linear"]), ("context_block.adaLN_modulation.1", ["norm1_context.linear"]),
          ("x_block.mlp.fc1", ["ff.net.0.proj"]), ("x_block.mlp.fc2", ["ff.net.2"]),
          ("context_block.mlp.fc1", ["ff_context.net.0.proj"]), ("context_block.mlp.fc2", ["ff_context.net.2"])]
