@@ -121,3 +121,28 @@ def _hf_cache(repos: list[tuple[str, str]]) -> list[Path]:
         if isinstance(hit, str):
             out.append(Path(hit).parent)
     return out
+
+
+VAE_PREFIXES = ("first_stage_model.", "vae.")  # SD/SD3 checkpoints; ComfyUI's Flux checkpoints
+
+
+def embedded_vae_prefix(shapes: dict) -> str | None:
+    """The prefix an all-in-one checkpoint keeps its autoencoder under (None: it has none)."""
+    return next((p for p in VAE_PREFIXES if any(k.startswith(p) for k in shapes)), None)
+
+
+def load_original_vae(option: str, source: Path, shapes: dict, config: dict, what: str):
+    """An AutoencoderKL from original-layout (`encoder.down.0.block.0…`) weights in `source`, under a
+    VAE_PREFIXES prefix or none, checked key by key first; diffusers' converter maps the names."""
+    import torch
+    from diffusers import AutoencoderKL
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+    from .sd.ldm_keys import VAE_PREFIX, vae_to_ldm
+    with weights_on_meta():
+        vae = AutoencoderKL.from_config(config)
+    expected = {k[len(VAE_PREFIX):]: tuple(v.shape) for k, v in vae_to_ldm(vae.state_dict(), config).items()}
+    prefix = embedded_vae_prefix(shapes) or ""
+    check(option, source, {k[len(prefix):]: v for k, v in shapes.items() if k.startswith(prefix)}, expected, what)
+    state = convert_ldm_vae_checkpoint(read_prefixed(source, prefix, keys=set(expected)), config)
+    load_into(option, source, vae, state)
+    return vae.to(torch.float32)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..component_files import (META_CONFIG, bundled, check, find_tokenizers, header, load_into, own_config,
-                               read_prefixed, strip, weights_on_meta)
+from ..component_files import (META_CONFIG, bundled, check, embedded_vae_prefix, find_tokenizers, header, load_into,
+                               load_original_vae, own_config, read_prefixed, weights_on_meta)
 from .single_file import PREFIX, from_original, to_original
 
 VAE_PREFIX = "first_stage_model."
@@ -92,10 +92,6 @@ def load_transformer(path: Path, shapes: dict, metadata: dict):
 
 def load_vae(spec: str, path: Path, shapes: dict, metadata: dict):
     """model.vae if given (a file or folder), else the autoencoder inside model.path."""
-    import torch
-    from diffusers import AutoencoderKL
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-    from ..sd.ldm_keys import vae_to_ldm
     option, source = "model.path", path
     if spec:
         source, option = Path(spec).expanduser(), "model.vae"
@@ -104,20 +100,13 @@ def load_vae(spec: str, path: Path, shapes: dict, metadata: dict):
             return _load_vae(str(source), None)
         shapes, metadata = header(option, source)
         config = own_config(metadata, bundled("sd3", "vae/config.json"))
-    elif not any(k.startswith(VAE_PREFIX) for k in shapes):
+    elif embedded_vae_prefix(shapes) is None:
         raise ConfigError(f"model.vae: {path.name} holds no autoencoder (no {VAE_PREFIX} weights); give the SD3 VAE "
                           "(a diffusers vae folder or a single file)")
     else:
         config = own_config(metadata, bundled("sd3", "vae/config.json"), META_CONFIG + ".vae")
-    with weights_on_meta():
-        vae = AutoencoderKL.from_config(config)
-    expected = {k[len(VAE_PREFIX):]: tuple(v.shape) for k, v in vae_to_ldm(vae.state_dict(), config).items()}
-    prefix = VAE_PREFIX if any(k.startswith(VAE_PREFIX) for k in shapes) else ""
-    check(option, source, {k[len(prefix):]: v for k, v in shapes.items() if k.startswith(prefix)}, expected,
-          "16-channel SD3 autoencoder" if config.get("latent_channels") == 16 else "autoencoder of this size")
-    state = convert_ldm_vae_checkpoint(read_prefixed(source, prefix, keys=set(expected)), config)
-    load_into(option, source, vae, state)
-    return vae.to(torch.float32)
+    what = "16-channel SD3 autoencoder" if config.get("latent_channels") == 16 else "autoencoder of this size"
+    return load_original_vae(option, source, shapes, config, what)
 
 
 def _clip_state_names(state: dict) -> dict:
