@@ -129,11 +129,14 @@ SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimi
            "network_train_unet_only", "xformers", "noise_offset_type", "conv_dim", "conv_alpha",
            "sample_sampler", "dora_wd", "sdxl_checkbox", "sd3_checkbox", "flux1_checkbox", "timestep_sampling",
            "weighting_scheme", "model_prediction_type", "clip_skip", "alpha_mask", "conditioning_data_dir",
-           "down_lr_weight", "mid_lr_weight", "up_lr_weight", "block_lr_zero_threshold"}
+           "down_lr_weight", "mid_lr_weight", "up_lr_weight", "block_lr_zero_threshold",
+           "clip_l", "clip_g", "t5xxl", "ae"}
 
 
 # kohya_ss keys that mark a flow-matching family -> model.arch
 FAMILY_KEYS = {"sd3_checkbox": "sd3", "flux1_checkbox": "flux"}
+# the separate component files kohya_ss names for SD3/Flux -> the [model] options that load them
+COMPONENT_FILES = {"clip_l": "model.clip_l", "clip_g": "model.clip_g", "t5xxl": "model.t5", "ae": "model.vae"}
 # kohya's timestep_sampling -> (loss.timestep_sampling, loss.flow_shift or None to leave it);
 # "shift" keeps discrete_flow_shift, "flux_shift" is Flux's resolution-dependent shift (flow_shift 0)
 TIMESTEP_SAMPLING = {"sigmoid": ("sigmoid", None), "uniform": ("uniform", 1.0), "sigma": ("uniform", 1.0),
