@@ -9,14 +9,14 @@ checks), no torch, nothing from methods/, training/ or launch/; the old entry po
 (`check_precision_options`, `validate_hardware`, …) are thin wrappers over a group of these rules.
 
 Add a rule: a generator of `Problem`s decorated with `@rule("<group>")`, here (or in
-config/hardware_rules.py for [hardware] and [precision], config/control_rules.py for paired control images).
+config/hardware_rules.py for [hardware] and [precision], config/control_rules.py for paired control images, config/quantize_rules.py for a quantized base).
 """
 from __future__ import annotations
 
 import importlib.util
 from typing import Callable, Iterator
 
-from . import control_rules, hardware_rules
+from . import control_rules, hardware_rules, memory_rules, quantize_rules
 from .base import Problem
 from .schema import TrainConfig
 
@@ -24,7 +24,7 @@ Rule = Callable[[TrainConfig], Iterator[Problem]]
 RULES: list[tuple[str, Rule]] = []   # (group, rule), in the order they report
 
 # optimizer.name -> the package it needs (installed by the user where not by setup.sh)
-OPTIMIZER_PACKAGES = {"adamw8bit": "bitsandbytes", "prodigy": "prodigyopt", "lion": "lion_pytorch"}
+OPTIMIZER_PACKAGES = {"adamw8bit": "bitsandbytes", "paged_adamw8bit": "bitsandbytes", "prodigy": "prodigyopt", "lion": "lion_pytorch"}
 TRACKER_PACKAGES = {"wandb": "wandb"}
 FLOW_SAMPLERS = ("default", "euler")  # flow-matching families sample with their own Euler scheduler
 
@@ -38,7 +38,7 @@ def rule(group: str) -> Callable[[Rule], Rule]:
 
 def problems(cfg: TrainConfig, *groups: str) -> list[Problem]:
     """Every cross-field problem of `cfg` (of the given groups only, when named); [] when there is none."""
-    every = [*RULES, *hardware_rules.RULES, *control_rules.RULES]
+    every = [*RULES, *hardware_rules.RULES, *control_rules.RULES, *memory_rules.RULES, *quantize_rules.RULES]
     unknown = set(groups) - {g for g, _ in every}
     if unknown:
         raise ValueError(f"no rule group {sorted(unknown)}")
