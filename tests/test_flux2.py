@@ -154,6 +154,9 @@ def test_text_latents_and_reference_tokens_are_the_pipelines(tiny_models):
     with_ref = FLUX2.predict(model, model.denoiser, noisy, t, {"hidden": text}, {"control_latents": latents},
                              torch.float32)
     assert plain.shape == noisy.shape and (plain - with_ref).abs().max() > 1e-4
+    FLUX2.use_plain_attention(model)  # precision.attention = "default": the math kernel, the same numbers
+    again = FLUX2.predict(model, model.denoiser, noisy, t, {"hidden": text}, {}, torch.float32)
+    assert (again - plain).abs().max() <= 1e-5
 
 
 def test_the_posterior_noise_lands_on_its_own_patchified_latent(tiny_models):
