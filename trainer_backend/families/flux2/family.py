@@ -113,8 +113,9 @@ class Flux2Family(FlowFamily):
         encoder = _unwrap((encoders or model.text_encoders)[0])
         body = getattr(encoder, "model", encoder)  # the decoder stack: no logits over the vocabulary
         device = _device(encoder)
-        out = body(input_ids=input_ids[0].to(device), attention_mask=input_ids[1].to(device),
-                   output_hidden_states=True, use_cache=False)
+        with torch.no_grad():  # the Qwen3 is never trained here: no graph, no activations kept
+            out = body(input_ids=input_ids[0].to(device), attention_mask=input_ids[1].to(device),
+                       output_hidden_states=True, use_cache=False)
         stacked = torch.stack([out.hidden_states[k] for k in self.hidden_layers(encoder)], dim=1)
         b, n, length, width = stacked.shape
         return {"hidden": stacked.permute(0, 2, 1, 3).reshape(b, length, n * width)}
