@@ -19,7 +19,8 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..flux.components import _check, _header, _load, _own_config, _strip, _weights_on_meta
+from ..component_files import check as _check, header as _header, load_into as _load
+from ..component_files import own_config as _own_config, strip as _strip, weights_on_meta as _weights_on_meta
 from .original_keys import (from_original, normalise_vae_keys, strip_prefix, to_original, vae_from_original,
                             vae_to_original)
 
