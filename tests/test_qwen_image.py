@@ -188,6 +188,9 @@ def comfy_files(tiny_models, tmp_path_factory):
         k = k.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
         old[k] = v.contiguous()
     save_file(old, str(out / "qwen_2.5_vl_7b.safetensors"), metadata={"sd_studio.config": te.config.to_json_string()})
+    vae_config = json.dumps({k: v for k, v in model.vae.config.items() if not k.startswith("_")})
+    save_file({k: v.contiguous() for k, v in model.vae.state_dict().items()}, str(out / "qwen_image_vae.safetensors"),
+              metadata={"sd_studio.config": vae_config})
     return folder, out
 
 
@@ -196,7 +199,8 @@ def test_comfyui_files_load_the_same_model_as_the_diffusers_folder(comfy_files, 
     folder, files = comfy_files
     transformer, te = str(files / "qwen_image_bf16.safetensors"), str(files / "qwen_2.5_vl_7b.safetensors")
     want = load_model(str(folder))
-    got = load(transformer, vae=str(folder / "vae"), tokenizer=str(folder), text_encoder_files={"qwen_vl": te})
+    got = load(transformer, vae=str(files / "qwen_image_vae.safetensors"), tokenizer=str(folder),
+               text_encoder_files={"qwen_vl": te})
     assert got.family.name == "qwen_image"
     for a, b in ((got.denoiser, want.denoiser), (got.text_encoders[0], want.text_encoders[0]), (got.vae, want.vae)):
         sa, sb = a.state_dict(), b.state_dict()
