@@ -172,6 +172,13 @@ def test_samples_before_the_first_step_are_the_pipelines_images(arch, tiny_model
     assert np.abs(sample - np.array(want).astype(np.int16)).max() <= 1
 
 
+def test_training_the_text_encoder_is_refused_naming_the_key(tiny_models):
+    from trainer_backend.methods import load_method_model
+    cfg = load_config(None, [f"model.path={tiny_models('qwen_image')}", "network.train_text_encoder=true"])
+    with pytest.raises(ConfigError, match=r"^network.train_text_encoder: Qwen-Image's text encoder is not trained"):
+        load_method_model(cfg)
+
+
 @pytest.fixture(scope="module")
 def comfy_files(tiny_models, tmp_path_factory):
     """The tiny Qwen-Image as ComfyUI keeps it: the transformer under model.diffusion_model., the text
