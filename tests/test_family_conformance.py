@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from conftest import ROOT, make_dataset
 from method_runs import train_run
 from trainer_backend.families import get_family, load_model
-from trainer_backend.families.registry import FAMILY_NAMES
+from trainer_backend.families.registry import FAMILY_NAMES, entry
 
 FAMILIES = list(FAMILY_NAMES)
 
@@ -60,10 +60,9 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
            "--set", "dataset.resolution=64", "--set", f"output.dir={tmp_path / 'runs'}",
            "--set", f"output.name={arch}-lora", "--set", "schedule.max_steps=3", "--set", "network.rank=4",
            "--set", "network.alpha=4", "--set", "precision.mixed=no", "--set", "optimizer.lr=1e-2",
-           "--set", "hardware.cpu=true"]
-    # the text encoders the family trains (none: its LoRA files hold the denoiser's adapters only)
-    trains_text = family.trained_text_encoders != ()
-    cmd += ["--set", f"network.train_text_encoder={str(trains_text).lower()}"]
+           "--set", "hardware.cpu=true",
+           # the text encoders too, where the family's LoRA loaders take them (Z-Image's: the transformer only)
+           "--set", f"network.train_text_encoder={str(entry(arch).text_encoder_training).lower()}"]
     for override in _control_data(tmp_path, family, 3, 64):
         cmd += ["--set", override]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -91,8 +90,7 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     pipe.load_lora_weights(str(out))
     assert (_image(pipe, family) - before).abs().max() > 1e-3, "the LoRA did not change the output"
     # the text-encoder adapters loaded too (the encoders the family trains; T5 stays frozen)
-    trained = family.text_encoder_names if family.trained_text_encoders is None else family.trained_text_encoders
-    for name in trained:
+    for name in family.trainable_text_encoders():
         assert any("lora" in n for n, _ in getattr(pipe, name).named_parameters()), name
 
 
@@ -106,7 +104,7 @@ def test_full_size_lora_keys_all_load_in_diffusers(arch):
     denoiser = family.meta_denoiser()
     denoiser.add_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=list(family.default_targets)))
     adapted = {name for name, m in denoiser.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
-    assert len(adapted) > 100, "the full-size model should have many adapted modules"
+    assert len(adapted) >= 50, "the full-size model should have many adapted modules"  # Klein 4B: 60
     state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(denoiser).items()}
     written = family.lora_file_state(_MetaModel(family, denoiser), {family.denoiser_name: state}, 1.0)
     loaded = family.diffusers_lora_targets(written, denoiser)

@@ -50,9 +50,7 @@ class LoadedModel:
         """(name, module) of the text encoders network.train_text_encoder trains."""
         if self.family is None:
             return []
-        names = self.family.trained_text_encoders
-        if names is None:
-            names = self.family.text_encoder_names
+        names = self.family.trainable_text_encoders()
         return [(n, te) for n, te in zip(self.family.text_encoder_names, self.text_encoders) if n in names]
 
     def components(self) -> dict[str, Any]:
@@ -69,8 +67,9 @@ class Family:
     label: str = ""                             # human name
     denoiser_name: str = "unet"                 # pipeline component name of the trained network
     text_encoder_names: tuple[str, ...] = ("text_encoder",)
-    # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families)
-    trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names; (): none
+    # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families);
+    # () = none (keep the registry entry's text_encoder_training False then)
+    trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names
     # a full fine-tune's single file: the whole model ("whole", SD checkpoints), the denoiser alone
     # ("denoiser", Flux, as ComfyUI keeps it), or none (None: the diffusers folder only)
     full_single_file: str | None = "whole"
@@ -96,6 +95,15 @@ class Family:
     # the text encoder reads the control image too (an edit model's vision-language encoder): text is
     # tokenized per batch with its control images (tokenize_batch) and never cached per caption
     text_reads_control: bool = False
+
+    def trainable_text_encoders(self) -> tuple[str, ...]:
+        """The text encoders network.train_text_encoder trains (none when the family keeps them frozen)."""
+        return self.text_encoder_names if self.trained_text_encoders is None else self.trained_text_encoders
+    # model.quantize(_text_encoders): linear layers that stay in full precision (small, sensitive ones:
+    # timestep/conditioning embeddings, the final projection). A name matches when it equals a part of
+    # the layer's dotted path or globs the whole path (training/quantize.py); the model classes'
+    # own `_keep_in_fp32_modules` are kept too.
+    keep_unquantized: tuple[str, ...] = ()
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -175,6 +183,17 @@ class Family:
             if found:
                 return name.format(*(int(g) for g in found.groups()))
         return None
+
+    # ---- blocks (memory.block_swap)
+    def blocks(self, model: LoadedModel) -> list:
+        """The denoiser's blocks in the order its forward runs them: the units memory.block_swap keeps in
+        CPU memory (training/block_swap.py swaps the last N). Default: the children of every top-level
+        nn.ModuleList of the denoiser, in registration order (diffusers' transformers: transformer_blocks,
+        then single_transformer_blocks). A family whose registration order is not its forward order, or
+        whose blocks are elsewhere, overrides this."""
+        import torch
+        return [block for child in model.denoiser.children() if isinstance(child, torch.nn.ModuleList)
+                for block in child]
 
     # ---- sampling and outputs
     def pipeline_class(self):

@@ -75,11 +75,20 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
         latents = latents * torch.tensor(std).view(shape).to(latents) / scaling + \
             torch.tensor(mean).view(shape).to(latents)
     else:
-        latents = latents / cfg.scaling_factor + (getattr(cfg, "shift_factor", None) or 0.0)
+        latents = latents / getattr(cfg, "scaling_factor", 1.0) + (getattr(cfg, "shift_factor", None) or 0.0)
     images = vae.decode(latents, return_dict=False)[0]
     if images.ndim == 5:  # a video autoencoder's one frame
         images = images[:, :, 0]
     return pipe.image_processor.postprocess(images.float(), output_type="pil")
+
+
+def run_on(pipe, device: torch.device):
+    """The pipeline with its execution device fixed to `device`. diffusers takes it from the first
+    module's weights, which memory.offload_encoders keeps in CPU memory (their hooks move each call's
+    inputs to the device)."""
+    pipe.__class__ = type(pipe.__class__.__name__, (pipe.__class__,),
+                          {"_execution_device": property(lambda self: device)})
+    return pipe
 
 
 def save_png(image, path: Path) -> None:
@@ -171,6 +180,8 @@ class SampleImages:
         with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), \
                 (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
             pipe = model.family.build_pipeline(model, self.cfg.samples.scheduler)
+            if self.cfg.memory.offload_encoders:  # the pipeline would take the offloaded VAE's device for its own
+                pipe = run_on(pipe, device)
             for i, p in enumerate(self.prompts):
                 prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
                 control = {model.family.control_image_argument: self.controls[i]} if self.controls[i] else {}
