@@ -49,6 +49,8 @@ class QwenImageFamily(FlowFamily):
                        "net.0.proj", "net.2")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
     text_encoder_file_options = ("qwen_vl",)
+    # model.quantize: the embeddings in and out of the token streams stay in full precision
+    keep_unquantized = ("time_text_embed", "img_in", "txt_in", "norm_out", "proj_out")
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "block_{0:02d}"),
                       (r"^(?:img_in|txt_in|txt_norm|time_text_embed)\.", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "qwen_image"
