@@ -196,6 +196,19 @@ def test_the_24gb_presets_quantized_base_trains_an_edit_lora_that_loads_in_diffu
     assert (_image(pipe, family) - before).abs().max() > 1e-3
 
 
+def test_block_names_cover_every_layer_of_the_full_size_transformer():
+    """network.block_lr names: block_00…block_59, BASE (embeddings in) and END (the output layers); every
+    module with weights of its own belongs to one."""
+    from trainer_backend.families.base import LoadedModel
+    family = get_family("qwen_image")
+    model = LoadedModel(family, family.meta_denoiser(), None, [], [], None, "flow", "", 8)
+    owners = {name for name, m in model.denoiser.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    names = {name: family.block_of(model, name) for name in owners}
+    assert set(names.values()) == {f"block_{i:02d}" for i in range(60)} | {"BASE", "END"}
+    assert names["transformer_blocks.7.attn.to_q"] == "block_07" and names["img_in"] == "BASE"
+    assert names["txt_norm"] == "BASE" and names["norm_out.linear"] == "END"
+
+
 def test_training_the_text_encoder_is_refused_naming_the_key(tiny_models):
     from trainer_backend.methods import load_method_model
     cfg = load_config(None, [f"model.path={tiny_models('qwen_image')}", "network.train_text_encoder=true"])
