@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import make_dataset
 from tests.method_runs import train_run
+from trainer_backend.families import get_family
 from trainer_backend.families.registry import FAMILY_NAMES
 from trainer_backend.training.block_swap import BlockSwap, in_backward
 from trainer_backend.training.fused_backward import FusedBackward
@@ -164,8 +165,12 @@ def test_lora_run_with_block_swap_and_offloaded_encoders_trains_the_same_lora(tm
     """A LoRA run with 2 swapped blocks and the VAE and text encoders in CPU memory (samples made
     through the pipeline too) writes the same LoRA as a plain run, and the blocks really moved."""
     data = make_dataset(tmp_path / "data", n=2, size=32)
-    common = ["schedule.max_steps=1", "optimizer.lr=1e-3", "network.dropout=0", "samples.prompts=a square",
-              "samples.every_n_steps=1", "samples.steps=2", "samples.width=32", "samples.height=32"]
+    prompt, paired = "a square", []
+    if get_family(arch).control_images == "required":  # an edit model trains on pairs, samples with --control
+        control = make_dataset(tmp_path / "control", n=2, size=32, seed=3)
+        prompt, paired = f"a square --control {control / 'img000.png'}", [f"dataset.control_path={control}"]
+    common = ["schedule.max_steps=1", "optimizer.lr=1e-3", "network.dropout=0", f"samples.prompts={prompt}",
+              "samples.every_n_steps=1", "samples.steps=2", "samples.width=32", "samples.height=32", *paired]
     plain, _, _ = train_run(tmp_path, tiny_models(arch), data, "plain", *common)
     assert not swaps
     swapped, events, _ = train_run(tmp_path, tiny_models(arch), data, "swapped", "memory.block_swap=2",
