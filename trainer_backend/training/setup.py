@@ -92,8 +92,11 @@ def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
     from .block_swap import place_without
     from .memory_setup import offload_encoders, offloaded_modules, swapped_blocks
     if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
-        # memory.block_swap: the swapped blocks stay in CPU memory (training/block_swap.py moves them)
-        place_without(model.denoiser, swapped_blocks(cfg, model), accelerator.device, trained)
+        swapped = swapped_blocks(cfg, model)  # memory.block_swap: these stay in CPU memory (block_swap.py)
+        if swapped:
+            place_without(model.denoiser, swapped, accelerator.device, trained)
+        else:
+            model.denoiser.to(accelerator.device, dtype=trained)
     trained_encoders = {id(te) for _, te in model.trained_text_encoders()} if cfg.network.train_text_encoder else set()
     offloaded = {id(m) for m in offloaded_modules(cfg, model, trained_encoders)}  # memory.offload_encoders
     model.vae.to(torch.device("cpu") if id(model.vae) in offloaded else accelerator.device, dtype=torch.float32)
