@@ -16,6 +16,7 @@ _UNET_LAYER = re.compile(r"^(down|up)_blocks\.(\d+)\.(resnets|attentions|downsam
 class StableDiffusionFamily(Family):
     denoiser_name = "unet"
     default_targets = ("to_q", "to_k", "to_v", "to_out.0")
+    keep_unquantized = ("time_embedding", "add_embedding")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
 
     def __init__(self, name: str, label: str, *, text_encoder_names: tuple[str, ...], base_model_version: str,
