@@ -188,3 +188,19 @@ def test_lora_run_with_block_swap_and_offloaded_encoders_trains_the_same_lora(tm
         assert [kind for kind, j in denoiser.moves if j == k].count("fetch") >= 3
     assert not denoiser.resident and all(not e.resident for e in encoders)
     assert all(e.moves for e in encoders)  # each offloaded module came to the device for its calls
+
+
+def test_more_swapped_blocks_than_the_denoiser_has_is_refused_naming_the_key():
+    """The default Family.blocks(): the children of the denoiser's top-level ModuleLists."""
+    from types import SimpleNamespace
+
+    from trainer_backend.config import ConfigError, load_config
+    from trainer_backend.families.base import Family
+    from trainer_backend.training.memory_setup import swapped_blocks
+    family = Family()
+    family.label = "A chain"
+    model = SimpleNamespace(denoiser=Chain(), family=family)
+    assert family.blocks(model) == list(model.denoiser.blocks)
+    assert swapped_blocks(load_config(None, ["memory.block_swap=2"]), model) == list(model.denoiser.blocks)[3:]
+    with pytest.raises(ConfigError, match=r"^memory.block_swap: A chain's denoiser has 5 blocks.*got 6"):
+        swapped_blocks(load_config(None, ["memory.block_swap=6"]), model)
