@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 
 import torch
 from torch.utils.data import DataLoader
 
 from ..config import TrainConfig, rules
-from ..data.indexed import IndexedDataset, collate_with_index
+from ..data.indexed import IndexedDataset, collate_with_index, loader_workers
 from ..methods import method_loss, method_run_config, method_validator, save_outputs, setup_method
 from ..methods.class_images import prepare_class_images
 from ..remote.wandb_tracking import start_tracking
@@ -89,7 +90,8 @@ def train(cfg: TrainConfig) -> int:
             if state.global_step >= total_steps:  # resumed from the final checkpoint: that epoch
                 state.epoch, state.batch_in_epoch = epoch + 1, 0  # counts, as in the uninterrupted run
                 break
-            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch)
+            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch,
+                                  device_type=accelerator.device.type, num_processes=accelerator.num_processes)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
                 group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
@@ -163,13 +165,16 @@ def make_sampler(cfg: TrainConfig, dataset, accelerator):
                          process_index=accelerator.process_index, seed=cfg.schedule.seed)
 
 
-def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0) -> DataLoader:
+def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0, device_type: str = "cpu",
+                 num_processes: int = 1) -> DataLoader:
     """This process's batches of `epoch`, after the first `skip` (already trained before a resume).
     The loader gets a private generator: creating its iterator must not draw from the global RNG,
     whose state (adapter dropout) a resume restores as it was at the checkpoint."""
     dataset.set_epoch(epoch)
+    workers = loader_workers(cfg.dataset.num_workers, device_type, cfg.dataset.cache_latents, num_processes,
+                             os.cpu_count())
     return DataLoader(IndexedDataset(dataset), batch_sampler=sampler.batches(epoch)[skip:],
-                      collate_fn=collate_with_index, num_workers=cfg.dataset.num_workers,
+                      collate_fn=collate_with_index, num_workers=workers,
                       generator=torch.Generator().manual_seed(cfg.schedule.seed + epoch))
 
 
