@@ -6,8 +6,10 @@
 
 Each mode runs the real trainer (`train(cfg)`) in a fresh process (peaks do not mix), the same LoRA
 on the same images; the denoiser and the text encoders are quantized alike. It reports, per mode:
-- weights: bytes of the denoiser and of the text encoders as placed on the device (quantized tensors
-  at their real size: torchao's inner tensors, bitsandbytes' packed weights plus absmax);
+- weights: bytes of the denoiser's linear layers (what is quantized), of the whole denoiser and of the
+  text encoders as placed on the device (quantized tensors at their real size: torchao's inner tensors,
+  bitsandbytes' packed weights plus absmax); the tiny models are mostly convolutions, full-size ones
+  mostly linear layers;
 - peak: peak memory while train() runs (CUDA: peak allocated tensor bytes; CPU: peak resident set
   above the resident set just before training: on the CPU with a tiny model the Python/torch runtime
   dominates it);
@@ -66,9 +68,16 @@ def measure(args: list[str]) -> dict:
     model = load_base_model(cfg, accelerator)
     place_model(model, cfg, accelerator)
     return {"mode": cfg.model.quantize, "device": devices.device_kind(device),
-            "denoiser_bytes": weight_bytes(model.denoiser),
+            "denoiser_bytes": weight_bytes(model.denoiser), "linear_bytes": linear_bytes(model.denoiser),
             "text_encoder_bytes": sum(weight_bytes(te) for te in model.text_encoders),
             "peak": peak, "before": before, "s_per_step": 1 / statistics.median(rates) if rates else None}
+
+
+def linear_bytes(module) -> int:
+    """Bytes of the denoiser's linear layers (bitsandbytes' Linear4bit is one too): what quantization acts on."""
+    import torch
+    from trainer_backend.training.quantize import weight_bytes
+    return sum(weight_bytes(m) for m in module.modules() if isinstance(m, torch.nn.Linear))
 
 
 def main() -> int:
@@ -120,13 +129,14 @@ def report(results: list[dict]) -> None:
     r0 = results[0]
     print(f"LoRA rank 16 on {'tiny ' if r0['tiny'] else ''}{r0['model']}, {r0['steps']} steps at "
           f"{r0['resolution']} px, device {r0['device']}")
-    print(f"{'mode':7} {'denoiser':>10} {'ratio':>6} {'text enc.':>10} {'ratio':>6} {'peak':>10} {'ratio':>6} "
+    print(f"{'mode':7} {'linear':>9} {'ratio':>6} {'denoiser':>10} {'ratio':>6} {'text enc.':>10} {'ratio':>6} {'peak':>10} {'ratio':>6} "
           f"{'peak-start':>10} {'ratio':>6} {'s/step':>7} {'ratio':>6}")
     for r in results:
         rise, base_rise = r["peak"] - r["before"], max(1, base["peak"] - base["before"])
         step = r["s_per_step"] or float("nan")
         base_step = base["s_per_step"] or float("nan")
-        print(f"{r['mode']:7} {r['denoiser_bytes'] / mib:>9.2f}M {r['denoiser_bytes'] / base['denoiser_bytes']:>6.3f} "
+        print(f"{r['mode']:7} {r['linear_bytes'] / mib:>8.2f}M {r['linear_bytes'] / base['linear_bytes']:>6.3f} "
+              f"{r['denoiser_bytes'] / mib:>9.2f}M {r['denoiser_bytes'] / base['denoiser_bytes']:>6.3f} "
               f"{r['text_encoder_bytes'] / mib:>9.2f}M "
               f"{r['text_encoder_bytes'] / max(1, base['text_encoder_bytes']):>6.3f} "
               f"{r['peak'] / mib:>9.1f}M {r['peak'] / base['peak']:>6.3f} {rise / mib:>9.1f}M {rise / base_rise:>6.3f} "
