@@ -188,3 +188,13 @@ def test_two_ddp_processes_with_a_quantized_base_match_one_process(tmp_path, tin
     worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item()
                 for k in a if not k.endswith(".alpha"))
     assert worst <= 1e-5, f"max relative difference {worst:.2e}"
+
+
+def test_kohya_fp8_base_and_paged_adamw8bit_import():
+    """kohya_ss presets with fp8_base and PagedAdamW8bit become model.quantize = float8 and paged_adamw8bit."""
+    from gui.kohya_import import import_kohya
+    result = import_kohya({"LoRA_type": "Standard", "fp8_base": True, "optimizer": "PagedAdamW8bit"})
+    cfg = result.config()
+    assert (cfg.model.quantize, cfg.optimizer.name) == ("float8", "paged_adamw8bit")
+    assert rules.problems(cfg, "quantize") == []
+    assert import_kohya({"LoRA_type": "Standard", "fp8_base": False}).config().model.quantize == "none"
