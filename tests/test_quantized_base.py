@@ -198,3 +198,25 @@ def test_kohya_fp8_base_and_paged_adamw8bit_import():
     assert (cfg.model.quantize, cfg.optimizer.name) == ("float8", "paged_adamw8bit")
     assert rules.problems(cfg, "quantize") == []
     assert import_kohya({"LoRA_type": "Standard", "fp8_base": False}).config().model.quantize == "none"
+
+
+@pytest.mark.parametrize("kind, most", [("int8", 0.26), ("float8", 0.26), ("nf4", 0.15)])
+def test_quantized_layers_are_smaller_and_kept_layers_are_not(kind, most):
+    """The bytes the bench reports are the quantized tensors' real bytes (int8/float8: 1 byte per weight
+    plus a scale per row, nf4: half a byte plus an absmax per 64), layers named to keep stay as they were,
+    and the quantized layers compute what the fp32 ones did up to their rounding."""
+    from trainer_backend.training.quantize import quantize_module, quantized_kind, weight_bytes
+    torch.manual_seed(0)
+    net = torch.nn.Sequential()
+    net.add_module("proj_in", torch.nn.Linear(256, 256))
+    net.add_module("time_embedding", torch.nn.Linear(256, 256))
+    x = torch.randn(4, 256)
+    ref, fp32 = net(x).detach(), weight_bytes(net.proj_in)
+    kept = net.time_embedding.weight.detach().clone()
+    assert quantize_module(net, kind, device="cpu", compute_dtype=torch.float32, keep=("time_embedding",)) == 1
+    assert quantized_kind(net) == kind
+    assert weight_bytes(net.proj_in) <= most * fp32
+    assert type(net.time_embedding) is torch.nn.Linear and torch.equal(net.time_embedding.weight, kept)
+    with torch.no_grad():
+        err = (net(x) - ref).norm() / ref.norm()
+    assert 0 < err < 0.15, err
