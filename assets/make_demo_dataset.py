@@ -1,6 +1,8 @@
-"""Generate the built-in demo dataset: 8 small images of simple coloured shapes with captions.
+"""Generate the built-in demo dataset: 8 small images of simple coloured shapes with captions,
+and the demo edit pairs (assets/demo_edit_pairs: original/ control images, edited/ training images
+whose captions are the edit instruction), for edit models such as Qwen-Image-Edit.
 
-    python assets/make_demo_dataset.py [out_folder]     # default: assets/demo_dataset
+    python assets/make_demo_dataset.py [out_folder]     # default: assets/demo_dataset (+ demo_edit_pairs)
 
 Deterministic (no randomness), a few KB per image, so the committed files never change unless
 this script does. The captions name the shape, colour and background so a LoRA trained on them
@@ -48,6 +50,26 @@ def make_demo_dataset(out: Path) -> Path:
     return out
 
 
+# each demo shape recoloured: the edit pairs' instruction
+RECOLOUR = {"red": "blue", "blue": "yellow", "yellow": "red", "green": "purple", "orange": "green",
+            "purple": "orange", "white": "black", "black": "white"}
+
+
+def make_demo_edit_pairs(out: Path) -> Path:
+    """original/<name>.png (the control image) and edited/<name>.png + .txt (the instruction)."""
+    for sub in ("original", "edited"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    for i, (shape, colour, background) in enumerate(DEMO):
+        name = f"{i:02d}_{colour}_{shape}"
+        draw(shape, colour, background).save(out / "original" / f"{name}.png", optimize=True)
+        draw(shape, RECOLOUR[colour], background).save(out / "edited" / f"{name}.png", optimize=True)
+        (out / "edited" / f"{name}.txt").write_text(f"make the {colour} {shape} {RECOLOUR[colour]}\n",
+                                                    encoding="utf-8")
+    return out
+
+
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "demo_dataset"
+    here = Path(__file__).resolve().parent
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else here / "demo_dataset"
     print(make_demo_dataset(target))
+    print(make_demo_edit_pairs(target.parent / "demo_edit_pairs"))

@@ -11,9 +11,9 @@ NETWORK_TYPES = {"standard": "lora", "lycoris/loha": "loha", "lycoris/lokr": "lo
 LOCON_TYPES = {"kohya locon", "locon", "lycoris/locon"}   # LoRA plus conv-layer adapters (conv_dim)
 SAMPLERS = {"euler": "euler", "euler_a": "euler_a", "k_euler": "euler", "k_euler_a": "euler_a", "ddim": "ddim",
             "dpmsolver++": "dpmpp_2m", "k_dpm_2": "dpmpp_2m", "pndm": "pndm", "ddpm": "ddpm", "unipc": "unipc"}
-OPTIMIZERS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "prodigy": "prodigy", "lion": "lion",
-              "adafactor": "adafactor", "sgd": "sgd"}
-APPROX_OPTIMIZERS = {"pagedadamw8bit": "adamw8bit", "pagedadamw": "adamw", "lion8bit": "lion",
+OPTIMIZERS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "pagedadamw8bit": "paged_adamw8bit", "prodigy": "prodigy",
+              "lion": "lion", "adafactor": "adafactor", "sgd": "sgd"}
+APPROX_OPTIMIZERS = {"pagedadamw": "adamw", "lion8bit": "lion",
                      "pagedlion8bit": "lion", "sgdnesterov": "sgd", "sgdnesterov8bit": "sgd",
                      "adamw_schedulefree": "adamw", "prodigyplus.prodigyplusschedulefree": "prodigy"}
 
@@ -110,6 +110,8 @@ DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cache_text_encoder_outputs": ("dataset.cache_text_encoder_outputs", bool),
     "save_precision": ("network.save_precision", lambda v: {"float": "fp32"}.get(str(v).strip(), str(v).strip())),
     "full_bf16": ("precision.full_bf16", bool),
+    "fused_backward_pass": ("optimizer.fused_backward", bool),  # sd-scripts' names (docs/memory.md)
+    "blocks_to_swap": ("memory.block_swap", _int),
     "full_fp16": ("precision.full_fp16", bool),
     "num_machines": ("hardware.num_machines", _int),
     "main_process_port": ("hardware.main_process_port", _int),
@@ -127,11 +129,14 @@ SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimi
            "network_train_unet_only", "xformers", "noise_offset_type", "conv_dim", "conv_alpha",
            "sample_sampler", "dora_wd", "sdxl_checkbox", "sd3_checkbox", "flux1_checkbox", "timestep_sampling",
            "weighting_scheme", "model_prediction_type", "clip_skip", "alpha_mask", "conditioning_data_dir",
-           "down_lr_weight", "mid_lr_weight", "up_lr_weight", "block_lr_zero_threshold"}
+           "down_lr_weight", "mid_lr_weight", "up_lr_weight", "block_lr_zero_threshold",
+           "clip_l", "clip_g", "t5xxl", "ae"}
 
 
 # kohya_ss keys that mark a flow-matching family -> model.arch
 FAMILY_KEYS = {"sd3_checkbox": "sd3", "flux1_checkbox": "flux"}
+# the separate component files kohya_ss names for SD3/Flux -> the [model] options that load them
+COMPONENT_FILES = {"clip_l": "model.clip_l", "clip_g": "model.clip_g", "t5xxl": "model.t5", "ae": "model.vae"}
 # kohya's timestep_sampling -> (loss.timestep_sampling, loss.flow_shift or None to leave it);
 # "shift" keeps discrete_flow_shift, "flux_shift" is Flux's resolution-dependent shift (flow_shift 0)
 TIMESTEP_SAMPLING = {"sigmoid": ("sigmoid", None), "uniform": ("uniform", 1.0), "sigma": ("uniform", 1.0),

@@ -124,3 +124,36 @@ def test_dataset_follows_the_counts_the_plan_gives_it(tmp_path):
     ds = TrainDataset(scan, cfg, counts=halved)
     assert len(ds) == halved.samples_per_epoch == 5
     assert sorted(ds.sample_items) == sorted([0, 1, 1, 2, 2])
+
+
+def test_worker_processes_give_the_same_batches_and_automatic_picks_them_only_for_a_gpu(tmp_path):
+    """dataset.num_workers changes where samples are made, never what they are: the loop's loader
+    with 2 worker processes yields the very batches it yields in-process (random crop, flip,
+    tag shuffle and dropout on), also after skipping into the epoch as a resume does."""
+    from trainer_backend.data.indexed import loader_workers
+    from trainer_backend.training.loop import epoch_loader, make_sampler
+
+    class OneProcess:
+        num_processes, process_index = 1, 0
+
+    data = tagged_dataset(tmp_path, n=3)
+    batches = {}
+    for workers in (0, 2):
+        cfg = config({"path": str(data), "repeats": 3, "flip": True, "center_crop": False, "shuffle_tags": True,
+                      "tag_dropout": 0.2, "num_workers": workers}, schedule={"batch_size": 2})
+        ds = TrainDataset(scan_dataset(cfg), cfg)
+        sampler = make_sampler(cfg, ds, OneProcess())
+        batches[workers] = [list(epoch_loader(cfg, ds, sampler, epoch, skip=skip))
+                            for epoch, skip in ((0, 0), (1, 2))]
+    for with_workers, in_process in zip(batches[2], batches[0]):
+        assert len(with_workers) == len(in_process) > 0
+        for a, b in zip(with_workers, in_process):
+            assert a["caption"] == b["caption"] and torch.equal(a["index"], b["index"])
+            assert torch.equal(a["pixel_values"], b["pixel_values"])
+
+    assert loader_workers(3, "cpu", False) == 3                      # an explicit count is kept
+    assert loader_workers(-1, "cpu", False, cpu_count=16) == 0        # a CPU run keeps its cores
+    assert loader_workers(-1, "cuda", True, cpu_count=16) == 0        # cached latents: nothing to decode
+    assert loader_workers(-1, "cuda", False, num_processes=1, cpu_count=16) == 4
+    assert loader_workers(-1, "cuda", False, num_processes=8, cpu_count=16) == 1
+    assert loader_workers(-1, "cuda", False, num_processes=2, cpu_count=2) == 0

@@ -54,6 +54,15 @@ def build_components(arch: str) -> dict:
     return out
 
 
+def static_family(arch: str) -> dict:
+    from trainer_backend.families.builtin import resolve_model_path
+    from trainer_backend.training import memory_probe as mp
+    tiny = resolve_model_path(f"builtin:tiny-{arch}")
+    table = mp.static_table(mp.full_size_model(arch, tiny, build_components(arch)))
+    del table["activations"]  # measured by probe_family; kept as they are
+    return table
+
+
 def probe_family(arch: str, log=print) -> dict:
     from trainer_backend.families.builtin import resolve_model_path
     from trainer_backend.training import memory_probe as mp
@@ -71,6 +80,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default=",".join(FAMILY_NAMES))
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--static-only", action="store_true",
+                    help="refresh only the parameter counts, layers and blocks of families already in the file")
     args = ap.parse_args(argv)
     out = Path(args.out)
     tables = json.loads(out.read_text()) if out.is_file() else {}
@@ -79,7 +90,10 @@ def main(argv=None) -> int:
                        "activation bytes per sample = a + b * latent pixels (a GPU's view, bf16 autocast, "
                        "fused attention). Read by trainer_backend/launch/memory_plan.py.")
     for arch in [a.strip() for a in args.families.split(",") if a.strip()]:
-        tables["families"][arch] = probe_family(arch)
+        if args.static_only and arch in tables["families"]:
+            tables["families"][arch].update(static_family(arch))
+        else:
+            tables["families"][arch] = probe_family(arch)
         out.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
         print(f"wrote {arch} to {out}")
     return 0

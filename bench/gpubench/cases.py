@@ -78,7 +78,7 @@ def catalogue() -> list[Case]:
     out += _pair("sdxl-lora", "sdxl", both, 75)
     options = {  # our options one at a time on top of the SDXL baseline
         "cache-latents": ("dataset.cache_latents=true",),
-        "workers": ("dataset.num_workers=4",),
+        "in-process-data": ("dataset.num_workers=0",),  # the baseline decodes in workers (automatic)
         "fused-adamw": ("optimizer.fused=true",),
         "compile": ("precision.compile=true",),
         "channels-last": ("precision.channels_last=true",),

@@ -118,6 +118,7 @@ def _deepspeed(cfg: TrainConfig) -> Iterator[Problem]:
             yield Problem(f"precision.{key}", "DeepSpeed keeps its own fp32 master weights in the optimizer; use "
                                               "hardware.deepspeed_offload_optimizer to save memory, or strategy = "
                                               "ddp (or fsdp)")
-    if hw.deepspeed_offload_optimizer and cfg.optimizer.name == "adamw8bit":
-        yield Problem("optimizer.name", "adamw8bit (bitsandbytes) needs its states on the GPU and cannot run with "
-                                        "hardware.deepspeed_offload_optimizer; use adamw or turn the offload off")
+    if hw.deepspeed_offload_optimizer and cfg.optimizer.name in ("adamw8bit", "paged_adamw8bit"):
+        yield Problem("optimizer.name", f"{cfg.optimizer.name} (bitsandbytes) needs its states on the GPU and cannot "
+                                        "run with hardware.deepspeed_offload_optimizer; use adamw or turn the offload "
+                                        "off")

@@ -14,6 +14,7 @@ class FlowFamily(Family):
     text encoders (`text_encoder`, `text_encoder_2`, `text_encoder_3`; absent ones are skipped)."""
     denoiser_name = "transformer"
     text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
+    keep_unquantized = ("time_text_embed", "context_embedder", "x_embedder", "norm_out", "proj_out")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
     # the embeddings before the blocks, the output layers after them
     BASE_AND_END = ((r"^(?:pos_embed|x_embedder|context_embedder|time_text_embed)\.", "BASE"),

@@ -33,14 +33,20 @@ def target_card(cfg, detected: float | None = None) -> float:
 
 
 def _with(cfg, changes: dict):
-    """A copy of cfg with dotted keys set (unknown sections or keys: None, the option does not exist)."""
+    """A copy of cfg with dotted keys set; None when an option does not exist in this build or the
+    change breaks a rule of config/rules.py (e.g. a quantized base with block swap)."""
+    from ..config import rules
     new = cfg.model_copy(deep=True)
     for dotted, value in changes.items():
         if not has_option(cfg, dotted):
             return None
         section, key = dotted.split(".")
-        setattr(getattr(new, section), key, value)
-    return new
+        try:
+            setattr(getattr(new, section), key, value)
+        except ValueError:  # out of the field's bounds or choices
+            return None
+    before = set(rules.problems(cfg))
+    return None if any(p not in before for p in rules.problems(new)) else new
 
 
 def candidate_changes(cfg) -> list[tuple[str, dict]]:
@@ -69,6 +75,8 @@ def candidate_changes(cfg) -> list[tuple[str, dict]]:
         for q in ("int8", "nf4"):
             if opt(cfg, "model.quantize", "none") in ("none", "int8") and q != opt(cfg, "model.quantize"):
                 out.append((f"{q} base weights", {"model.quantize": q}))
+        if opt(cfg, "model.quantize_text_encoders", "none") == "none" and not cfg.dataset.cache_text_encoder_outputs:
+            out.append(("int8 text encoders", {"model.quantize_text_encoders": "int8"}))
     if cfg.schedule.batch_size > 1:
         out.append(("batch 1 with accumulation", {"schedule.batch_size": 1,
                                                   "schedule.grad_accum": cfg.schedule.grad_accum * cfg.schedule.batch_size}))
@@ -92,12 +100,12 @@ def fixes(cfg, arch: str, card_gb: float, buckets=None, limit: int = 4) -> list[
     if singles:
         return singles[:limit]
     for label, changes in candidate_changes(cfg):
-        if label.startswith("block swap") and any(k == "memory.block_swap" for k in combined):
-            combined["memory.block_swap"] = changes["memory.block_swap"]
-        else:
-            combined.update(changes)
-        current = _with(cfg, combined)
-        plan = current and plan_memory(current, arch, buckets)
+        trial = {**combined, **changes}
+        current = _with(cfg, trial)
+        if current is None:   # refused together with what is already chosen: leave it out
+            continue
+        combined = trial
+        plan = plan_memory(current, arch, buckets)
         if plan and plan.verdict(card_gb) == "fits":
             return [f"all of: {_keys(combined)} → {plan.needed_gib():.1f} GiB"]
     return []

@@ -112,14 +112,13 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     # ---- what stays on the GPU
     resident: dict[str, float] = {}
     denoiser_w = den["params"] * train_bytes if full else weight_bytes(den, w_dtype, quant)
-    if swap and den["blocks"]:
-        blocks = den["blocks"]
-        n = min(swap, len(blocks) - 1)
-        per_param = denoiser_w / den["params"]
-        moved = sum(blocks) / len(blocks) * n * per_param
-        denoiser_w -= moved - max(blocks) * per_param  # one block in flight, streamed ahead of use
-        notes.append(f"block swap: {n} of {len(blocks)} blocks in CPU memory")
-    resident["denoiser"] = denoiser_w
+    swapped_share = 0.0   # of the denoiser's parameters, in CPU memory between uses
+    if swap and den.get("blocks"):
+        blocks = den["blocks"][-swap:]  # training/memory_setup.py swaps the last N blocks
+        in_flight = 2 * max(blocks) if len(blocks) > 1 else max(blocks)  # at most two swapped blocks on the GPU
+        swapped_share = (sum(blocks) - in_flight) / den["params"]
+        notes.append(f"block swap: {len(blocks)} of {len(den['blocks'])} denoiser blocks in CPU memory")
+    resident["denoiser"] = denoiser_w * (1 - swapped_share)
     trained_tes = set(table["trained_text_encoders"]) if net.train_text_encoder else set()
     te_total = 0.0
     for name in table["text_encoders"]:
@@ -137,8 +136,9 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
         resident["adapters"] = n_trained * 4
     name = cfg.optimizer.name
     kahan = half_weights and prec.half_weights_rounding == "kahan"
-    resident["optimizer state"] = optimizer_state_bytes(name, tensors, train_bytes, half_weights, kahan,
-                                                        rank=0 if full else net.rank)
+    state = optimizer_state_bytes(name, tensors, train_bytes, half_weights, kahan, rank=0 if full else net.rank)
+    # a full fine-tune's swapped weights take their state along (LoRA adapters are small: ignored)
+    resident["optimizer state"] = state * (1 - swapped_share) if full else state
     if getattr(cfg, "ema", None) is not None and cfg.ema.enabled and cfg.ema.device == "accelerator":
         resident["ema"] = n_trained * 4
 
@@ -151,8 +151,11 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     if not ds.cache_latents:
         phases["vae encode"] = _act(table["vae_encode"], pixels) * batch + (vae_w if "vae" not in resident else 0)
     kind = ("full" if full else "lora") + ("_gc" if prec.gradient_checkpointing else "")
-    grads = n_trained * train_bytes
+    grads = n_trained * train_bytes * ((1 - swapped_share) if full else 1)
     act = _act(table["activations"][kind], pixels) * batch * act_factor
+    if full and swapped_share and not half_weights and w_dtype != "fp32":
+        # autocast's half-precision copies of swapped fp32 masters wait on the GPU for the backward
+        act += den["params"] * swapped_share * DTYPE_BYTES[w_dtype]
     phases["forward/backward"] = act + (0 if fused_bw else grads)
     temp = optimizer_temp_bytes(name, tensors, train_bytes, fused_bw or half_weights, cfg.optimizer.weight_decay)
     phases["optimizer step"] = (0 if fused_bw else grads) + temp

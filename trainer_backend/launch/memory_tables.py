@@ -13,10 +13,11 @@ from pathlib import Path
 TABLES = Path(__file__).resolve().parents[2] / "assets" / "memory_tables.json"
 GiB = 2 ** 30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# weight-only quantization of Linear weights (model.quantize): bytes per weight, scales included.
-# int8/float8 (torchao): one byte plus a bf16 scale per output row (counted per layer below);
-# nf4 (bitsandbytes): half a byte plus an fp32 absmax per 64 weights
-QUANT_BYTES = {"int8": 1.0, "float8": 1.0, "nf4": 0.5 + 4 / 64}
+# weight-only quantization of Linear weights (model.quantize, training/quantize.py): bytes per weight.
+# int8/float8 (torchao): one byte, plus a scale per output row (ROW_SCALE_BYTES); nf4 (bitsandbytes'
+# Params4bit: blocks of 64, absmax compressed to 8 bits in blocks of 256 with an fp32 absmax each)
+QUANT_BYTES = {"int8": 1.0, "float8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
+ROW_SCALE_BYTES = {"int8": 2, "float8": 4, "nf4": 0}
 # optimizer state, in multiples of the trained parameter's bytes (fp32 parameters unless said):
 # adamw: exp_avg + exp_avg_sq; prodigy: those + s + p0; lion, sgd (momentum): one buffer
 STATE_FACTOR = {"adamw": 2.0, "prodigy": 4.0, "lion": 1.0, "sgd": 1.0}
@@ -40,24 +41,15 @@ def matches(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def linear_weights(component: dict) -> int:
-    """Weights of the component's Linear layers (what weight-only quantization replaces)."""
-    return sum(i * o * n for _, i, o, k, n in component["layers"] if k == 0)
-
-
-def linear_rows(component: dict) -> int:
-    return sum(o * n for _, i, o, k, n in component["layers"] if k == 0)
-
-
 def weight_bytes(component: dict, dtype: str, quantize: str = "none") -> float:
-    """A frozen component's bytes: everything in `dtype`, or its Linear weights quantized (the rest,
-    biases, norms, convolutions and embeddings, stays in `dtype`)."""
+    """A frozen component's bytes: everything in `dtype`, or the weights of the Linear layers
+    training/quantize.py quantizes stored quantized (biases, norms, convolutions, embeddings and the
+    layers a family keeps stay in `dtype`)."""
     total = component["params"] * DTYPE_BYTES[dtype]
     if quantize in (None, "", "none"):
         return total
-    lin = linear_weights(component)
-    scales = linear_rows(component) * 2 if quantize in ("int8", "float8") else 0
-    return total - lin * DTYPE_BYTES[dtype] + lin * QUANT_BYTES[quantize] + scales
+    weights, rows = component["quantizable"]
+    return total - weights * DTYPE_BYTES[dtype] + weights * QUANT_BYTES[quantize] + rows * ROW_SCALE_BYTES[quantize]
 
 
 def adapter_tensors(component: dict, network, targets, conv_targets=()) -> list[int]:

@@ -32,7 +32,8 @@ def setup_full(model, cfg: TrainConfig) -> Trainable:
 
 def original_text_encoders(cfg: TrainConfig, model) -> list:
     """The base model's text encoders in fp32, reloaded: the frozen copies used in training were
-    cast to the compute dtype, and the output must carry the original weights, not a rounded copy."""
+    cast to the compute dtype (or quantized, model.quantize_text_encoders), and the output must carry
+    the original weights, not a rounded copy."""
     src = Path(model.source)
     if src.is_dir():
         return [type(te).from_pretrained(str(src), subfolder=sub, local_files_only=True, dtype=torch.float32)
@@ -54,7 +55,8 @@ def save_full_outputs(cfg: TrainConfig, run_dir: Path, model, trainable: Trainab
     Intermediate (file_name given): only that single file, from cast copies; the model is untouched."""
     dtype = SAVE_DTYPES[cfg.network.save_precision]
     encoders = list(model.text_encoders)
-    if not cfg.network.train_text_encoder and any(te.dtype != torch.float32 for te in encoders):
+    from ..training.quantize import quantized_kind
+    if not cfg.network.train_text_encoder and any(te.dtype != torch.float32 or quantized_kind(te) for te in encoders):
         encoders = original_text_encoders(cfg, model)
     out_model = dataclasses.replace(model, text_encoders=encoders)
     family = model.family

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .devices import to_device
 
 
 def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, weight_dtype,
@@ -19,24 +20,23 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
     indices = batch["index"].tolist()
     seed = cfg.schedule.seed
     if "latents" in batch:
-        latents = batch["latents"].to(device, torch.float32)
+        latents = to_device(batch["latents"], device).float()
         noise, timesteps, _ = objective.draw(indices, seed, epoch, tuple(latents.shape[1:]), cfg.loss)
     else:
-        pixels = batch["pixel_values"].to(device)
+        pixels = to_device(batch["pixel_values"], device)
         shape = family.latent_shape(model, pixels.shape[-2], pixels.shape[-1])
         noise, timesteps, eps = objective.draw(indices, seed, epoch, shape, cfg.loss)
         with torch.no_grad():
-            latents = family.encode_latents(model, pixels, eps.to(device))
-    noise, timesteps = noise.to(device), timesteps.to(device)
+            latents = family.encode_latents(model, pixels, to_device(eps, device))
+    noise, timesteps = to_device(noise, device), to_device(timesteps, device)
     noisy = objective.noisy(latents, noise, timesteps)
     if "control_pixel_values" in batch and "control_latents" not in batch:
         batch = {**batch, "control_latents": control_latents(model, batch["control_pixel_values"], device)}
 
     if "text" in batch:  # cached text-encoder outputs (frozen encoders, static captions)
-        text = {k: v.to(device) for k, v in batch["text"].items()}
+        text = {k: to_device(v, device) for k, v in batch["text"].items()}
     else:
-        input_ids = [ids.to(device) for ids in family.tokenize(model, list(batch["caption"]),
-                                                                cfg.dataset.max_token_length)]
+        input_ids = [to_device(ids, device) for ids in family.tokenize_batch(model, batch, cfg.dataset.max_token_length)]
         text = family.encode_text(model, input_ids, text_encoders)
 
     pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype, cfg=cfg)
@@ -48,7 +48,7 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
     if parts is not None and "is_class" in batch:
         parts.add(per_sample.detach(), batch["is_class"])
     if "is_class" in batch and cfg.dataset.prior_loss_weight != 1.0:
-        weights = torch.where(batch["is_class"].to(device), cfg.dataset.prior_loss_weight, 1.0)
+        weights = torch.where(to_device(batch["is_class"], device), cfg.dataset.prior_loss_weight, 1.0)
         per_sample = per_sample * weights
     return per_sample.mean()
 
@@ -72,7 +72,7 @@ def control_latents(model, pixels: torch.Tensor, device) -> torch.Tensor:
     posterior mean (eps=None), since a conditioning image needs no sampling noise; as the latent cache
     stores them."""
     with torch.no_grad():
-        return model.family.encode_latents(model, pixels.to(device), None)
+        return model.family.encode_latents(model, to_device(pixels, device), None)
 
 
 class LossParts:

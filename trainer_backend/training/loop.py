@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import time
 
 import torch
 from torch.utils.data import DataLoader
 
 from ..config import TrainConfig, rules
-from ..data.indexed import IndexedDataset, collate_with_index
+from ..data.indexed import IndexedDataset, collate_with_index, loader_workers
 from ..methods import method_loss, method_run_config, method_validator, save_outputs, setup_method
 from ..methods.class_images import prepare_class_images
 from ..remote.wandb_tracking import start_tracking
@@ -30,6 +31,7 @@ from ..run.stop_signals import StopSignals
 from .diffusion_loss import LossParts
 from .ema import make_ema
 from .full_half_precision import keep_half_weights
+from .memory_setup import install_after_prepare
 from .optimizers import build_lr_scheduler, build_optimizer
 from .sampling import SampleImages
 from .setup import (build_dataset, load_base_model, make_accelerator, open_run, place_model, register_adapter_hooks,
@@ -67,8 +69,11 @@ def train(cfg: TrainConfig) -> int:
     optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
     register_adapter_hooks(accelerator, trainable)
-    prepared = accelerator.prepare(*trainable.modules.values(), optimizer)
+    swapping = bool(cfg.memory.block_swap) and model.denoiser is not None  # its blocks stay where they are
+    prepared = accelerator.prepare(*trainable.modules.values(), optimizer, device_placement=[
+        *(not (swapping and m is model.denoiser) for m in trainable.modules.values()), True])
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
+    install_after_prepare(cfg, model, trainable, optimizer, accelerator.device)  # block swap, fused backward
     accelerator.register_for_checkpointing(lr_scheduler)
     ema = make_ema(cfg, trainable, accelerator)
     batch_loss = method_loss(cfg, model, modules, weight_dtype, accelerator)  # diffusion or reconstruction
@@ -89,7 +94,8 @@ def train(cfg: TrainConfig) -> int:
             if state.global_step >= total_steps:  # resumed from the final checkpoint: that epoch
                 state.epoch, state.batch_in_epoch = epoch + 1, 0  # counts, as in the uninterrupted run
                 break
-            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch)
+            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch,
+                                  device_type=accelerator.device.type, num_processes=accelerator.num_processes)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
                 group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
@@ -135,11 +141,14 @@ def train(cfg: TrainConfig) -> int:
 
 
 def optimizer_step(accelerator, optimizer, lr_scheduler, params, cfg: TrainConfig) -> float:
-    """Clip, step, advance the LR schedule, clear gradients; returns the LR this step trained with."""
-    if cfg.optimizer.max_grad_norm > 0:
+    """Clip, step, advance the LR schedule, clear gradients; returns the LR this step trained with.
+    With optimizer.fused_backward the weights already stepped during the backward pass (and the
+    rules refused clipping): only the schedule advances here."""
+    if cfg.optimizer.max_grad_norm > 0 and not cfg.optimizer.fused_backward:
         accelerator.clip_grad_norm_(params, cfg.optimizer.max_grad_norm)
     lr_used = lr_scheduler.get_last_lr()[0]
-    optimizer.step()
+    if not cfg.optimizer.fused_backward:
+        optimizer.step()
     lr_scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return lr_used
@@ -163,13 +172,16 @@ def make_sampler(cfg: TrainConfig, dataset, accelerator):
                          process_index=accelerator.process_index, seed=cfg.schedule.seed)
 
 
-def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0) -> DataLoader:
+def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0, device_type: str = "cpu",
+                 num_processes: int = 1) -> DataLoader:
     """This process's batches of `epoch`, after the first `skip` (already trained before a resume).
     The loader gets a private generator: creating its iterator must not draw from the global RNG,
     whose state (adapter dropout) a resume restores as it was at the checkpoint."""
     dataset.set_epoch(epoch)
+    workers = loader_workers(cfg.dataset.num_workers, device_type, cfg.dataset.cache_latents, num_processes,
+                             os.cpu_count())
     return DataLoader(IndexedDataset(dataset), batch_sampler=sampler.batches(epoch)[skip:],
-                      collate_fn=collate_with_index, num_workers=cfg.dataset.num_workers,
+                      collate_fn=collate_with_index, num_workers=workers,
                       generator=torch.Generator().manual_seed(cfg.schedule.seed + epoch))
 
 

@@ -72,18 +72,15 @@ def layer_rows(module: torch.nn.Module) -> list[list]:
     return [[*k, n] for k, n in sorted(rows.items())]
 
 
-def component_entry(module: torch.nn.Module) -> dict:
-    """What the planner knows of one component: exact parameter count, its layers, and its blocks
-    (the repeated units block swap moves, largest first)."""
-    params = sum(p.numel() for p in module.parameters())
-    blocks = []
-    for attr in ("transformer_blocks", "single_transformer_blocks", "down_blocks", "up_blocks", "mid_block"):
-        sub = getattr(module, attr, None)
-        if isinstance(sub, torch.nn.ModuleList):
-            blocks += [sum(p.numel() for p in b.parameters()) for b in sub]
-        elif isinstance(sub, torch.nn.Module):
-            blocks.append(sum(p.numel() for p in sub.parameters()))
-    return {"params": params, "layers": layer_rows(module), "blocks": sorted(blocks, reverse=True)}
+def component_entry(module: torch.nn.Module, keep=()) -> dict:
+    """What the planner knows of one component: its exact parameter count, its layers, and the weights
+    and rows of the Linear layers model.quantize would quantize (training/quantize.py, `keep` = the
+    family's keep_unquantized)."""
+    from .quantize import quantizable_linears
+    names = quantizable_linears(module, keep)
+    layers = [module.get_submodule(n) for n in names]
+    return {"params": sum(p.numel() for p in module.parameters()), "layers": layer_rows(module),
+            "quantizable": [sum(m.in_features * m.out_features for m in layers), sum(m.out_features for m in layers)]}
 
 
 # ----------------------------------------------------------------------------- autocast on the meta device
@@ -217,10 +214,13 @@ def line_through(sides, values, scale) -> list[float]:
 def static_table(model) -> dict:
     """The part of a model's table that needs no probe: its components and how they are named."""
     family = model.family
+    keep = getattr(family, "keep_unquantized", ())
+    comps = {name: component_entry(m, keep) for name, m in model.components().items()}
+    # the blocks memory.block_swap moves, in the order the forward runs them (it swaps the last N)
+    comps[family.denoiser_name]["blocks"] = [sum(p.numel() for p in b.parameters()) for b in family.blocks(model)]
     return {"denoiser": family.denoiser_name, "text_encoders": list(family.text_encoder_names),
             "trained_text_encoders": list(family.trained_text_encoders or family.text_encoder_names),
-            "components": {name: component_entry(m) for name, m in model.components().items()},
-            "vae_scale_factor": model.vae_scale_factor, "activations": {}}
+            "components": comps, "vae_scale_factor": model.vae_scale_factor, "activations": {}}
 
 
 def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", networks=("lora", "full"),

@@ -28,9 +28,10 @@ def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float
         from transformers.optimization import Adafactor
         return Adafactor(groups, lr=o.lr, relative_step=False, scale_parameter=False, warmup_init=False,
                          weight_decay=o.weight_decay)
-    if o.name == "adamw8bit":
+    if o.name in ("adamw8bit", "paged_adamw8bit"):  # 8-bit states; paged: CUDA unified memory, spills to RAM
         import bitsandbytes as bnb
-        return bnb.optim.AdamW8bit(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+        cls = bnb.optim.PagedAdamW8bit if o.name == "paged_adamw8bit" else bnb.optim.AdamW8bit
+        return cls(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                                    weight_decay=o.weight_decay)
     if o.name == "prodigy":
         from prodigyopt import Prodigy

@@ -16,6 +16,7 @@ _UNET_LAYER = re.compile(r"^(down|up)_blocks\.(\d+)\.(resnets|attentions|downsam
 class StableDiffusionFamily(Family):
     denoiser_name = "unet"
     default_targets = ("to_q", "to_k", "to_v", "to_out.0")
+    keep_unquantized = ("time_embedding", "add_embedding")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
 
     def __init__(self, name: str, label: str, *, text_encoder_names: tuple[str, ...], base_model_version: str,
@@ -72,6 +73,11 @@ class StableDiffusionFamily(Family):
         negatives = [negative or ""] * len(prompts) if not isinstance(negative, list) else list(negative)
         embed = lambda texts: self.encode_text(model, self.tokenize(model, texts, 75))["hidden"]  # noqa: E731
         return {"prompt_embeds": embed(prompts), "negative_prompt_embeds": embed(negatives)}
+
+    def blocks(self, model) -> list:
+        """The UNet's down blocks, its middle block, then its up blocks: the order its forward runs them."""
+        unet = model.denoiser
+        return [*unet.down_blocks, *([unet.mid_block] if unet.mid_block is not None else []), *unet.up_blocks]
 
     # ---- objective and forward
     def objective(self, model):

@@ -1,0 +1,145 @@
+"""model.quantize / model.quantize_text_encoders: the frozen base stored quantized.
+
+After loading and before adapters, the plain `torch.nn.Linear` layers of the UNet/transformer
+(and of the text encoders) get int8 or float8 weight-only storage (torchao's `quantize_`) or
+NF4 4-bit storage (bitsandbytes' `Linear4bit`). Activations, convolutions, norms, embeddings
+and the layers a family or the model class keeps in full precision are left alone. peft then
+wraps the quantized layers with its own torchao/bitsandbytes LoRA layers; the adapters are fp32
+tensors of their own, so checkpoints and the saved LoRA file are the same as without
+quantization. Nothing here knows the family: it names what to keep (`Family.keep_unquantized`).
+"""
+from __future__ import annotations
+
+import fnmatch
+import logging
+
+import torch
+
+from ..errors import ConfigError
+
+LOG = logging.getLogger("trainer")
+KINDS = ("int8", "float8", "nf4")
+PACKAGES = {"int8": "torchao", "float8": "torchao", "nf4": "bitsandbytes"}
+MARK = "_studio_quantized"   # set on a quantized module: its kind
+
+
+def quantized_kind(module) -> str:
+    """The kind a module was quantized with ("" when it was not)."""
+    return getattr(module, MARK, "") if module is not None else ""
+
+
+def kept(name: str, patterns) -> bool:
+    """A layer stays unquantized when a pattern equals one of its dotted name's parts
+    ("time_embedding", transformers' `_keep_in_fp32_modules` style) or globs its whole name."""
+    parts = name.split(".")
+    return any(p in parts or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def quantizable_linears(module: torch.nn.Module, keep=()) -> list[str]:
+    """Qualified names of the layers `quantize_module` would quantize."""
+    patterns = (*keep, *(getattr(module, "_keep_in_fp32_modules", None) or ()))
+    return [name for name, m in module.named_modules()
+            if type(m) is torch.nn.Linear and not kept(name, patterns)]
+
+
+def quantize_module(module: torch.nn.Module, kind: str, *, device, compute_dtype: torch.dtype, keep=(),
+                    key: str = "model.quantize") -> int:
+    """Quantize `module`'s plain Linear layers in place, on `device` (each layer moves there as it is
+    quantized, so the full-precision copy never has to fit on the GPU), then move the rest there.
+    Returns how many layers were quantized. `key` is the option named when it cannot be done."""
+    if kind == "none":
+        module.to(device, dtype=compute_dtype)
+        return 0
+    if kind not in KINDS:
+        raise ConfigError(f"{key}: unknown quantization {kind!r}; choose none, {', '.join(KINDS)}")
+    module.to(dtype=compute_dtype)  # still where it was loaded (CPU)
+    names = quantizable_linears(module, keep)
+    device = torch.device(device)
+    if names and kind == "nf4":
+        _to_nf4(module, names, device, compute_dtype, key)
+    elif names:
+        _torchao(module, names, kind, device, key)
+    module.to(device)
+    module.requires_grad_(False)
+    setattr(module, MARK, kind)
+    LOG.info("%s = %s: %d linear layers of the %s quantized (weights %.1f MB)", key, kind, len(names),
+             type(module).__name__, weight_bytes(module) / 2**20)
+    return len(names)
+
+
+def _torchao(module: torch.nn.Module, names: list[str], kind: str, device: torch.device, key: str) -> None:
+    try:
+        from torchao.quantization import Float8WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+    except ImportError as e:
+        raise ConfigError(f"{key}: {kind} needs the torchao package (.venv/bin/pip install torchao): {e}") from None
+    config = Int8WeightOnlyConfig() if kind == "int8" else Float8WeightOnlyConfig()
+    wanted = set(names)
+    try:
+        quantize_(module, config, filter_fn=lambda m, fqn: fqn in wanted, device=device)
+    except (RuntimeError, NotImplementedError, AssertionError) as e:
+        raise ConfigError(f"{key}: torchao could not quantize to {kind} on {device.type}: {e}") from None
+
+
+def _to_nf4(module: torch.nn.Module, names: list[str], device: torch.device, compute_dtype: torch.dtype,
+            key: str) -> None:
+    """bitsandbytes' Linear4bit in place of each layer; Params4bit quantizes as it moves to the device."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError as e:
+        raise ConfigError(f"{key}: nf4 needs the bitsandbytes package (.venv/bin/pip install bitsandbytes): "
+                          f"{e}") from None
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = module.get_submodule(parent_name)
+        old = getattr(parent, child)
+        new = bnb.nn.Linear4bit(old.in_features, old.out_features, bias=old.bias is not None,
+                                compute_dtype=compute_dtype, quant_type="nf4", device="meta")
+        new.weight = bnb.nn.Params4bit(old.weight.data, requires_grad=False, quant_type="nf4")
+        if old.bias is not None:
+            new.bias = torch.nn.Parameter(old.bias.data, requires_grad=False)
+        try:
+            new = new.to(device)
+        except (RuntimeError, NotImplementedError, AttributeError) as e:
+            raise ConfigError(f"{key}: nf4 needs bitsandbytes' 4-bit kernels on {device.type}, and bitsandbytes "
+                              f"{bnb.__version__} has none here ({type(e).__name__}: {str(e)[:160]}); use int8 or "
+                              f"float8 (torchao)") from None
+        setattr(parent, child, new)
+    module.is_loaded_in_4bit = True  # peft wraps Linear4bit layers with its bitsandbytes LoRA layer only then
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a (possibly quantized) weight really occupies: torchao's tensor subclasses by their
+    inner tensors, bitsandbytes' Params4bit with its quantization state (absmax, code)."""
+    if hasattr(t, "__tensor_flatten__"):
+        inner, _ = t.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(t, name)) for name in inner)
+    total = t.numel() * t.element_size()
+    state = getattr(t, "quant_state", None)
+    if state is not None:
+        for part in (state.absmax, state.code, getattr(state, "state2", None) and state.state2.absmax,
+                     getattr(state, "state2", None) and state.state2.code):
+            if isinstance(part, torch.Tensor):
+                total += part.numel() * part.element_size()
+    return total
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the module's parameters and buffers as stored (quantized ones at their real size)."""
+    seen, total = set(), 0
+    for t in (*module.parameters(), *module.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += _tensor_bytes(t)
+    return total
+
+
+def ddp_skip_frozen(modules: dict[str, torch.nn.Module]) -> None:
+    """DDP broadcasts every parameter of a module it wraps when it starts; the frozen quantized base
+    is identical on every rank (each loaded and quantized it) and its tensor subclasses cannot go
+    through a collective, so DDP is told to leave the frozen parameters and buffers alone."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    for module in modules.values():
+        if quantized_kind(module):
+            names = [n for n, p in module.named_parameters() if not p.requires_grad]
+            names += [n for n, _ in module.named_buffers()]
+            DDP._set_params_and_buffers_to_ignore_for_model(module, names)
