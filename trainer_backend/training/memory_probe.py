@@ -233,7 +233,14 @@ def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", 
     from ..methods import setup_method
     from .setup import place_model
     dev = torch.device(device)
-    model = load()
+
+    def load_on_device():   # place_model moves weights by set_data, which cannot cross into the meta device
+        loaded = load()
+        for module in loaded.components().values():
+            module.to(dev)
+        return loaded
+
+    model = load_on_device()
     family = model.family
     table = static_table(model)
     base = from_dict({**overrides, "network": {"type": "lora"}})
@@ -243,7 +250,7 @@ def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", 
                                        model.vae_scale_factor)
     for network in networks:
         cfg = from_dict({**overrides, "network": {**overrides.get("network", {}), "type": network}})
-        model = load()
+        model = load_on_device()
         weight_dtype = place_model(model, cfg, _Device(dev))
         setup_method(model, cfg)
         for gc in (False, True):
