@@ -97,8 +97,10 @@ def test_the_tiny_lora_in_diffusers_gives_the_trained_models_images(arch, layout
     latents = torch.randn(1, 4, 8, 8, generator=g)
     batch = _text_batch(["a red square"])
     with torch.no_grad():
-        if family.edit:
+        if family.edit:  # the reference latents are the pipeline's (the posterior mode, normalised)
             batch["control_latents"] = family.encode_latents(model, batch["control_pixel_values"], None)
+            reference = pipe._encode_vae_image(batch["control_pixel_values"].unsqueeze(2), None)[:, :, 0]
+            torch.testing.assert_close(batch["control_latents"], reference, rtol=1e-5, atol=1e-5)
         text = family.encode_text(model, family.tokenize_batch(model, batch, 75))
         ours = family.predict(model, model.denoiser, latents, torch.tensor([500.0]), text, batch, torch.float32)
         tokens, shapes = pipe._pack_latents(latents, 1, 4, 8, 8), [(1, 4, 4)]
