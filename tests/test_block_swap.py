@@ -120,7 +120,7 @@ def test_block_swap_without_gradients_moves_blocks_and_changes_nothing():
     with torch.no_grad():
         after = model(x)
     assert torch.equal(before, after)
-    assert swapper.moves == [("fetch", 2), ("fetch", 3), ("offload", 2), ("fetch", 4), ("offload", 3),
+    assert list(swapper.moves) == [("fetch", 2), ("fetch", 3), ("offload", 2), ("fetch", 4), ("offload", 3),
                              ("offload", 4)]
     assert not swapper.resident
 
