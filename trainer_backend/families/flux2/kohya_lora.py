@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..flux.kohya_lora import _entry, _fuse
+from ..kohya_fused import entry as _entry, fuse as _fuse
 from .original_keys import linear_pairs
 
 # the original modules diffusers' kohya converter reads for Flux.2 (others would be dropped there)

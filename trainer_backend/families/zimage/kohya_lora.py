@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from ..flux.kohya_lora import _entry, _fuse
+from ..kohya_fused import entry as _entry, fuse as _fuse
 from .single_file import QKV, original_name
 
 
