@@ -27,11 +27,13 @@ mechanism is tested on the CPU; on CUDA only the stream and pinning lines differ
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import torch
 
 LOG = logging.getLogger("trainer")
 HOST = torch.device("cpu")
+MOVES_KEPT = 10_000  # the latest moves (tests, logs); a long run must not grow a list forever
 
 
 def in_backward() -> bool:
@@ -75,7 +77,7 @@ class BlockSwap:
         self.tensors: dict[int, list[torch.Tensor]] = {}   # block -> its weights and buffers (each once)
         self.host: dict[int, torch.Tensor] = {}            # id(weight) -> its host copy
         self.resident: dict[int, dict] = {}                # block -> {"event": cuda event|None, "full": bool}
-        self.moves: list[tuple[str, int]] = []             # ("fetch"|"offload", block), in order
+        self.moves: deque[tuple[str, int]] = deque(maxlen=MOVES_KEPT)  # ("fetch"|"offload", block), latest
         self.callback_queued = False
         self.handles = []
         seen: set[int] = set()
