@@ -247,7 +247,7 @@ def test_comfyui_files_load_the_same_model_as_the_diffusers_folder(comfy_files, 
     transformer, te = str(files / "qwen_image_bf16.safetensors"), str(files / "qwen_2.5_vl_7b.safetensors")
     want = load_model(str(folder))
     got = load(transformer, vae=str(files / "qwen_image_vae.safetensors"), tokenizer=str(folder),
-               text_encoder_files={"qwen_vl": te})
+               text_encoder_files={"text_encoder": te})
     assert got.family.name == "qwen_image"
     for a, b in ((got.denoiser, want.denoiser), (got.text_encoders[0], want.text_encoders[0]), (got.vae, want.vae)):
         sa, sb = a.state_dict(), b.state_dict()
@@ -255,12 +255,12 @@ def test_comfyui_files_load_the_same_model_as_the_diffusers_folder(comfy_files, 
     # the edit model's transformer file has the same keys: model.arch picks the family, its processor
     # comes from an edit folder
     edit = load(transformer, arch="qwen_image_edit", vae=str(folder / "vae"),
-                tokenizer=str(tiny_models("qwen_image_edit")), text_encoder_files={"qwen_vl": te})
+                tokenizer=str(tiny_models("qwen_image_edit")), text_encoder_files={"text_encoder": te})
     assert edit.family.name == "qwen_image_edit" and type(edit.tokenizers[0]).__name__ == "Qwen2VLProcessor"
-    with pytest.raises(ConfigError, match=r"^model.qwen_vl: .*qwen_2.5_vl_7b.safetensors"):
+    with pytest.raises(ConfigError, match=r"^model.text_encoder: .*qwen_2.5_vl_7b.safetensors"):
         load(transformer, vae=str(folder / "vae"), tokenizer=str(folder))
-    with pytest.raises(ConfigError, match=r"^model.qwen_vl: qwen_image_bf16.safetensors is not a Qwen2.5-VL"):
-        load(transformer, vae=str(folder / "vae"), tokenizer=str(folder), text_encoder_files={"qwen_vl": transformer})
+    with pytest.raises(ConfigError, match=r"^model.text_encoder: qwen_image_bf16.safetensors is not a Qwen2.5-VL"):
+        load(transformer, vae=str(folder / "vae"), tokenizer=str(folder), text_encoder_files={"text_encoder": transformer})
     with pytest.raises(ConfigError, match=r"^model.tokenizer: .*processor/"):
         load(transformer, arch="qwen_image_edit", vae=str(folder / "vae"), tokenizer=str(folder),
-             text_encoder_files={"qwen_vl": te})
+             text_encoder_files={"text_encoder": te})

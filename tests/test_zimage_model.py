@@ -86,12 +86,12 @@ def comfy_files(tiny, tmp_path_factory):
     (out / "vae").mkdir()
     ae = {k.removeprefix(VAE_PREFIX): v for k, v in vae_to_ldm(model.vae.state_dict(), model.vae.config).items()}
     save_file(ae, str(out / "vae" / "ae.safetensors"), metadata=_config_meta(dict(model.vae.config)))
-    return {"folder": folder, "model": model, "path": path, "qwen3": out / "text_encoders" / "qwen_3_4b.safetensors",
+    return {"folder": folder, "model": model, "path": path, "text_encoder": out / "text_encoders" / "qwen_3_4b.safetensors",
             "vae": out / "vae" / "ae.safetensors"}
 
 
 def _load(f, **changes):
-    args = {"qwen3": str(f["qwen3"]), "vae": str(f["vae"]), "tokenizer": str(f["folder"]), **changes}
+    args = {"text_encoder": str(f["text_encoder"]), "vae": str(f["vae"]), "tokenizer": str(f["folder"]), **changes}
     return load_model(str(args.pop("path", f["path"])), vae=args.pop("vae"), tokenizer=args.pop("tokenizer"),
                       text_encoder_files=args)
 
@@ -120,8 +120,8 @@ def test_bad_files_are_one_line_naming_the_option_and_the_key(comfy_files, tmp_p
         assert "\n" not in str(e.value)
         return str(e.value)
 
-    assert message(qwen3="").startswith("model.qwen3: ") and "qwen_3_4b" in message(qwen3="")
-    assert message(qwen3=str(f["vae"])).startswith("model.qwen3: ae.safetensors is not a Qwen3 text encoder")
+    assert message(text_encoder="").startswith("model.text_encoder: ") and "qwen_3_4b" in message(text_encoder="")
+    assert message(text_encoder=str(f["vae"])).startswith("model.text_encoder: ae.safetensors is not a Qwen3 text encoder")
     state = load_file(str(f["path"]))
     del state["layers.1.attention.qkv.weight"]
     cut = tmp_path / "cut.safetensors"
@@ -129,17 +129,17 @@ def test_bad_files_are_one_line_naming_the_option_and_the_key(comfy_files, tmp_p
     assert message(path=str(cut)) == ("model.path: cut.safetensors is not a Z-Image transformer of this size: it "
                                       "has no layers.1.attention.qkv.weight")
     # without our metadata the published 6B architecture is assumed: the tiny file does not fit it
-    save_file(load_file(str(f["qwen3"])), str(tmp_path / "plain.safetensors"))
-    assert "embed_tokens.weight is [" in message(qwen3=str(tmp_path / "plain.safetensors"))
+    save_file(load_file(str(f["text_encoder"])), str(tmp_path / "plain.safetensors"))
+    assert "embed_tokens.weight is [" in message(text_encoder=str(tmp_path / "plain.safetensors"))
     assert message(tokenizer=str(tmp_path)).startswith("model.tokenizer: Z-Image single files hold no tokenizer")
-    with pytest.raises(ConfigError, match="^model.qwen3: applies to a Z-Image single file"):
-        load_model(str(f["folder"]), text_encoder_files={"qwen3": str(f["qwen3"])})
+    with pytest.raises(ConfigError, match="^model.text_encoder: applies to a Z-Image single file"):
+        load_model(str(f["folder"]), text_encoder_files={"text_encoder": str(f["text_encoder"])})
 
 
 def test_a_run_trains_from_the_comfyui_files(comfy_files, tmp_path):
     data = make_dataset(tmp_path / "data", n=2, size=32)
     f = comfy_files
-    run, events, _ = train_run(tmp_path, f["path"], data, "from-files", f"model.qwen3={f['qwen3']}",
+    run, events, _ = train_run(tmp_path, f["path"], data, "from-files", f"model.text_encoder={f['text_encoder']}",
                                f"model.vae={f['vae']}", f"model.tokenizer={f['folder']}", "schedule.max_steps=2",
                                "optimizer.lr=1e-2")
     assert [e["step"] for e in events if e["event"] == "step"] == [1, 2]
@@ -196,7 +196,7 @@ def test_a_full_finetune_from_the_files_writes_a_transformer_file_that_loads_bac
     with the same qwen3/ae files and differs from the base; the frozen Qwen3 keeps its weights."""
     data = make_dataset(tmp_path / "data", n=2, size=32)
     f = comfy_files
-    run, _, _ = train_run(tmp_path, f["path"], data, "full", f"model.qwen3={f['qwen3']}", f"model.vae={f['vae']}",
+    run, _, _ = train_run(tmp_path, f["path"], data, "full", f"model.text_encoder={f['text_encoder']}", f"model.vae={f['vae']}",
                           f"model.tokenizer={f['folder']}", "network.type=full", "precision.mixed=bf16",
                           "schedule.max_steps=1", "optimizer.lr=1e-3")
     assert "layers.0.attention.qkv.weight" in load_file(str(run / "full.safetensors"))

@@ -73,19 +73,14 @@ class Model(Section):
                     "models/clip/t5xxl_fp16.safetensors). SD3: empty = the T5 inside model.path, else none (SD3 "
                     "trains without T5: zeros in its place, less memory).",
                 widget="path", resume="ignored", when={"model.arch": ("sd3", "flux")})
-    qwen3: str = F("", "Z-Image single file only: the Qwen3-4B text encoder file (ComfyUI's "
-                       "models/text_encoders/qwen_3_4b.safetensors); model.path is the transformer "
-                       "(z_image_turbo_bf16.safetensors) and model.vae the autoencoder (FLUX.1's ae.safetensors).",
-                   widget="path", resume="ignored", when={"model.arch": ("zimage",)})
-    text_encoder: str = F("", "Flux.2 single file only: the Qwen3 text encoder file (ComfyUI's "
-                              "models/text_encoders/qwen_3_4b.safetensors for Klein 4B, qwen_3_8b for 9B); "
-                              "model.path is the transformer (flux-2-klein-base-4b.safetensors) and model.vae the "
-                              "autoencoder (flux2-vae.safetensors).", widget="path", resume="ignored",
-                          when={"model.arch": ("flux2",)})
-    qwen_vl: str = F("", "Qwen-Image single file only: the Qwen2.5-VL text encoder file (ComfyUI's "
-                         "models/text_encoders/qwen_2.5_vl_7b.safetensors); model.path is the transformer "
-                         "(qwen_image_bf16.safetensors) and model.vae the autoencoder (qwen_image_vae.safetensors).",
-                     widget="path", resume="ignored", when={"model.arch": ("qwen_image", "qwen_image_edit")})
+    text_encoder: str = F("", "Z-Image, Flux.2 or Qwen-Image single file: the text encoder file (ComfyUI's "
+                              "models/text_encoders/: Z-Image qwen_3_4b.safetensors; Flux.2 Klein 4B "
+                              "qwen_3_4b.safetensors, 9B qwen_3_8b.safetensors; Qwen-Image "
+                              "qwen_2.5_vl_7b.safetensors); model.path is the transformer (z_image_turbo_bf16, "
+                              "flux-2-klein-base-4b, qwen_image_bf16 .safetensors) and model.vae the autoencoder "
+                              "(Z-Image: FLUX.1's ae.safetensors; flux2-vae.safetensors; qwen_image_vae.safetensors).",
+                          widget="path", resume="ignored",
+                          when={"model.arch": ("zimage", "flux2", "qwen_image", "qwen_image_edit")})
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
                         ge=0.0, le=100.0, advanced=True, resume="safe",

@@ -49,7 +49,7 @@ class QwenImageFamily(FlowFamily):
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "net.0.proj", "net.2")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
-    text_encoder_file_options = ("qwen_vl",)
+    text_encoder_file_options = ("text_encoder",)
     # model.quantize: the embeddings in and out of the token streams stay in full precision
     keep_unquantized = ("time_text_embed", "img_in", "txt_in", "norm_out", "proj_out")
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "block_{0:02d}"),

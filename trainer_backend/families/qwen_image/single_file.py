@@ -1,6 +1,6 @@
 """Qwen-Image from the separate files ComfyUI users keep, offline: the transformer (`model.path`,
 e.g. `qwen_image_bf16.safetensors`: diffusers' own key names, optionally under
-`model.diffusion_model.`), the Qwen2.5-VL text encoder (`model.qwen_vl`, e.g.
+`model.diffusion_model.`), the Qwen2.5-VL text encoder (`model.text_encoder`, e.g.
 `qwen_2.5_vl_7b.safetensors`: transformers' key names, 4.x or 5.x layout) and the autoencoder
 (`model.vae`, `qwen_image_vae.safetensors`: the original Wan 2.1 layout, or a diffusers VAE folder).
 
@@ -136,16 +136,16 @@ def load_text_encoder(path_str: str):
     from safetensors.torch import load_file
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     if not path_str:
-        raise ConfigError("model.qwen_vl: a Qwen-Image single file holds no text encoder; give the Qwen2.5-VL file "
+        raise ConfigError("model.text_encoder: a Qwen-Image single file holds no text encoder; give the Qwen2.5-VL file "
                           "(ComfyUI's models/text_encoders/qwen_2.5_vl_7b.safetensors)")
     path = Path(path_str).expanduser()
-    shapes, metadata = _header("model.qwen_vl", path)
+    shapes, metadata = _header("model.text_encoder", path)
     config = Qwen2_5_VLConfig(**_own_config(metadata, bundled("text_encoder/config.json")))
     with _on_meta():
         model = Qwen2_5_VLForConditionalGeneration(config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     optional = {"lm_head.weight"}  # text-encoder files often leave the language-model head out
-    _check("model.qwen_vl", path, text_encoder_state(shapes),
+    _check("model.text_encoder", path, text_encoder_state(shapes),
            {k: v for k, v in expected.items() if k not in optional}, "Qwen2.5-VL text encoder")
     state = text_encoder_state(load_file(str(path)))
     if "lm_head.weight" not in state:
@@ -205,7 +205,7 @@ def load_tokenizer(folder: str, edit: bool):
 
 def load_qwen_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[str, str]):
     transformer = load_transformer(src)
-    text_encoder = load_text_encoder(files.get("qwen_vl", ""))
+    text_encoder = load_text_encoder(files.get("text_encoder", ""))
     autoencoder = load_vae(vae)
     tok = load_tokenizer(tokenizer, family.edit)
     return family.loaded(src, transformer, autoencoder, text_encoder, tok, bundled("scheduler/scheduler_config.json"))

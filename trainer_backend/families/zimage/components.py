@@ -1,6 +1,6 @@
 """Z-Image from the separate files ComfyUI users keep, offline: the transformer (`model.path`, e.g.
 models/diffusion_models/z_image_turbo_bf16.safetensors, in the original layout with fused qkv, or in
-diffusers' names), the Qwen3-4B text encoder (`model.qwen3`, models/text_encoders/qwen_3_4b.safetensors)
+diffusers' names), the Qwen3-4B text encoder (`model.text_encoder`, models/text_encoders/qwen_3_4b.safetensors)
 and the autoencoder (`model.vae`, FLUX.1's models/vae/ae.safetensors).
 
 Each file's architecture comes from the bundled full-size configs (assets/model_configs/zimage/), or from
@@ -59,17 +59,17 @@ def load_qwen3(path_str: str):
     from safetensors.torch import load_file
     from transformers import Qwen3Config, Qwen3Model
     if not path_str:
-        raise ConfigError("model.qwen3: a Z-Image transformer file holds no text encoder; give the Qwen3-4B file "
+        raise ConfigError("model.text_encoder: a Z-Image transformer file holds no text encoder; give the Qwen3-4B file "
                           "(ComfyUI's models/text_encoders/qwen_3_4b.safetensors)")
     path = Path(path_str).expanduser()
-    shapes, metadata = _header("model.qwen3", path)
+    shapes, metadata = _header("model.text_encoder", path)
     config = Qwen3Config(**_own_config(metadata, bundled("text_encoder/config.json")))
     with _weights_on_meta():
         model = Qwen3Model(config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     shapes = _strip(shapes, QWEN3_PREFIXES)
-    _check("model.qwen3", path, shapes, expected, "Qwen3 text encoder of Z-Image's size")
-    _load("model.qwen3", path, model, {k: v for k, v in _strip(load_file(str(path)), QWEN3_PREFIXES).items()
+    _check("model.text_encoder", path, shapes, expected, "Qwen3 text encoder of Z-Image's size")
+    _load("model.text_encoder", path, model, {k: v for k, v in _strip(load_file(str(path)), QWEN3_PREFIXES).items()
                                        if k in expected})
     return model
 
@@ -137,9 +137,9 @@ def _hf_cache() -> list[Path]:
 def load_zimage_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[str, str]) -> LoadedModel:
     from diffusers import FlowMatchEulerDiscreteScheduler
     transformer = load_transformer(src)
-    text_encoder = load_qwen3(files.get("qwen3", ""))
+    text_encoder = load_qwen3(files.get("text_encoder", ""))
     if text_encoder.config.hidden_size != transformer.config.cap_feat_dim:
-        raise ConfigError(f"model.qwen3: the text encoder is {text_encoder.config.hidden_size} wide; this transformer "
+        raise ConfigError(f"model.text_encoder: the text encoder is {text_encoder.config.hidden_size} wide; this transformer "
                           f"takes {transformer.config.cap_feat_dim}-wide captions")
     autoencoder = load_vae(vae)
     tok = load_tokenizer(tokenizer)

@@ -31,7 +31,7 @@ class ZImageFamily(FlowFamily):
     text_cache_dtype = "bfloat16"
     # attention (q, k, v, out) and the SwiGLU feed-forward of every block (main layers and refiners)
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "w1", "w2", "w3")
-    text_encoder_file_options = ("qwen3",)
+    text_encoder_file_options = ("text_encoder",)
     block_patterns = ((r"^layers\.(\d+)\.", "layer_{0:02d}"),
                       (r"^noise_refiner\.(\d+)\.", "noise_refiner_{0}"),
                       (r"^context_refiner\.(\d+)\.", "context_refiner_{0}"),
