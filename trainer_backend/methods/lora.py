@@ -88,8 +88,7 @@ def _check_file_layout(model, cfg: TrainConfig, modules: dict) -> None:
     """The LoRA file is written once before training, and thrown away: a target the family's layout has no
     place for (Flux.2's kohya layout and the shared modulations, ...) is refused now, naming the key,
     not after the run."""
-    from .variants import has_kohya_format
-    if not has_kohya_format(cfg):
+    if cfg.network.type != "lora" or cfg.network.dora:  # the other variants write their own files (variants.py)
         return
     try:
         model.family.lora_file_state(model, adapter_state_dicts(modules), alpha_for_module(cfg),
