@@ -187,3 +187,17 @@ def test_a_paired_run_trains_on_reference_images_and_samples_with_and_without_on
     (sample,) = [e for e in events if e["event"] == "sample"]
     assert len(sample["paths"]) == 2 and all((run / "samples").joinpath(p).is_file() for p in sample["paths"])
     assert (run / "paired.safetensors").is_file()
+
+
+def test_a_target_the_kohya_layout_cannot_hold_is_refused_before_training(tiny_models):
+    from trainer_backend.config import ConfigError, load_config
+    model = load_model(str(tiny_models("flux2")))
+    cfg = load_config(None, [f"model.path={tiny_models('flux2')}", "network.target_modules=[\"to_q\", "
+                             "\"double_stream_modulation_img.linear\"]"])
+    with pytest.raises(ConfigError, match=r"^network\.target_modules: 'double_stream_modulation_img\.linear' has "
+                                          r"no counterpart in kohya's Flux\.2 LoRA layout \(use output\.lora_format"):
+        setup_method(model, cfg)
+    model = load_model(str(tiny_models("flux2")))
+    diffusers = load_config(None, [f"model.path={tiny_models('flux2')}", "output.lora_format=diffusers",
+                                   "network.target_modules=[\"to_q\", \"double_stream_modulation_img.linear\"]"])
+    assert "transformer" in setup_method(model, diffusers).modules  # diffusers' layout holds any module

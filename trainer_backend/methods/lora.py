@@ -80,7 +80,22 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
             else [group])]
         if not groups:
             raise ConfigError("network.block_lr: every block is frozen (multiplier 0); nothing would train")
+    _check_file_layout(model, cfg, modules)
     return Trainable(modules=modules, param_groups=groups, kind="adapter")
+
+
+def _check_file_layout(model, cfg: TrainConfig, modules: dict) -> None:
+    """The LoRA file is written once before training, and thrown away: a target the family's layout has no
+    place for (Flux.2's kohya layout and the shared modulations, ...) is refused now, naming the key,
+    not after the run."""
+    if cfg.network.type != "lora" or cfg.network.dora:  # the other variants write their own files (variants.py)
+        return
+    try:
+        model.family.lora_file_state(model, adapter_state_dicts(modules), alpha_for_module(cfg),
+                                     cfg.output.lora_format)
+    except ValueError as e:
+        message = str(e)
+        raise ConfigError(message if message.startswith("network.") else f"output.lora_format: {message}") from None
 
 
 def _add_adapter(module: torch.nn.Module, config, key: str) -> None:
