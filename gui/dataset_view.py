@@ -256,9 +256,10 @@ def _cell(value) -> str:
     return str(value)
 
 
-def plan_markdown(cfg: TrainConfig, counts) -> str:
+def plan_markdown(cfg: TrainConfig, counts, summary: dict | None = None) -> str:
     """1 GPU vs N side by side (rows and labels from the plan's own columns), the automatic
-    adjustment in words, and the plan's warnings."""
+    adjustment in words, the plan's warnings, then the memory plan (peak GPU memory at the dataset's
+    largest bucket, a verdict for the card, what would make it fit)."""
     from dataclasses import fields
 
     from trainer_backend.launch.plan import PlanColumn, plan_from_config
@@ -280,4 +281,26 @@ def plan_markdown(cfg: TrainConfig, counts) -> str:
         lines += ["", f"⚠️ {w}"]
     if n == 1:
         lines += ["", "Set hardware.num_processes above 1 to see what more GPUs change."]
+    from trainer_backend.launch.memory_advice import memory_lines
+    lines += ["", "#### GPU memory", ""]
+    lines += [f"{line}  " for line in memory_lines(cfg, buckets=summary_buckets(summary), markdown=True)]
     return "\n".join(lines)
+
+
+def summary_buckets(summary: dict | None) -> list[tuple[int, int]]:
+    """(width, height) of the buckets the dataset uses, from the inspector's summary."""
+    return [(b["width"], b["height"]) for b in (summary or {}).get("buckets", []) if b.get("samples", 1)]
+
+
+START_CONFIRM_S = 120.0
+
+
+def start_memory_warning(cfg: TrainConfig, warned_at: float | None, now: float) -> str:
+    """The warning Start shows (instead of starting) when the memory plan says the run will not fit
+    the card; "" when it fits, or when the user was warned less than START_CONFIRM_S ago and pressed
+    Start again (start anyway)."""
+    if warned_at and now - warned_at < START_CONFIRM_S:
+        return ""
+    from trainer_backend.launch.memory_advice import will_not_fit
+    message = will_not_fit(cfg)
+    return f"{message} Press Start again within {START_CONFIRM_S:.0f} s to start anyway." if message else ""

@@ -14,9 +14,9 @@ from typing import Any
 
 from trainer_backend.config import ConfigError, TrainConfig, from_dict
 
-from gui.kohya_keys import (APPROX_OPTIMIZERS, DIRECT, FAMILY_KEYS, LOCON_TYPES, NETWORK_TYPES, OPTIMIZERS,
-                            SAMPLERS, SECRET_KEYS, SPECIAL, TIMESTEP_SAMPLING, WEIGHTING_SCHEME, _blank, _int, _num,
-                            _off, _truthy, block_lr_from_kohya)
+from gui.kohya_keys import (APPROX_OPTIMIZERS, COMPONENT_FILES, DIRECT, FAMILY_KEYS, LOCON_TYPES, NETWORK_TYPES,
+                            OPTIMIZERS, SAMPLERS, SECRET_KEYS, SPECIAL, TIMESTEP_SAMPLING, WEIGHTING_SCHEME, _blank,
+                            _int, _num, _off, _truthy, block_lr_from_kohya)
 from gui.schema_form import form_fields
 
 
@@ -57,10 +57,10 @@ def _flow_family(src: dict, b: "_Builder") -> None:
         b.result.unsupported.append(("weighting_scheme", scheme))
     if str(src.get("model_prediction_type", "raw")).strip() not in ("raw", ""):
         b.result.unsupported.append(("model_prediction_type", src["model_prediction_type"]))
-    parts = [k for k in ("clip_l", "clip_g", "t5xxl", "ae") if not _blank(src.get(k))]
-    if parts:
-        b.note(f"{', '.join(parts)}: separate component files are not loaded; set model.path to the model's "
-               f"diffusers folder")
+    # ComfyUI-style component files beside a single-file model.path (docs/models.md)
+    for kohya_key, dotted in COMPONENT_FILES.items():
+        if not _blank(src.get(kohya_key)):
+            b.put(kohya_key, dotted, str(src[kohya_key]).strip())
 
 
 class _Builder:
@@ -292,8 +292,9 @@ def import_kohya(source: str | dict) -> KohyaImport:
             continue
         if key in DIRECT:
             dotted, convert = DIRECT[key]
+            # 0 is a real setting where the studio's default is not 0 (max_grad_norm = 0: no clipping)
             if _blank(value) or (_off(value) and convert is not bool and dotted != "dataset.center_crop"
-                                 and key != "seed"):
+                                 and key not in ("seed", "max_grad_norm")):
                 continue
             try:
                 b.put(key, dotted, convert(value))

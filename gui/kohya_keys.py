@@ -110,6 +110,8 @@ DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cache_text_encoder_outputs": ("dataset.cache_text_encoder_outputs", bool),
     "save_precision": ("network.save_precision", lambda v: {"float": "fp32"}.get(str(v).strip(), str(v).strip())),
     "full_bf16": ("precision.full_bf16", bool),
+    "fused_backward_pass": ("optimizer.fused_backward", bool),  # sd-scripts' names (docs/memory.md)
+    "blocks_to_swap": ("memory.block_swap", _int),
     "full_fp16": ("precision.full_fp16", bool),
     "num_machines": ("hardware.num_machines", _int),
     "main_process_port": ("hardware.main_process_port", _int),
@@ -130,11 +132,14 @@ SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimi
            "network_train_unet_only", "xformers", "noise_offset_type", "conv_dim", "conv_alpha",
            "sample_sampler", "dora_wd", "sdxl_checkbox", "sd3_checkbox", "flux1_checkbox", "timestep_sampling",
            "weighting_scheme", "model_prediction_type", "clip_skip", "alpha_mask", "conditioning_data_dir",
-           "down_lr_weight", "mid_lr_weight", "up_lr_weight", "block_lr_zero_threshold"}
+           "down_lr_weight", "mid_lr_weight", "up_lr_weight", "block_lr_zero_threshold",
+           "clip_l", "clip_g", "t5xxl", "ae"}
 
 
 # kohya_ss keys that mark a flow-matching family -> model.arch
 FAMILY_KEYS = {"sd3_checkbox": "sd3", "flux1_checkbox": "flux"}
+# the separate component files kohya_ss names for SD3/Flux -> the [model] options that load them
+COMPONENT_FILES = {"clip_l": "model.clip_l", "clip_g": "model.clip_g", "t5xxl": "model.t5", "ae": "model.vae"}
 # kohya's timestep_sampling -> (loss.timestep_sampling, loss.flow_shift or None to leave it);
 # "shift" keeps discrete_flow_shift, "flux_shift" is Flux's resolution-dependent shift (flow_shift 0)
 TIMESTEP_SAMPLING = {"sigmoid": ("sigmoid", None), "uniform": ("uniform", 1.0), "sigma": ("uniform", 1.0),

@@ -79,13 +79,18 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
     def on_load(label, *current):
         if not label:
             return [gr.skip()] * len(inputs) + ["Choose a preset first.", gr.skip()]
+        note = ""
         try:
-            cfg = studio.load_preset(label)
+            preset = studio.store.find(label)
+            tier = studio.preset_for_card(preset)
+            if tier.name != preset.name:   # a tiered preset: the tier planned for the detected card
+                note = f" (the {tier.name.rsplit('-', 1)[-1].upper()} tier of **{preset.label}**, for this GPU)"
+                preset = tier
+            cfg = studio.load_preset(preset.label)
         except PresetError as e:
             return [gr.skip()] * len(inputs) + [preset_error_text(e), gr.skip()]
         values = with_current_secrets(config_to_values(fields, cfg), list(current))
-        preset = studio.store.find(label)
-        return [*values, f"Loaded **{preset.label}**.", "" if preset.builtin else preset.name]
+        return [*values, f"Loaded **{preset.label}**{note}.", "" if preset.builtin else preset.name]
 
     ev = panel.load.click(on_load, inputs=[panel.dropdown, *inputs], outputs=[*inputs, panel.message, panel.name])
     after_load(ev)

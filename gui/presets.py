@@ -126,3 +126,20 @@ def overlay(base: dict, top: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+TIER = re.compile(r"^(?P<base>.+)-(?P<gb>\d+)gb$", re.IGNORECASE)
+
+
+def tier_for_card(names: list[str], name: str, card_gb: float) -> str:
+    """Tiered presets are siblings named <base>-<N>gb (sdxl-lora-8gb … sdxl-lora-24gb), each planned to
+    fit an N GB card (docs/memory.md). For `name`, the sibling for a card of `card_gb`: the largest tier
+    that is not above the card (the smallest tier when the card is smaller than every one). `name`
+    itself when it has no tier, no sibling, or the card is unknown (0)."""
+    m = TIER.match(name)
+    if not m or card_gb <= 0:
+        return name
+    tiers = {int(t.group("gb")): n for n in names if (t := TIER.match(n)) and t.group("base") == m.group("base")}
+    fitting = [gb for gb in tiers if gb <= card_gb + 0.5]   # a "24 GB" card reports 23.6 GiB
+    return tiers[max(fitting)] if fitting else tiers[min(tiers)]
+

@@ -54,6 +54,20 @@ class Studio:
     def load_preset(self, label: str) -> TrainConfig:
         return self.store.load(label, base=self.base())
 
+    def card_gb(self) -> float:
+        """The memory of the smallest detected GPU (GB), 0 without one: what tiered presets are picked for."""
+        from trainer_backend.launch.memory_advice import detect_card_gb
+        return detect_card_gb()
+
+    def preset_for_card(self, preset):
+        """The sibling of a tiered built-in preset (<base>-<N>gb) planned for the detected card, else `preset`."""
+        from gui.presets import tier_for_card
+        if not preset.builtin:
+            return preset
+        builtins = [p for p in self.store.list() if p.builtin]
+        name = tier_for_card([p.name for p in builtins], preset.name, self.card_gb())
+        return next(p for p in builtins if p.name == name)
+
     def initial(self) -> tuple[str | None, TrainConfig]:
         """The preset the page opens with (the demo), or the defaults when it is missing."""
         for preset in self.store.list():

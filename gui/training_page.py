@@ -1,6 +1,8 @@
 """The Training page: schema tabs, dataset inspector, live plan, command preview, Start."""
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 
 import gradio as gr
@@ -99,7 +101,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         except Exception as e:  # timeouts, a broken backend: say so, keep the page usable
             return [*placed, f"⚠️ dataset inspector failed: {e}", gr.skip(), shell, argv, toml,
                     gr.skip(), gr.skip(), gr.skip(), gr.skip(), secrets, seen]
-        plan = dv.plan_markdown(cfg, inspection.counts)
+        plan = dv.plan_markdown(cfg, inspection.counts, inspection.summary)
         signature = dv._signature(cfg)
         if signature == seen:
             inspector = [gr.skip()] * 4
@@ -128,7 +130,10 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
           outputs=[*form.errors, *outputs, *form.visibility_outputs], trigger_mode="always_last",
           show_progress="hidden")
 
+    memory_warned = gr.State(None)
+
     def on_start(*args):
+        args, warned_at = args[:-1], args[-1]
         visible = field_visibility(fields, list(args[:len(fields)]))
 
         def cleared():
@@ -137,24 +142,28 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         cfg, errors = form_problems(fields, list(args[:len(fields)]))
         error = errors[0] if errors else None
         if error is None:
+            warning = dv.start_memory_warning(cfg, warned_at, time.time())
+            if warning:   # the memory plan says it will not fit the card: warn first, start on a second press
+                return [*cleared(), f"⚠️ {warning}", gr.skip(), gr.skip(), time.time()]
             try:
                 run_dir = studio.manager.start(cfg, secret_env=env_from_rows(list(args[len(fields):])))
             except ConfigError as e:
                 error = e
             except StartRefused as e:
-                return [*cleared(), f"⚠️ {e}", gr.skip(), gr.skip()]
+                return [*cleared(), f"⚠️ {e}", gr.skip(), gr.skip(), None]
             else:
                 return [*cleared(), f"Started **{run_dir.name}** — follow it on the Run page.",
-                        gr.skip(), gr.Tabs(selected="run")]
+                        gr.skip(), gr.Tabs(selected="run"), None]
         target = error_field(fields, error)
         hint = f" (tab {target.tab})" if target else ""
         more = f" (and {len(errors) - 1} more, shown under their fields)" if len(errors) > 1 else ""
         placed = error_updates(fields, errors or error)
         return [*placed, *form.visibility_updates(visible, shown_errors(placed)),
-                f"⚠️ Not started: {error}{hint}{more}", gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip()]
+                f"⚠️ Not started: {error}{hint}{more}", gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip(),
+                None]
 
-    start.click(on_start, inputs=[*form.inputs, *secret_boxes],
-                outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs],
+    start.click(on_start, inputs=[*form.inputs, *secret_boxes, memory_warned],
+                outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned],
                 concurrency_limit=1, concurrency_id="run-control")
     return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs],
                         refresh=refresh_with_visibility,

@@ -24,15 +24,30 @@ from safetensors.torch import load_file
 from conftest import ROOT, make_dataset
 from method_runs import train_run
 from trainer_backend.families import get_family, load_model
-from trainer_backend.families.registry import FAMILY_NAMES
+from trainer_backend.families.registry import FAMILY_NAMES, entry
 
 FAMILIES = list(FAMILY_NAMES)
 
 
-def _image(pipe) -> torch.Tensor:
+def _image(pipe, family=None) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    return torch.from_numpy(pipe("a red square", num_inference_steps=2, height=64, width=64, generator=g,
-                                 output_type="np").images[0])
+    return torch.from_numpy(pipe(prompt="a red square", num_inference_steps=2, height=64, width=64, generator=g,
+                                 output_type="np", **_control_argument(family)).images[0])
+
+
+def _control_argument(family) -> dict:
+    """An edit model's sample call takes its control image."""
+    if family is None or not family.control_images:
+        return {}
+    from PIL import Image
+    return {family.control_image_argument: Image.new("RGB", (64, 64), (200, 30, 30))}
+
+
+def _control_data(tmp_path, family, n: int, size: int) -> list[str]:
+    """An edit model trains on pairs: a control folder with an image per training image."""
+    if family.control_images != "required":
+        return []
+    return [f"dataset.control_path={make_dataset(tmp_path / 'control', n=n, size=size, seed=7)}"]
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
@@ -45,7 +60,11 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
            "--set", "dataset.resolution=64", "--set", f"output.dir={tmp_path / 'runs'}",
            "--set", f"output.name={arch}-lora", "--set", "schedule.max_steps=3", "--set", "network.rank=4",
            "--set", "network.alpha=4", "--set", "precision.mixed=no", "--set", "optimizer.lr=1e-2",
-           "--set", "hardware.cpu=true", "--set", "network.train_text_encoder=true"]
+           "--set", "hardware.cpu=true",
+           # the text encoders too, where the family's LoRA loaders take them (Z-Image's: the transformer only)
+           "--set", f"network.train_text_encoder={str(entry(arch).text_encoder_training).lower()}"]
+    for override in _control_data(tmp_path, family, 3, 64):
+        cmd += ["--set", override]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "runs" / f"{arch}-lora"
@@ -67,11 +86,11 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     assert any((run / "tb").iterdir())
 
     pipe = family.build_pipeline(load_model(str(model_dir)))  # plain diffusers pipeline over the base
-    before = _image(pipe)
+    before = _image(pipe, family)
     pipe.load_lora_weights(str(out))
-    assert (_image(pipe) - before).abs().max() > 1e-3, "the LoRA did not change the output"
+    assert (_image(pipe, family) - before).abs().max() > 1e-3, "the LoRA did not change the output"
     # the text-encoder adapters loaded too (the encoders the family trains; T5 stays frozen)
-    for name in family.trained_text_encoders or family.text_encoder_names:
+    for name in family.trainable_text_encoders():
         assert any("lora" in n for n, _ in getattr(pipe, name).named_parameters()), name
 
 
@@ -85,11 +104,20 @@ def test_full_size_lora_keys_all_load_in_diffusers(arch):
     denoiser = family.meta_denoiser()
     denoiser.add_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=list(family.default_targets)))
     adapted = {name for name, m in denoiser.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
-    assert len(adapted) > 100, "the full-size model should have many adapted modules"
+    assert len(adapted) >= 50, "the full-size model should have many adapted modules"  # Klein 4B: 60
     state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(denoiser).items()}
     written = family.lora_file_state(_MetaModel(family, denoiser), {family.denoiser_name: state}, 1.0)
     loaded = family.diffusers_lora_targets(written, denoiser)
     assert loaded == adapted, (sorted(adapted - loaded)[:5], sorted(loaded - adapted)[:5])
+
+
+def _offline_components(family, folder) -> dict:
+    """Qwen-Image-Edit's processor: transformers 5 cannot build it without torchvision (not installed
+    here), so it is handed over already loaded (the family's loader does the same)."""
+    if family.name != "qwen_image_edit":
+        return {}
+    from trainer_backend.families.qwen_image.text import load_processor
+    return {"processor": load_processor(folder / "processor")}
 
 
 class _MetaModel:
@@ -106,6 +134,7 @@ def test_gradient_accumulation_equals_bigger_batch(tmp_path, tiny_models, arch):
     SGD, because Adam turns float summation-order noise on tiny gradients into full-size updates."""
     data = make_dataset(tmp_path / "data", n=4, size=32)
     common = ["schedule.epochs=2", "optimizer.name=sgd", "optimizer.lr=0.5", "network.dropout=0"]
+    common += _control_data(tmp_path, get_family(arch), 4, 32)
     run_a, _, _ = train_run(tmp_path, tiny_models(arch), data, "b4a1", "schedule.batch_size=4", *common)
     run_b, _, _ = train_run(tmp_path, tiny_models(arch), data, "b1a4", "schedule.batch_size=1",
                             "schedule.grad_accum=4", *common)
@@ -124,6 +153,7 @@ def test_resume_from_a_checkpoint_is_bitwise_exact(tmp_path, tiny_models, arch):
     checkpoint: it trains steps 3 and 4 and writes the very same LoRA tensors."""
     data = make_dataset(tmp_path / "data", n=4, size=32)
     common = ["schedule.max_steps=4", "checkpoints.every_n_steps=2", "optimizer.lr=1e-3", "schedule.seed=3"]
+    common += _control_data(tmp_path, get_family(arch), 4, 32)
     straight, _, _ = train_run(tmp_path, tiny_models(arch), data, "straight", *common)
     checkpoint = straight / "checkpoints" / "step-00000002"
     shutil.copytree(checkpoint, tmp_path / "runs" / "resumed" / "checkpoints" / checkpoint.name)
@@ -142,11 +172,13 @@ def test_full_finetune_outputs_load_and_hold_the_trained_weights(tmp_path, tiny_
     model_dir = tiny_models(arch)
     data = make_dataset(tmp_path / "data", n=2, size=32)
     run, events, _ = train_run(tmp_path, model_dir, data, "ft", "network.type=full", "schedule.max_steps=2",
-                               "optimizer.lr=1e-3", "precision.mixed=bf16", "network.save_precision=fp32")
+                               "optimizer.lr=1e-3", "precision.mixed=bf16", "network.save_precision=fp32",
+                               *_control_data(tmp_path, family, 2, 32))
     folder, single = run / "ft-diffusers", run / "ft.safetensors"
     written = [str(single), str(folder)] if family.full_single_file else [str(folder)]
     assert [e["outputs"] for e in events if e["event"] == "done"] == [written]
-    pipe = family.pipeline_class().from_pretrained(str(folder), local_files_only=True)  # plain diffusers
+    pipe = family.pipeline_class().from_pretrained(str(folder), local_files_only=True,  # plain diffusers
+                                                   **_offline_components(family, folder))
     base = load_model(str(model_dir))
 
     def diff(a, b) -> float:

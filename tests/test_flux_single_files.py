@@ -151,3 +151,43 @@ def test_a_full_finetune_from_the_files_writes_a_transformer_file_that_loads_bac
                                                            base.denoiser.state_dict().values()))
     assert moved > 0, "the trained transformer equals the base"
     assert torch.equal(trained.text_encoders[1].shared.weight, base.text_encoders[1].shared.weight)
+
+
+def test_an_all_in_one_comfyui_checkpoint_loads_the_same_model(comfy_files, tmp_path):
+    """ComfyUI's Flux "checkpoint" layout (flux1-dev-fp8.safetensors): transformer, CLIP-L, T5 and the
+    autoencoder in one file under model.diffusion_model. / text_encoders.* / vae.; nothing else given
+    but the tokenizers. A separate model.t5 still replaces the one inside."""
+    from trainer_backend.families.flux.single_file import to_original
+    ref = comfy_files["model"]
+    clip, t5 = ref.text_encoders
+    whole = {f"model.diffusion_model.{k}": v.to(torch.bfloat16)
+             for k, v in to_original(ref.denoiser.state_dict(), dict(ref.denoiser.config)).items()}
+    whole.update({f"text_encoders.clip_l.transformer.text_model.{k}": v for k, v in clip.state_dict().items()
+                  if "position_ids" not in k})
+    whole.update({f"text_encoders.t5xxl.transformer.{k}": v.half() for k, v in t5.state_dict().items()
+                  if k != "encoder.embed_tokens.weight"})
+    whole.update({f"vae.{k.removeprefix(VAE_PREFIX)}": v
+                  for k, v in vae_to_ldm(ref.vae.state_dict(), ref.vae.config).items()})
+    config = {"sd_studio.config": _config_meta(dict(ref.denoiser.config))["sd_studio.config"]}
+    for option, module in (("clip_l", clip), ("t5", t5), ("vae", ref.vae)):
+        c = module.config.to_dict() if hasattr(module.config, "to_dict") else dict(module.config)
+        config[f"sd_studio.config.{option}"] = _config_meta(c)["sd_studio.config"]
+    path = tmp_path / "flux1-dev-fp8.safetensors"
+    save_file(whole, str(path), metadata=config)
+    got = load_model(str(path), tokenizer=str(comfy_files["folder"]))
+    assert got.family.name == "flux"
+    pairs = [(ref.denoiser, got.denoiser, torch.bfloat16), (clip, got.text_encoders[0], None),
+             (t5, got.text_encoders[1], torch.float16), (ref.vae, got.vae, None)]
+    for want_module, got_module, dtype in pairs:
+        want, have = want_module.state_dict(), got_module.state_dict()
+        assert want.keys() == have.keys()
+        for k in want:
+            w = want[k].to(dtype).float() if dtype is not None and want[k].is_floating_point() else want[k]
+            assert torch.equal(have[k], w), k
+    other = load_file(str(comfy_files["t5"]))
+    other["shared.weight"] = other["shared.weight"] + 1
+    with safe_open(str(comfy_files["t5"]), "pt") as src:
+        save_file(other, str(tmp_path / "t5_other.safetensors"), metadata=src.metadata())
+    replaced = load_model(str(path), tokenizer=str(comfy_files["folder"]),
+                          text_encoder_files={"t5": str(tmp_path / "t5_other.safetensors")})
+    assert torch.equal(replaced.text_encoders[1].shared.weight, other["shared.weight"].float())

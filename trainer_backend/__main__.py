@@ -110,11 +110,30 @@ def _dispatch(args) -> int:
             return exitcodes.OK
         from .launch.plan import format_plan_table, plan_from_config
         plan = plan_from_config(cfg, scan.counts, args.num_processes)
-        print(json.dumps(plan.to_dict(), indent=1) if args.json else format_plan_table(plan))
+        from .launch.memory_advice import memory_lines, memory_report
+        arch = _plan_arch(cfg)
+        if args.json:
+            print(json.dumps({**plan.to_dict(), "memory": memory_report(cfg, arch, scan.buckets)}, indent=1))
+        else:
+            print(format_plan_table(plan))
+            print("\n".join(["", *memory_lines(cfg, arch, scan.buckets)]))
         return exitcodes.OK
     if args.command == "launch":
         return _launch(cfg, args)
     return _train(cfg)
+
+
+def _plan_arch(cfg) -> str:
+    """model.arch, or the family detected from model.path when it is "auto" (the plan needs no model:
+    an undetectable path leaves "auto", and the memory plan says so)."""
+    if cfg.model.arch != "auto" or not cfg.model.path or cfg.model.path.startswith("builtin:"):
+        return cfg.model.path.removeprefix("builtin:tiny-") if cfg.model.path.startswith("builtin:") \
+            and cfg.model.arch == "auto" else cfg.model.arch
+    try:
+        from .families import detect_family
+        return detect_family(cfg.model.path).name
+    except Exception:  # a missing or unknown model is the train command's error, not the plan's
+        return "auto"
 
 
 def _is_main_rank() -> bool:

@@ -26,10 +26,15 @@ class Output(Section):
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
     lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
-        "auto", "Flux only: the LoRA file's key layout. auto = the family's own (SD1/SD2/SDXL kohya/webui; SD3 and "
-                "Flux diffusers' transformer.…lora_A/lora_B, read by diffusers and ComfyUI). kohya = kohya's Flux "
-                "layout (lora_unet_double_blocks_…, q/k/v fused, .alpha), read by kohya's sd-scripts, ComfyUI and "
-                "Forge, and by diffusers for the full-size Flux.1 architecture.", advanced=True, resume="safe",
+        "auto", "Flux, Flux.2, SD3, Z-Image and Qwen-Image only: the LoRA file's key layout. auto = the family's "
+                "own (SD1/SD2/SDXL kohya/webui; SD3, Flux, Z-Image and Qwen-Image diffusers' "
+                "transformer.…lora_A/lora_B, read by diffusers and ComfyUI; Flux.2 kohya). kohya = kohya's layout on "
+                "the original modules (lora_down/lora_up/.alpha): Flux's lora_unet_double_blocks_… (q/k/v fused), "
+                "read by kohya's sd-scripts, ComfyUI, Forge and diffusers; SD3's lora_unet_joint_blocks_… (q/k/v "
+                "fused), read by kohya's sd-scripts, ComfyUI and Forge (diffusers has no converter for it); Flux.2's, "
+                "read by ComfyUI and diffusers; Z-Image's lora_unet_layers_…_attention_qkv, read by ComfyUI and "
+                "diffusers; Qwen-Image's lora_unet_transformer_blocks_…, read by ComfyUI and musubi-tuner.",
+        advanced=True, resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 
@@ -48,16 +53,39 @@ class Model(Section):
                                                                     when={"model.arch": DDPM_FAMILIES})
     tokenizer: str = F("", "Tokenizers for a single-file checkpoint that carries none. SD: a diffusers model folder of "
                            "any SD family, or a folder with vocab.json + merges.txt. Flux: a Flux diffusers folder "
-                           "(tokenizer/ and tokenizer_2/). Empty = look in the Hugging Face cache (offline).",
+                           "(tokenizer/ and tokenizer_2/). SD3: an SD3 diffusers folder (tokenizer/, tokenizer_2/, "
+                           "tokenizer_3/). Z-Image: a Z-Image diffusers folder (tokenizer/) or a Qwen3 "
+                           "tokenizer folder. Flux.2: a Flux.2 diffusers folder or a Qwen3 tokenizer folder. "
+                           "Qwen-Image: a Qwen-Image diffusers folder (tokenizer/; the edit model: processor/). Empty = "
+                           "look in the Hugging Face cache (offline).",
                        widget="path", advanced=True, resume="ignored",
-                       when={"model.arch": (*DDPM_FAMILIES, "flux")})
-    clip_l: str = F("", "Flux single file only: the CLIP-L text encoder file (ComfyUI's "
-                        "models/clip/clip_l.safetensors); model.path is the transformer (flux1-dev.safetensors) "
-                        "and model.vae the autoencoder (ae.safetensors).", widget="path", resume="ignored",
-                    when={"model.arch": ("flux",)})
-    t5: str = F("", "Flux single file only: the T5-XXL text encoder file (ComfyUI's "
-                    "models/clip/t5xxl_fp16.safetensors).",
-                widget="path", resume="ignored", when={"model.arch": ("flux",)})
+                       when={"model.arch": (*DDPM_FAMILIES, "sd3", "flux", "zimage", "flux2", "qwen_image",
+                                          "qwen_image_edit")})
+    clip_l: str = F("", "Flux or SD3 single file: the CLIP-L text encoder file (ComfyUI's "
+                        "models/clip/clip_l.safetensors); model.path is the transformer (flux1-dev.safetensors, "
+                        "sd3.5_large.safetensors) and model.vae the autoencoder (Flux: ae.safetensors; SD3: inside "
+                        "model.path). For SD3, empty = the CLIP-L inside model.path (text_encoders.clip_l).",
+                    widget="path", resume="ignored", when={"model.arch": ("sd3", "flux")})
+    clip_g: str = F("", "SD3 single file only: the CLIP-G text encoder file (ComfyUI's "
+                        "models/clip/clip_g.safetensors); empty = the CLIP-G inside model.path (text_encoders.clip_g).",
+                    widget="path", resume="ignored", when={"model.arch": ("sd3",)})
+    t5: str = F("", "Flux or SD3 single file: the T5-XXL text encoder file (ComfyUI's "
+                    "models/clip/t5xxl_fp16.safetensors). SD3: empty = the T5 inside model.path, else none (SD3 "
+                    "trains without T5: zeros in its place, less memory).",
+                widget="path", resume="ignored", when={"model.arch": ("sd3", "flux")})
+    qwen3: str = F("", "Z-Image single file only: the Qwen3-4B text encoder file (ComfyUI's "
+                       "models/text_encoders/qwen_3_4b.safetensors); model.path is the transformer "
+                       "(z_image_turbo_bf16.safetensors) and model.vae the autoencoder (FLUX.1's ae.safetensors).",
+                   widget="path", resume="ignored", when={"model.arch": ("zimage",)})
+    text_encoder: str = F("", "Flux.2 single file only: the Qwen3 text encoder file (ComfyUI's "
+                              "models/text_encoders/qwen_3_4b.safetensors for Klein 4B, qwen_3_8b for 9B); "
+                              "model.path is the transformer (flux-2-klein-base-4b.safetensors) and model.vae the "
+                              "autoencoder (flux2-vae.safetensors).", widget="path", resume="ignored",
+                          when={"model.arch": ("flux2",)})
+    qwen_vl: str = F("", "Qwen-Image single file only: the Qwen2.5-VL text encoder file (ComfyUI's "
+                         "models/text_encoders/qwen_2.5_vl_7b.safetensors); model.path is the transformer "
+                         "(qwen_image_bf16.safetensors) and model.vae the autoencoder (qwen_image_vae.safetensors).",
+                     widget="path", resume="ignored", when={"model.arch": ("qwen_image", "qwen_image_edit")})
     guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
                              "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
                         ge=0.0, le=100.0, advanced=True, resume="safe",
@@ -79,8 +107,10 @@ class Model(Section):
         "none", "Store the frozen text encoders' linear layers quantized (as model.quantize). Refused when a full "
                 "fine-tune trains them (network.train_text_encoder with network.type = full).",
         advanced=True, resume="safe")
-    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption; 0 = the model's own (Flux dev "
-                              "512, schnell 256, SD3 256).", ge=0, le=512, advanced=True, resume="safe",
+    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2: Qwen3 "
+                              "tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's own (Flux dev 512, schnell 256, "
+                              "SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512, advanced=True,
+                           resume="safe",
                            when={"model.arch": FLOW_FAMILIES})
 
 

@@ -50,6 +50,12 @@ def _quantize(cfg: TrainConfig) -> Iterator[Problem]:
         package = QUANT_PACKAGES[kind]
         if importlib.util.find_spec(package) is None:
             yield Problem(key, f"{kind} needs the '{package}' package (.venv/bin/pip install {package})")
+        if key == "model.quantize" and cfg.memory.block_swap > 0:
+            yield Problem(key, "memory.block_swap moves blocks between CPU and GPU memory as plain tensors; "
+                               "quantized layers are not moved that way yet: use one of the two")
+        if key == "model.quantize_text_encoders" and cfg.memory.offload_encoders:
+            yield Problem(key, "memory.offload_encoders moves the text encoders between CPU and GPU memory as "
+                               "plain tensors; quantized layers are not moved that way yet: use one of the two")
         if cfg.hardware.strategy != "ddp":
             yield Problem(key, f"hardware.strategy = {cfg.hardware.strategy} shards and casts the model's weights "
                                f"itself and cannot hold quantized ones; use hardware.strategy = ddp")

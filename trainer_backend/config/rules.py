@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Callable, Iterator
 
-from . import control_rules, hardware_rules, quantize_rules
+from . import control_rules, hardware_rules, memory_rules, quantize_rules
 from .base import Problem
 from .schema import TrainConfig
 
@@ -38,7 +38,7 @@ def rule(group: str) -> Callable[[Rule], Rule]:
 
 def problems(cfg: TrainConfig, *groups: str) -> list[Problem]:
     """Every cross-field problem of `cfg` (of the given groups only, when named); [] when there is none."""
-    every = [*RULES, *hardware_rules.RULES, *control_rules.RULES, *quantize_rules.RULES]
+    every = [*RULES, *hardware_rules.RULES, *control_rules.RULES, *memory_rules.RULES, *quantize_rules.RULES]
     unknown = set(groups) - {g for g, _ in every}
     if unknown:
         raise ValueError(f"no rule group {sorted(unknown)}")
@@ -119,6 +119,8 @@ def _family(cfg: TrainConfig) -> Iterator[Problem]:
     family = entry(arch)
     if cfg.model.clip_skip > 1 and not family.clip_skip:
         yield Problem("model.clip_skip", clip_skip_refusal(arch))
+    if cfg.network.train_text_encoder and not family.text_encoder_training and cfg.network.type != "vae":
+        yield Problem("network.train_text_encoder", text_encoder_refusal(arch))
     fmt = cfg.output.lora_format
     if fmt != "auto" and fmt not in family.lora_layouts:
         yield Problem("output.lora_format", f"{arch} LoRA files are written in {' or '.join(family.lora_layouts)} "
@@ -129,6 +131,13 @@ def _family(cfg: TrainConfig) -> Iterator[Problem]:
                                                f"use euler or default")
         if cfg.model.prediction_type != "auto":
             yield Problem("model.prediction_type", f"{arch} (model.arch) predicts the flow; use \"auto\"")
+
+
+def text_encoder_refusal(arch: str) -> str:
+    """Why network.train_text_encoder does not apply to family `arch` (also said once an auto model loads)."""
+    from ..families.registry import entry
+    return (f"{entry(arch).label} (model.arch {arch}) keeps its text encoder frozen: its LoRA loaders "
+            f"(diffusers, ComfyUI) load the transformer only; turn it off")
 
 
 def clip_skip_refusal(arch: str) -> str:

@@ -23,6 +23,10 @@ class Hardware(Section):
     lr_scaling: Literal["none", "linear", "sqrt"] = F(
         "none", "Scale the learning rate with the effective batch relative to 1 GPU: linear (×N) or sqrt (×√N).",
         resume="safe")
+    gpu_memory_gb: float = F(0.0, "GPU memory (GB) the memory planner checks the run against; 0 = the detected GPU "
+                                  "(every common size 8–80 GB when none is detected). The plan shows the peak, "
+                                  "a verdict and the options that would make the run fit (docs/memory.md).",
+                             ge=0.0, le=1024.0, resume="ignored")
     cpu: bool = F(False, "Force the CPU even when a GPU is present (multi-process CPU uses gloo).", advanced=True,
                   resume="safe")
     strategy: Literal["ddp", "deepspeed", "fsdp"] = F(

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .base import CONFIG_VERSION, F, Section
 from .data_sections import Dataset, Model, Output
+from .memory_sections import Memory
 from .run_sections import Checkpoints, Cloud, Hardware, Logging, Webhooks
 from .train_sections import Ema, Loss, Network, Optimizer, Precision, Samples, Schedule, Vae, Validation
 
@@ -24,6 +25,7 @@ class TrainConfig(BaseModel):
     schedule: Schedule = Field(default_factory=Schedule)
     loss: Loss = Field(default_factory=Loss)
     precision: Precision = Field(default_factory=Precision)
+    memory: Memory = Field(default_factory=Memory)
     hardware: Hardware = Field(default_factory=Hardware)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     cloud: Cloud = Field(default_factory=Cloud)

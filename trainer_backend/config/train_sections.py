@@ -90,6 +90,15 @@ class Optimizer(Section):
                        "polynomial"] = F("constant", "Learning-rate schedule.", resume="safe")
     warmup_steps: int = F(0, "Warmup optimizer steps.", ge=0, resume="safe")
     lr_cycles: int = F(1, "Cycles for cosine_with_restarts.", ge=1, advanced=True, resume="safe")
+    fused_backward: bool = F(
+        False, "Step the optimizer for each weight as soon as its gradient is ready during the backward pass, "
+               "then free that gradient, so the whole model's gradients never exist at once (a full fine-tune "
+               "saves about one copy of the trained weights). Exact: the same weights as the ordinary step. "
+               "With adapters it works the same but saves little (their gradients are small). Needs "
+               "schedule.grad_accum = 1 and optimizer.max_grad_norm = 0 (the global norm is known only after "
+               "the whole backward), one process, no fp16 loss scaling, and a per-weight optimizer (not "
+               "prodigy). The LR schedule, EMA, checkpoints and resume are unchanged. See docs/memory.md.",
+        resume="safe")
 
 
 class Schedule(Section):
@@ -116,7 +125,7 @@ class Loss(Section):
     timestep_max: int = F(1000, "Highest training timestep (exclusive).", ge=1, le=1000, advanced=True, resume="safe")
     # flow-matching families (flux, sd3): how σ is drawn, shifted and weighted
     timestep_sampling: Literal["logit_normal", "uniform", "sigmoid", "mode"] = F(
-        "logit_normal", "Flow-matching families (flux, sd3) only: the density σ is drawn from (SD3 paper; sigmoid = "
+        "logit_normal", "Flow-matching families (flux, sd3, zimage) only: the density σ is drawn from (SD3 paper; sigmoid = "
         "logit-normal with mean 0, std 1).", advanced=True, resume="safe",
                                                                                  when={"model.arch": FLOW_FAMILIES})
     logit_mean: float = F(0.0, "Flow-matching families only: mean of the logit-normal density.", ge=-10.0, le=10.0,
@@ -128,7 +137,7 @@ class Loss(Section):
     mode_scale: float = F(1.29, "Flow-matching families only: scale of the mode density.", ge=0.0, le=10.0,
                           advanced=True, resume="safe",
                           when={"model.arch": FLOW_FAMILIES, "loss.timestep_sampling": ("mode",)})
-    flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3: 3.0; flux: "
+    flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3, zimage: 3.0; flux: "
                                "resolution-dependent, as its scheduler samples).", ge=0.0, le=100.0, advanced=True,
                                resume="safe",
                           when={"model.arch": FLOW_FAMILIES})

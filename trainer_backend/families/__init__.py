@@ -70,6 +70,8 @@ def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: st
     text_encoder_files: model.<option> -> path of separate text-encoder files (Flux single files)."""
     from ..errors import ConfigError
     family = detect_family(path)
+    if arch not in ("auto", family.name) and family_accepts_file(arch, resolve_model_path(path)):
+        family = get_family(arch)  # one file two families read alike (Qwen-Image and -Edit transformers)
     if arch not in ("auto", family.name):
         raise ConfigError(f"model.arch: is {arch!r} but {resolve_model_path(path)} is an {family.name} model "
                           "(use \"auto\")")
@@ -80,6 +82,15 @@ def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: st
     options = {"text_encoder_files": files} if family.text_encoder_file_options else {}
     return family.load(resolve_model_path(path), vae=vae, prediction_type=prediction_type, tokenizer=tokenizer,
                        **options)
+
+
+def family_accepts_file(arch: str, src: Path) -> bool:
+    """model.arch names a family that also reads this single file (detection picked another first)."""
+    from .sd.loader import SINGLE_FILE_SUFFIXES
+    if arch not in FAMILY_NAMES or not src.is_file() or src.suffix.lower() not in SINGLE_FILE_SUFFIXES:
+        return False
+    from .sd.single_file import read_keys_and_metadata
+    return get_family(arch).detect_file(*read_keys_and_metadata(src))
 
 
 def load_configured(model_section):

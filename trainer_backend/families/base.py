@@ -50,7 +50,7 @@ class LoadedModel:
         """(name, module) of the text encoders network.train_text_encoder trains."""
         if self.family is None:
             return []
-        names = self.family.trained_text_encoders or self.family.text_encoder_names
+        names = self.family.trainable_text_encoders()
         return [(n, te) for n, te in zip(self.family.text_encoder_names, self.text_encoders) if n in names]
 
     def components(self) -> dict[str, Any]:
@@ -67,7 +67,8 @@ class Family:
     label: str = ""                             # human name
     denoiser_name: str = "unet"                 # pipeline component name of the trained network
     text_encoder_names: tuple[str, ...] = ("text_encoder",)
-    # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families)
+    # the text encoders network.train_text_encoder trains (T5 stays frozen in the Flux/SD3 families);
+    # () = none (keep the registry entry's text_encoder_training False then)
     trained_text_encoders: tuple[str, ...] | None = None  # None: all of text_encoder_names
     # a full fine-tune's single file: the whole model ("whole", SD checkpoints), the denoiser alone
     # ("denoiser", Flux, as ComfyUI keeps it), or none (None: the diffusers folder only)
@@ -91,6 +92,13 @@ class Family:
     # `control_image_argument`.
     control_images: str = ""
     control_image_argument: str = "image"
+    # the text encoder reads the control image too (an edit model's vision-language encoder): text is
+    # tokenized per batch with its control images (tokenize_batch) and never cached per caption
+    text_reads_control: bool = False
+
+    def trainable_text_encoders(self) -> tuple[str, ...]:
+        """The text encoders network.train_text_encoder trains (none when the family keeps them frozen)."""
+        return self.text_encoder_names if self.trained_text_encoders is None else self.trained_text_encoders
     # model.quantize(_text_encoders): linear layers that stay in full precision (small, sensitive ones:
     # timestep/conditioning embeddings, the final projection). A name matches when it equals a part of
     # the layer's dotted path or globs the whole path (training/quantize.py); the model classes'
@@ -123,6 +131,11 @@ class Family:
     # ---- text and latents
     def tokenize(self, model: LoadedModel, captions: list[str], max_token_length: int) -> list["torch.Tensor"]:
         raise NotImplementedError
+
+    def tokenize_batch(self, model: LoadedModel, batch: dict, max_token_length: int) -> list["torch.Tensor"]:
+        """A training batch's text-encoder inputs: its captions (and, where text_reads_control, its
+        control images: `control_pixel_values`, or `control_latents` when latents are cached)."""
+        return self.tokenize(model, list(batch["caption"]), max_token_length)
 
     def encode_text(self, model: LoadedModel, input_ids: list["torch.Tensor"],
                     encoders: list | None = None) -> dict[str, "torch.Tensor"]:
@@ -171,6 +184,17 @@ class Family:
                 return name.format(*(int(g) for g in found.groups()))
         return None
 
+    # ---- blocks (memory.block_swap)
+    def blocks(self, model: LoadedModel) -> list:
+        """The denoiser's blocks in the order its forward runs them: the units memory.block_swap keeps in
+        CPU memory (training/block_swap.py swaps the last N). Default: the children of every top-level
+        nn.ModuleList of the denoiser, in registration order (diffusers' transformers: transformer_blocks,
+        then single_transformer_blocks). A family whose registration order is not its forward order, or
+        whose blocks are elsewhere, overrides this."""
+        import torch
+        return [block for child in model.denoiser.children() if isinstance(child, torch.nn.ModuleList)
+                for block in child]
+
     # ---- sampling and outputs
     def pipeline_class(self):
         """The diffusers pipeline class of this family (loads its folders and LoRA files)."""
@@ -182,6 +206,11 @@ class Family:
         them itself); a family whose training encodes text differently (SD's clip_skip) passes its own
         embeddings, so samples see the conditioning the model is trained on."""
         return {"prompt": prompt, "negative_prompt": negative}
+
+    def guidance_arguments(self, model: LoadedModel, scale: float) -> dict:
+        """A sampling call's guidance scale (samples' cfg_scale, class images' guidance) as the pipeline
+        takes it. Default: `guidance_scale` (classifier-free guidance, or Flux's distilled guidance)."""
+        return {"guidance_scale": scale}
 
     def pipeline_call_options(self, model: LoadedModel) -> dict:
         """Extra keyword arguments for the pipeline's __call__ when sampling (e.g. Flux's T5 length)."""

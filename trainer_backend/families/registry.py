@@ -26,15 +26,27 @@ class FamilyEntry:
     # paired control (reference) images per training image (dataset.control_path): "" = not used,
     # "optional", "required" (an edit model); the same value as the Family's `control_images`
     control_images: str = ""
+    # network.train_text_encoder applies: the family's LoRA loaders also load text-encoder adapters
+    # (False: the text encoder stays frozen, as Z-Image's loaders read the transformer only)
+    text_encoder_training: bool = True
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("sd1", "Stable Diffusion 1.x", "trainer_backend.families.sd", "SD1", "ddpm", clip_skip=True),
     FamilyEntry("sd2", "Stable Diffusion 2.x", "trainer_backend.families.sd", "SD2", "ddpm", clip_skip=True),
     FamilyEntry("sdxl", "Stable Diffusion XL", "trainer_backend.families.sd", "SDXL", "ddpm"),
-    FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow", ("diffusers",)),
+    FamilyEntry("sd3", "Stable Diffusion 3 / 3.5", "trainer_backend.families.sd3", "SD3", "flow",
+                ("diffusers", "kohya")),
     FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX", "flow",
                 ("diffusers", "kohya")),
+    FamilyEntry("zimage", "Z-Image (Turbo, base)", "trainer_backend.families.zimage", "ZIMAGE", "flow",
+                ("diffusers", "kohya"), text_encoder_training=False),
+    FamilyEntry("flux2", "Flux.2 Klein (4B, 9B)", "trainer_backend.families.flux2", "FLUX2", "flow",
+                ("kohya", "diffusers"), control_images="optional", text_encoder_training=False),
+    FamilyEntry("qwen_image", "Qwen-Image", "trainer_backend.families.qwen_image", "QWEN_IMAGE", "flow",
+                ("diffusers", "kohya"), text_encoder_training=False),
+    FamilyEntry("qwen_image_edit", "Qwen-Image-Edit", "trainer_backend.families.qwen_image", "QWEN_IMAGE_EDIT", "flow",
+                ("diffusers", "kohya"), control_images="required", text_encoder_training=False),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)

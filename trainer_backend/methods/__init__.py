@@ -41,6 +41,12 @@ def load_method_model(cfg: TrainConfig):
         if not entry(model.arch).clip_skip:  # model.arch = auto: known now
             raise ConfigError(f"model.clip_skip: {clip_skip_refusal(model.arch)}")
         model.clip_skip = cfg.model.clip_skip
+    if cfg.network.train_text_encoder:
+        from ..families.registry import entry
+        if not entry(model.arch).text_encoder_training:  # model.arch = auto: known now
+            from ..config.rules import text_encoder_refusal
+            from ..errors import ConfigError
+            raise ConfigError(f"network.train_text_encoder: {text_encoder_refusal(model.arch)}")
     if cfg.model.arch == "auto":  # the config rules could not know the family's control images yet
         from ..config.control_rules import control_problems
         for problem in control_problems(cfg, model.family.control_images, model.family.name):

@@ -74,7 +74,8 @@ def generate_class_images(model, indices: list[int], folder: Path, cfg: TrainCon
             negative = [ds.class_negative_prompt] * len(chunk) if ds.class_negative_prompt else None
             prompts = model.family.prompt_arguments(model, [ds.class_prompt] * len(chunk), negative)
             images = generate(pipe, device, weight_dtype, **prompts, width=ds.resolution, height=ds.resolution,
-                              num_inference_steps=ds.class_generation_steps, guidance_scale=ds.class_guidance_scale,
+                              num_inference_steps=ds.class_generation_steps,
+                              **model.family.guidance_arguments(model, ds.class_guidance_scale),
                               generator=[torch.Generator("cpu").manual_seed(class_seed(i)) for i in chunk],
                               **model.family.pipeline_call_options(model))
             for i, image in zip(chunk, images):

@@ -36,8 +36,7 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
     if "text" in batch:  # cached text-encoder outputs (frozen encoders, static captions)
         text = {k: to_device(v, device) for k, v in batch["text"].items()}
     else:
-        input_ids = [to_device(ids, device) for ids in family.tokenize(model, list(batch["caption"]),
-                                                                cfg.dataset.max_token_length)]
+        input_ids = [to_device(ids, device) for ids in family.tokenize_batch(model, batch, cfg.dataset.max_token_length)]
         text = family.encode_text(model, input_ids, text_encoders)
 
     pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype, cfg=cfg)

@@ -31,6 +31,7 @@ from ..run.stop_signals import StopSignals
 from .diffusion_loss import LossParts
 from .ema import make_ema
 from .full_half_precision import keep_half_weights
+from .memory_setup import install_after_prepare
 from .optimizers import build_lr_scheduler, build_optimizer
 from .sampling import SampleImages
 from .setup import (build_dataset, load_base_model, make_accelerator, open_run, place_model, register_adapter_hooks,
@@ -68,8 +69,11 @@ def train(cfg: TrainConfig) -> int:
     optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
     register_adapter_hooks(accelerator, trainable)
-    prepared = accelerator.prepare(*trainable.modules.values(), optimizer)
+    swapping = bool(cfg.memory.block_swap) and model.denoiser is not None  # its blocks stay where they are
+    prepared = accelerator.prepare(*trainable.modules.values(), optimizer, device_placement=[
+        *(not (swapping and m is model.denoiser) for m in trainable.modules.values()), True])
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
+    install_after_prepare(cfg, model, trainable, optimizer, accelerator.device)  # block swap, fused backward
     accelerator.register_for_checkpointing(lr_scheduler)
     ema = make_ema(cfg, trainable, accelerator)
     batch_loss = method_loss(cfg, model, modules, weight_dtype, accelerator)  # diffusion or reconstruction
@@ -137,11 +141,14 @@ def train(cfg: TrainConfig) -> int:
 
 
 def optimizer_step(accelerator, optimizer, lr_scheduler, params, cfg: TrainConfig) -> float:
-    """Clip, step, advance the LR schedule, clear gradients; returns the LR this step trained with."""
-    if cfg.optimizer.max_grad_norm > 0:
+    """Clip, step, advance the LR schedule, clear gradients; returns the LR this step trained with.
+    With optimizer.fused_backward the weights already stepped during the backward pass (and the
+    rules refused clipping): only the schedule advances here."""
+    if cfg.optimizer.max_grad_norm > 0 and not cfg.optimizer.fused_backward:
         accelerator.clip_grad_norm_(params, cfg.optimizer.max_grad_norm)
     lr_used = lr_scheduler.get_last_lr()[0]
-    optimizer.step()
+    if not cfg.optimizer.fused_backward:
+        optimizer.step()
     lr_scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return lr_used

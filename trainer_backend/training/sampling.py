@@ -61,6 +61,7 @@ def autocast(device: torch.device, dtype: torch.dtype):
 def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> list:
     """PIL images from a pipeline call: denoising under autocast in the compute dtype, decoding by
     the fp32 VAE outside it (an fp16 VAE overflows, SDXL's above all)."""
+    pipe = run_on(pipe, device)  # on `device` even where the VAE or text encoders wait in CPU memory
     with autocast(device, weight_dtype):
         latents = pipe(output_type="latent", **call).images
     vae = pipe.vae
@@ -69,14 +70,28 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
     if latents.ndim == 3 and hasattr(pipe, "_unpack_latents"):  # Flux: 2x2-packed tokens back to an image grid
         latents = pipe._unpack_latents(latents, call["height"], call["width"], pipe.vae_scale_factor)
     mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
-    if mean is not None and std is not None:  # as the SDXL pipeline decodes
-        shape = (1, -1, 1, 1)
-        latents = latents * torch.tensor(std).view(shape).to(latents) / cfg.scaling_factor + \
+    if mean is not None and std is not None:  # as the SDXL and Qwen-Image pipelines decode
+        shape = (1, -1) + (1,) * (latents.ndim - 2)  # Qwen-Image: [B, C, frames, H, W]
+        scaling = getattr(cfg, "scaling_factor", None) or 1.0
+        latents = latents * torch.tensor(std).view(shape).to(latents) / scaling + \
             torch.tensor(mean).view(shape).to(latents)
     else:
-        latents = latents / cfg.scaling_factor + (getattr(cfg, "shift_factor", None) or 0.0)
+        latents = latents / getattr(cfg, "scaling_factor", 1.0) + (getattr(cfg, "shift_factor", None) or 0.0)
     images = vae.decode(latents, return_dict=False)[0]
+    if images.ndim == 5:  # a video autoencoder's one frame
+        images = images[:, :, 0]
     return pipe.image_processor.postprocess(images.float(), output_type="pil")
+
+
+def run_on(pipe, device: torch.device):
+    """The pipeline with its execution device fixed to `device`. diffusers takes it from the first
+    module's weights, which memory.offload_encoders keeps in CPU memory (their hooks move each call's
+    inputs to the device)."""
+    if getattr(type(pipe), "_runs_on", None) != device:
+        base = getattr(type(pipe), "_pipeline_class", type(pipe))
+        pipe.__class__ = type(base.__name__, (base,), {"_execution_device": property(lambda self: device),
+                                                       "_runs_on": device, "_pipeline_class": base})
+    return pipe
 
 
 def save_png(image, path: Path) -> None:
@@ -172,7 +187,8 @@ class SampleImages:
                 prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
                 control = {model.family.control_image_argument: self.controls[i]} if self.controls[i] else {}
                 (image,) = generate(pipe, device, self.weight_dtype, **prompts, **control, width=p.width, height=p.height,
-                                    num_inference_steps=p.steps, guidance_scale=p.cfg_scale,
+                                    num_inference_steps=p.steps,
+                                    **model.family.guidance_arguments(model, p.cfg_scale),
                                     generator=torch.Generator("cpu").manual_seed(p.seed),
                                     **model.family.pipeline_call_options(model))
                 path = self.dir / f"step-{step:08d}_p{i:02d}.png"

@@ -92,15 +92,24 @@ def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
     weight_dtype = WEIGHT_DTYPES[cfg.precision.mixed]
     # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
     trained = torch.float32 if cfg.network.type == "full" else weight_dtype
+    from .block_swap import place_without
+    from .memory_setup import offload_encoders, offloaded_modules, swapped_blocks
     keep, device = getattr(model.family, "keep_unquantized", ()), accelerator.device  # a VAE run has no family
     if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
-        quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep)
-    model.vae.to(accelerator.device, dtype=torch.float32)
+        if cfg.model.quantize != "none":  # (not with memory.block_swap: config/quantize_rules.py)
+            quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep)
+        elif swapped := swapped_blocks(cfg, model):  # memory.block_swap: these stay in CPU memory (block_swap.py)
+            place_without(model.denoiser, swapped, device, trained)
+        else:
+            model.denoiser.to(device, dtype=trained)
     trained_encoders = {id(te) for _, te in model.trained_text_encoders()} if cfg.network.train_text_encoder else set()
+    offloaded = {id(m) for m in offloaded_modules(cfg, model, trained_encoders)}  # memory.offload_encoders
+    model.vae.to(torch.device("cpu") if id(model.vae) in offloaded else accelerator.device, dtype=torch.float32)
     for encoder in model.text_encoders:
-        quantize_module(encoder, cfg.model.quantize_text_encoders, device=device, keep=keep,
-                        compute_dtype=trained if id(encoder) in trained_encoders else weight_dtype,
-                        key="model.quantize_text_encoders")
+        quantize_module(encoder, cfg.model.quantize_text_encoders, keep=keep, key="model.quantize_text_encoders",
+                        device=torch.device("cpu") if id(encoder) in offloaded else device,
+                        compute_dtype=trained if id(encoder) in trained_encoders else weight_dtype)
+    offload_encoders([m for m in (model.vae, *model.text_encoders) if id(m) in offloaded], accelerator.device)
     if cfg.precision.attention == "default" and model.denoiser is not None:
         model.family.use_plain_attention(model)
     if cfg.precision.gradient_checkpointing:
@@ -147,6 +156,10 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
         LOG.warning("dataset.cache_text_encoder_outputs is ignored: the text encoders are being trained")
         return
     family = model.family
+    if family.text_reads_control:
+        LOG.warning("dataset.cache_text_encoder_outputs is ignored: %s's text encoder reads each caption with its "
+                    "control image", family.label)
+        return
 
     def encode(captions: list[str]) -> dict:
         text = family.encode_text(model, family.tokenize(model, captions, cfg.dataset.max_token_length))

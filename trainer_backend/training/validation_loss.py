@@ -206,7 +206,7 @@ class Validator:
         if "control_pixel_values" in batch:  # paired images: their control latents, as training reads them
             batch["control_latents"] = control_latents(model, batch.pop("control_pixel_values"), device).cpu()
         if not self.cfg.network.train_text_encoder:
-            ids = family.tokenize(model, batch["caption"], self.cfg.dataset.max_token_length)
+            ids = family.tokenize_batch(model, batch, self.cfg.dataset.max_token_length)
             text = family.encode_text(model, [i.to(device) for i in ids], self.text_encoders)
             batch["text"] = {name: tensor.cpu() for name, tensor in text.items()}
         self._cache[number] = batch

@@ -33,7 +33,8 @@ class FluxFamily(FlowFamily):
         return index.get("_class_name", "") in PIPELINES
 
     def detect_file(self, shapes, metadata) -> bool:
-        return any(k.endswith("double_blocks.0.img_attn.qkv.weight") for k in shapes)
+        return (any(k.endswith("double_blocks.0.img_attn.qkv.weight") for k in shapes)
+                and not any(k.endswith("single_stream_modulation.lin.weight") for k in shapes))  # Flux.2
 
     def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
              text_encoder_files: dict[str, str] | None = None):

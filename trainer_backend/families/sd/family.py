@@ -74,6 +74,11 @@ class StableDiffusionFamily(Family):
         embed = lambda texts: self.encode_text(model, self.tokenize(model, texts, 75))["hidden"]  # noqa: E731
         return {"prompt_embeds": embed(prompts), "negative_prompt_embeds": embed(negatives)}
 
+    def blocks(self, model) -> list:
+        """The UNet's down blocks, its middle block, then its up blocks: the order its forward runs them."""
+        unet = model.denoiser
+        return [*unet.down_blocks, *([unet.mid_block] if unet.mid_block is not None else []), *unet.up_blocks]
+
     # ---- objective and forward
     def objective(self, model):
         from ..objectives import DDPMObjective

@@ -19,7 +19,9 @@ class SD3Family(FlowFamily):
     label = "Stable Diffusion 3 / 3.5"
     text_encoder_names = ("text_encoder", "text_encoder_2", "text_encoder_3")
     trained_text_encoders = ("text_encoder", "text_encoder_2")  # the CLIPs; T5 stays frozen
-    full_single_file = None  # full fine-tunes: the diffusers folder (original-layout export: not yet)
+    # full fine-tunes: also the transformer in the original layout (with the autoencoder, as the SD3.5 release files)
+    full_single_file = "denoiser"
+    text_encoder_file_options = ("clip_l", "clip_g", "t5")
     # the joint blocks' attention on both streams, and their MLPs' projections
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "joint_{0:02d}"), *FlowFamily.BASE_AND_END)
@@ -32,6 +34,18 @@ class SD3Family(FlowFamily):
 
     def detect_file(self, shapes, metadata) -> bool:
         return any(k.endswith("joint_blocks.0.x_block.attn.qkv.weight") for k in shapes)
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
+             text_encoder_files: dict[str, str] | None = None):
+        if src.is_dir():
+            if text_encoder_files:
+                raise ConfigError(f"model.{next(iter(text_encoder_files))}: applies to an SD3 single file; "
+                                  f"{src} is a diffusers folder with its own text encoders")
+            return super().load(src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
+        if prediction_type not in ("auto", "flow"):
+            raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
+        from .components import load_sd3_files
+        return load_sd3_files(self, src, vae=vae, tokenizer=tokenizer, files=text_encoder_files or {})
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_sd3
@@ -104,10 +118,22 @@ class SD3Family(FlowFamily):
         return pipe
 
     def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        if folder is None:
-            return []  # no single-file export for SD3 yet: intermediate exports are skipped
-        self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-        return [Path(folder)]
+        from .single_file import export_checkpoint
+        out = [export_checkpoint(model.denoiser, model.vae, single_file, dtype=dtype, metadata=metadata)]
+        if folder is not None:
+            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
+            out.append(Path(folder))
+        return out
+
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        if self.lora_layout(layout) == "kohya":
+            from .kohya_lora import to_kohya_sd3
+            return to_kohya_sd3(adapter_states, alpha, _unwrap(model.denoiser))
+        return super().lora_file_state(model, adapter_states, alpha, layout)
+
+    def load_denoiser_file(self, path, like):
+        from .single_file import load_transformer_file
+        return load_transformer_file(path, like)
 
 
 

@@ -1,0 +1,148 @@
+"""What loading a model from the separate files ComfyUI users keep needs, whatever the family
+(Flux's flux/components.py, SD3's sd3/components.py): the bundled full-size configs, a file's own
+config (written by this project's exports), a key-by-key check of a file against the architecture
+before anything loads (one line naming the option, the file and the first key that does not fit),
+reading only the tensors under one prefix of a large all-in-one file, and assigning them to a
+module built on the meta device."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import ConfigError
+
+META_CONFIG = "sd_studio.config"  # a component's own config (JSON), written by this project's exports
+
+
+def bundled(family: str, name: str) -> dict:
+    """assets/model_configs/<family>/<name> without its `_note`."""
+    from .sd.loader import ASSETS_CONFIGS
+    path = ASSETS_CONFIGS / family / name
+    return {k: v for k, v in json.loads(path.read_text()).items() if k != "_note"}
+
+
+def header(option: str, path: Path) -> tuple[dict[str, tuple], dict[str, str]]:
+    """(weight name -> shape, metadata) of a file, without reading its weights."""
+    from .sd.single_file import read_keys_and_metadata
+    if not path.is_file():
+        raise ConfigError(f"{option}: {path} does not exist")
+    try:
+        return read_keys_and_metadata(path)
+    except ConfigError as e:
+        raise ConfigError(f"{option}: {str(e).split(': ', 1)[1]}") from None
+
+
+def own_config(metadata: dict[str, str], fallback: dict, key: str = META_CONFIG) -> dict:
+    try:
+        return json.loads(metadata[key]) if key in metadata else fallback
+    except json.JSONDecodeError:
+        return fallback
+
+
+def check(option: str, path: Path, shapes: dict, expected: dict, what: str) -> None:
+    """Every expected weight present with its shape; else one line naming the first that is not."""
+    what = ("an " if what.startswith(("SD", "A", "E", "I", "O", "U")) else "a ") + what
+    for key, shape in expected.items():
+        if key not in shapes:
+            raise ConfigError(f"{option}: {path.name} is not {what}: it has no {key}")
+        if tuple(shapes[key]) != tuple(shape):
+            raise ConfigError(f"{option}: {path.name} is not {what}: {key} is {list(shapes[key])}, "
+                              f"expected {list(shape)}")
+
+
+def load_into(option: str, path: Path, module, state: dict, skip=()) -> None:
+    """Assign the file's tensors (as fp32) to a module built on the meta device."""
+    import torch
+    missing, _ = module.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False,
+                                        assign=True)
+    missing = [k for k in missing if k not in skip]
+    if missing:
+        raise ConfigError(f"{option}: {path.name} has no {missing[0]}")
+
+
+def weights_on_meta():
+    """Parameters on the meta device (no memory, no init), buffers (position ids) real."""
+    from accelerate import init_empty_weights
+    return init_empty_weights(include_buffers=False)
+
+
+def strip(state: dict, prefixes: tuple[str, ...]) -> dict:
+    """The entries under the first of `prefixes` the dict has, without it (else the dict unchanged)."""
+    for p in prefixes:
+        if any(k.startswith(p) for k in state):
+            return {k[len(p):]: v for k, v in state.items() if k.startswith(p)}
+    return state
+
+
+def read_prefixed(path: Path, prefix: str = "", keys=None) -> dict:
+    """The tensors of a .safetensors file under `prefix` (prefix removed), or only `keys` (names after
+    the prefix): an all-in-one checkpoint is read one component at a time."""
+    from safetensors import safe_open
+    out = {}
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            if name.startswith(prefix):
+                short = name[len(prefix):]
+                if keys is None or short in keys:
+                    out[short] = f.get_tensor(name)
+    return out
+
+
+def find_tokenizers(folder: str, subs: tuple[str, ...], hf_cache: list[list[tuple[str, str]]], label: str) -> list:
+    """One tokenizer per sub-folder name in `subs`: from model.tokenizer (a diffusers folder of the
+    family), else the local Hugging Face cache (`hf_cache[i]`: (repo, subfolder) pairs, never fetched)."""
+    from transformers import AutoTokenizer
+    found = []
+    for slot, sub in enumerate(subs):
+        candidates = [Path(folder).expanduser() / sub] if folder else []
+        candidates += _hf_cache(hf_cache[slot])
+        tok = None
+        for c in candidates:
+            if c.is_dir() and any((c / f).is_file() for f in ("tokenizer.json", "vocab.json", "spiece.model")):
+                tok = AutoTokenizer.from_pretrained(str(c), local_files_only=True)
+                break
+        if tok is None:
+            raise ConfigError(f"model.tokenizer: {label} single files hold no tokenizers; set model.tokenizer to a "
+                              f"{label} diffusers folder (with {'/, '.join(subs)}/); no {sub}/ found"
+                              + (f" in {folder}" if folder else " (and none in the Hugging Face cache)"))
+        found.append(tok)
+    return found
+
+
+def _hf_cache(repos: list[tuple[str, str]]) -> list[Path]:
+    from huggingface_hub import try_to_load_from_cache
+    cache_dir = os.environ.get("HF_HUB_CACHE") or (
+        os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None)
+    out = []
+    for repo, sub in repos:
+        hit = try_to_load_from_cache(repo, f"{sub}/tokenizer_config.json" if sub else "tokenizer_config.json",
+                                     cache_dir=cache_dir)
+        if isinstance(hit, str):
+            out.append(Path(hit).parent)
+    return out
+
+
+VAE_PREFIXES = ("first_stage_model.", "vae.")  # SD/SD3 checkpoints; ComfyUI's Flux checkpoints
+
+
+def embedded_vae_prefix(shapes: dict) -> str | None:
+    """The prefix an all-in-one checkpoint keeps its autoencoder under (None: it has none)."""
+    return next((p for p in VAE_PREFIXES if any(k.startswith(p) for k in shapes)), None)
+
+
+def load_original_vae(option: str, source: Path, shapes: dict, config: dict, what: str):
+    """An AutoencoderKL from original-layout (`encoder.down.0.block.0…`) weights in `source`, under a
+    VAE_PREFIXES prefix or none, checked key by key first; diffusers' converter maps the names."""
+    import torch
+    from diffusers import AutoencoderKL
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+    from .sd.ldm_keys import VAE_PREFIX, vae_to_ldm
+    with weights_on_meta():
+        vae = AutoencoderKL.from_config(config)
+    expected = {k[len(VAE_PREFIX):]: tuple(v.shape) for k, v in vae_to_ldm(vae.state_dict(), config).items()}
+    prefix = embedded_vae_prefix(shapes) or ""
+    check(option, source, {k[len(prefix):]: v for k, v in shapes.items() if k.startswith(prefix)}, expected, what)
+    state = convert_ldm_vae_checkpoint(read_prefixed(source, prefix, keys=set(expected)), config)
+    load_into(option, source, vae, state)
+    return vae.to(torch.float32)

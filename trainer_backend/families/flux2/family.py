@@ -1,0 +1,257 @@
+"""Flux.2 Klein (4B, 9B; base and distilled) behind the family contract: a Flux2Transformer2DModel trained
+with rectified flow on the AutoencoderKLFlux2's latents, 2x2-patchified (32 -> 128 channels) and
+normalised by the VAE's batch-norm statistics, one token per patch; conditioned on three Qwen3 hidden
+layers stacked (9, 18 and 27 of 36) of the chat-templated caption, as Flux2KleinPipeline encodes it.
+
+Reference (control) images are optional, as in the pipeline: their latents become extra tokens after
+the image's, at time coordinate 10 of the 4-axis position ids, and only the image's tokens are trained.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...errors import ConfigError
+from ..flow_common import FlowFamily, device_of as _device, unwrap as _unwrap
+from ..objectives import FlowMatchObjective, resolution_shift
+
+PIPELINES = ("Flux2KleinPipeline", "Flux2KleinKVPipeline")
+TEXT_MAX_LENGTH = 512  # Flux2KleinPipeline's max_sequence_length
+REFERENCE_TIME = 10    # the pipeline's time coordinate of the first reference image
+HIDDEN_LAYERS = (9, 18, 27)  # the pipeline's text_encoder_out_layers
+
+
+class Flux2Objective(FlowMatchObjective):
+    """Rectified flow with Flux's resolution-dependent shift counted on Flux.2's tokens: one per latent
+    cell of the patchified latent (Flux.1 packs 2x2 cells of its own latent into one)."""
+
+    def _shift(self, latent_shape, loss):
+        if loss.flow_shift > 0 or self.dynamic_shift is None:
+            return super()._shift(latent_shape, loss)
+        return resolution_shift(latent_shape[-2] * latent_shape[-1], **self.dynamic_shift)
+
+
+class Flux2Family(FlowFamily):
+    name = "flux2"
+    label = "Flux.2 Klein (4B, 9B)"
+    text_encoder_names = ("text_encoder",)
+    trained_text_encoders = ()  # Qwen3 stays frozen: diffusers' Flux.2 LoRA loader reads transformer adapters only
+    full_single_file = "denoiser"
+    # the double blocks' attention on both streams, the single blocks' fused qkv + MLP input
+    default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
+                       "to_qkv_mlp_proj")
+    text_encoder_file_options = ("text_encoder",)
+    # Qwen3's residual stream has outlier activations in the thousands: cached in bf16 (fp16's range is narrow)
+    text_cache_dtype = "bfloat16"
+    block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
+                      (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"),
+                      (r"^(?:x_embedder|context_embedder|time_guidance_embed|double_stream_modulation_img|"
+                       r"double_stream_modulation_txt|single_stream_modulation)\.", "BASE"),
+                      (r"^(?:norm_out|proj_out)\b", "END"))
+    base_model_version = "flux2"
+    modelspec_architecture = "flux-2-klein"
+    control_images = "optional"
+    control_image_argument = "image"
+
+    # ---- detection and loading
+    def detect_folder(self, folder: Path, index: dict) -> bool:
+        return index.get("_class_name", "") in PIPELINES
+
+    def detect_file(self, shapes, metadata) -> bool:
+        return any(k.endswith("single_stream_modulation.lin.weight") for k in shapes)
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
+             text_encoder_files: dict[str, str] | None = None):
+        if src.is_dir():
+            if text_encoder_files:
+                raise ConfigError(f"model.{next(iter(text_encoder_files))}: applies to a Flux.2 single file; "
+                                  f"{src} is a diffusers folder with its own text encoder")
+            model = super().load(src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
+        else:
+            if prediction_type not in ("auto", "flow"):
+                raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
+            from .components import load_flux2_files
+            model = load_flux2_files(self, src, vae=vae, tokenizer=tokenizer, files=text_encoder_files or {})
+        model.vae_scale_factor = 2 ** (len(model.vae.config.block_out_channels) - 1)
+        return model
+
+    def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
+        from .tiny import build_tiny_flux2
+        return build_tiny_flux2(out_dir, seed=seed)
+
+    def meta_denoiser(self, size: str = "klein-4b"):
+        """The full-size transformer on the meta device: klein-4b (default) or klein-9b."""
+        import torch
+        from diffusers import Flux2Transformer2DModel
+        from .components import bundled
+        with torch.device("meta"):
+            return Flux2Transformer2DModel.from_config(bundled(f"transformer-{size}.json"))
+
+    # ---- text
+    def text_length(self, model) -> int:
+        """model.t5_max_length (tokens per caption), else the pipeline's 512, within the tokenizer's limit."""
+        return min(model.text_max_length or TEXT_MAX_LENGTH, model.tokenizers[0].model_max_length)
+
+    def tokenize(self, model, captions, max_token_length):
+        """The chat-templated captions as Flux2KleinPipeline renders them: [input_ids, attention_mask]."""
+        tok = model.tokenizers[0]
+        texts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False,
+                                         add_generation_prompt=True, enable_thinking=False) for c in captions]
+        enc = tok(texts, padding="max_length", truncation=True, max_length=self.text_length(model),
+                  return_tensors="pt")
+        return [enc.input_ids, enc.attention_mask]
+
+    @staticmethod
+    def hidden_layers(encoder) -> tuple[int, int, int]:
+        """The stacked hidden states: the pipeline's (9, 18, 27) (of Qwen3-4B/8B's 36 layers; any encoder
+        with more than 27 layers has them); a shallower encoder: its quarter points."""
+        n = _unwrap(encoder).config.num_hidden_layers
+        return HIDDEN_LAYERS if n > HIDDEN_LAYERS[-1] else (n // 4, n // 2, 3 * n // 4)
+
+    def encode_text(self, model, input_ids, encoders=None):
+        import torch
+        encoder = _unwrap((encoders or model.text_encoders)[0])
+        body = getattr(encoder, "model", encoder)  # the decoder stack: no logits over the vocabulary
+        device = _device(encoder)
+        with torch.no_grad():  # the Qwen3 is never trained here: no graph, no activations kept
+            out = body(input_ids=input_ids[0].to(device), attention_mask=input_ids[1].to(device),
+                       output_hidden_states=True, use_cache=False)
+        stacked = torch.stack([out.hidden_states[k] for k in self.hidden_layers(encoder)], dim=1)
+        b, n, length, width = stacked.shape
+        return {"hidden": stacked.permute(0, 2, 1, 3).reshape(b, length, n * width)}
+
+    def use_plain_attention(self, model):
+        """precision.attention = "default": Flux.2's attention through PyTorch's math kernel (its processors
+        are not diffusers' AttnProcessor kind)."""
+        model.denoiser.set_attention_backend("_native_math")
+
+    # ---- latents
+    def latent_shape(self, model, height, width):
+        f = model.vae_scale_factor * 2
+        return (model.vae.config.latent_channels * 4, height // f, width // f)
+
+    def encode_latents(self, model, pixels, eps):
+        """Posterior mean (or sample with `eps`, drawn in the patchified shape), patchified 2x2 with the
+        channel-major order of the pipeline's _patchify_latents, then (x - bn.mean) / sqrt(bn.var + eps)."""
+        import torch
+        vae = model.vae
+        dist = vae.encode(pixels.to(vae.dtype)).latent_dist
+        latents = dist.mean
+        if eps is not None:
+            latents = latents + dist.std * unpatchify(eps.to(latents))
+        latents = patchify(latents.float())
+        mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents)
+        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1).to(latents) + vae.config.batch_norm_eps)
+        return (latents - mean) / std
+
+    # ---- objective and forward
+    def objective(self, model):
+        c = model.scheduler_config
+        dynamic = None
+        if c.get("use_dynamic_shifting"):
+            dynamic = dict(base_seq_len=c.get("base_image_seq_len", 256), max_seq_len=c.get("max_image_seq_len", 4096),
+                           base_shift=c.get("base_shift", 0.5), max_shift=c.get("max_shift", 1.15))
+        return Flux2Objective(shift=c.get("shift", 1.0), dynamic_shift=dynamic)
+
+    def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
+        import torch
+        b, c, h, w = noisy.shape
+        device = noisy.device
+        tokens = noisy.reshape(b, c, h * w).permute(0, 2, 1)
+        ids = grid_ids(0, h, w)
+        if batch.get("control_latents") is not None:
+            ref = batch["control_latents"].to(device, noisy.dtype)
+            tokens = torch.cat([tokens, ref.reshape(b, c, -1).permute(0, 2, 1)], dim=1)
+            ids = torch.cat([ids, grid_ids(REFERENCE_TIME, ref.shape[-2], ref.shape[-1])], dim=0)
+        hidden = text["hidden"].to(device, dtype)
+        txt_ids = torch.zeros(hidden.shape[1], 4, dtype=torch.long)
+        txt_ids[:, 3] = torch.arange(hidden.shape[1])
+        guidance = None
+        if getattr(_unwrap(denoiser).config, "guidance_embeds", False):  # Flux.2 dev: 1.0, as Flux.1 trains
+            guidance = torch.ones(b, device=device, dtype=torch.float32)
+        out = denoiser(hidden_states=tokens.to(dtype), encoder_hidden_states=hidden,
+                       timestep=(timesteps / 1000).to(dtype), img_ids=ids.to(device), txt_ids=txt_ids.to(device),
+                       guidance=guidance, return_dict=False)[0]
+        return out[:, : h * w].permute(0, 2, 1).reshape(b, c, h, w)
+
+    # ---- sampling and outputs
+    def pipeline_class(self):
+        from diffusers import Flux2KleinPipeline
+        return Flux2KleinPipeline
+
+    def prompt_arguments(self, model, prompt, negative):
+        """Flux2KleinPipeline takes no negative prompt text: a negative prompt goes in as embeddings."""
+        out = {"prompt": prompt}
+        if negative:
+            import torch
+            texts = [negative] if isinstance(negative, str) else list(negative)
+            with torch.no_grad():
+                out["negative_prompt_embeds"] = self.encode_text(model, self.tokenize(model, texts, 0))["hidden"]
+        return out
+
+    def pipeline_call_options(self, model) -> dict:
+        return {"max_sequence_length": self.text_length(model),
+                "text_encoder_out_layers": self.hidden_layers(model.text_encoders[0])}
+
+    def build_pipeline(self, model, scheduler: str = "euler"):
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        if scheduler not in ("default", "euler"):
+            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to Flux.2 (use euler or default)")
+        pipe = self.pipeline_class()(
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
+            text_encoder=model.text_encoders[0], tokenizer=model.tokenizers[0], transformer=model.denoiser,
+            is_distilled=_is_distilled(model.source))
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        if self.lora_layout(layout) == "kohya":
+            from .kohya_lora import to_kohya_flux2
+            return to_kohya_flux2(adapter_states, alpha, model.denoiser)
+        return super().lora_file_state(model, adapter_states, alpha, layout)
+
+    def lora_metadata(self) -> dict[str, str]:
+        return {"ss_base_model_version": self.base_model_version,
+                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
+
+    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
+        from .original_keys import export_transformer
+        out = []
+        if folder is not None:
+            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
+            out.append(Path(folder))
+        out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
+        return out
+
+    def load_denoiser_file(self, path, like):
+        from .original_keys import load_transformer_file
+        return load_transformer_file(path, like)
+
+
+def patchify(latents):
+    """[B, C, H, W] -> [B, 4C, H/2, W/2], channel-major (c, dy, dx) as Flux2KleinPipeline._patchify_latents."""
+    b, c, h, w = latents.shape
+    return latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
+
+
+def unpatchify(latents):
+    """The inverse of patchify."""
+    b, c, h, w = latents.shape
+    return latents.reshape(b, c // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3).reshape(b, c // 4, h * 2, w * 2)
+
+
+def grid_ids(time: int, h: int, w: int):
+    """4-axis position ids (t, y, x, layer) of an h×w token grid, row-major as the pipeline's."""
+    import torch
+    return torch.cartesian_prod(torch.tensor([time]), torch.arange(h), torch.arange(w), torch.tensor([0]))
+
+
+def _is_distilled(source: str) -> bool:
+    index = Path(source) / "model_index.json"
+    try:
+        return bool(json.loads(index.read_text()).get("is_distilled", False)) if index.is_file() else False
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+FLUX2 = Flux2Family()

@@ -1,0 +1,9 @@
+"""Z-Image (Turbo and base) behind families/base.py's contract; heavy imports happen on first use."""
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    if name in ("ZIMAGE", "ZImageFamily"):
+        from . import family
+        return getattr(family, name)
+    raise AttributeError(name)

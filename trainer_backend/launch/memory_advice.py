@@ -1,0 +1,179 @@
+"""The memory plan in words: a verdict per card, the options that would make a config fit, and the
+text the CLI `plan` and the studio show. Pure (no torch); the card is hardware.gpu_memory_gb, or the
+one NVML reports, or every common size.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .memory_plan import CARDS_GB, MemoryPlan, has_option, opt, plan_memory
+
+VERDICT_MARK = {"fits": "✅ fits", "tight": "⚠️ tight", "will not fit": "❌ will not fit"}
+
+
+@lru_cache(maxsize=1)
+def detect_card_gb() -> float:
+    """Memory of the smallest visible NVIDIA GPU in GB (GiB), 0 where there is none or no driver."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        sizes = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total / 2 ** 30
+                 for i in range(pynvml.nvmlDeviceGetCount())]
+        return round(min(sizes), 1) if sizes else 0.0
+    except Exception:  # no driver (NVMLError_LibraryNotFound), no package, no GPU
+        return 0.0
+
+
+def target_card(cfg, detected: float | None = None) -> float:
+    """hardware.gpu_memory_gb, else the detected card, else 0 (unknown: every common size is shown)."""
+    chosen = float(opt(cfg, "hardware.gpu_memory_gb", 0) or 0)
+    if chosen > 0:
+        return chosen
+    return detect_card_gb() if detected is None else detected
+
+
+def _with(cfg, changes: dict):
+    """A copy of cfg with dotted keys set; None when an option does not exist in this build or the
+    change breaks a rule of config/rules.py (e.g. a quantized base with block swap)."""
+    from ..config import rules
+    new = cfg.model_copy(deep=True)
+    for dotted, value in changes.items():
+        if not has_option(cfg, dotted):
+            return None
+        section, key = dotted.split(".")
+        try:
+            setattr(getattr(new, section), key, value)
+        except ValueError:  # out of the field's bounds or choices
+            return None
+    before = set(rules.problems(cfg))
+    return None if any(p not in before for p in rules.problems(new)) else new
+
+
+def candidate_changes(cfg) -> list[tuple[str, dict]]:
+    """Options that lower the peak, in the order worth trying (only options this build has)."""
+    out: list[tuple[str, dict]] = []
+    full = cfg.network.type == "full"
+    if not cfg.precision.gradient_checkpointing:
+        out.append(("gradient checkpointing", {"precision.gradient_checkpointing": True}))
+    cache = {}
+    if not cfg.dataset.cache_latents:
+        cache["dataset.cache_latents"] = True
+    if not cfg.dataset.cache_text_encoder_outputs and not cfg.network.train_text_encoder:
+        cache["dataset.cache_text_encoder_outputs"] = True
+    if has_option(cfg, "memory.offload_encoders") and not opt(cfg, "memory.offload_encoders", False):
+        cache["memory.offload_encoders"] = True
+    if cache:
+        out.append(("cached latents and text, encoders off the GPU", cache))
+    if cfg.optimizer.name in ("adamw", "prodigy", "lion"):
+        out.append(("8-bit AdamW", {"optimizer.name": "adamw8bit"}))
+    if full and not (cfg.precision.full_bf16 or cfg.precision.full_fp16) and cfg.precision.mixed == "bf16":
+        out.append(("bf16 weights without fp32 masters", {"precision.full_bf16": True}))
+    if full and has_option(cfg, "optimizer.fused_backward") and not opt(cfg, "optimizer.fused_backward"):
+        if cfg.schedule.grad_accum == 1:
+            out.append(("fused backward pass", {"optimizer.fused_backward": True}))
+    if not full and has_option(cfg, "model.quantize"):
+        for q in ("int8", "nf4"):
+            if opt(cfg, "model.quantize", "none") in ("none", "int8") and q != opt(cfg, "model.quantize"):
+                out.append((f"{q} base weights", {"model.quantize": q}))
+        if opt(cfg, "model.quantize_text_encoders", "none") == "none" and not cfg.dataset.cache_text_encoder_outputs:
+            out.append(("int8 text encoders", {"model.quantize_text_encoders": "int8"}))
+    if cfg.schedule.batch_size > 1:
+        out.append(("batch 1 with accumulation", {"schedule.batch_size": 1,
+                                                  "schedule.grad_accum": cfg.schedule.grad_accum * cfg.schedule.batch_size}))
+    if has_option(cfg, "memory.block_swap"):
+        for n in (4, 8, 16, 24, 32):
+            out.append((f"block swap {n}", {"memory.block_swap": n}))
+    return out
+
+
+def fixes(cfg, arch: str, card_gb: float, buckets=None, limit: int = 4) -> list[str]:
+    """What would make cfg fit `card_gb`: single changes that suffice, else one combination found by
+    adding the changes in order. Each item names the keys, e.g. "gradient checkpointing
+    (precision.gradient_checkpointing = true) → 9.8 GiB"."""
+    singles, combined, current = [], {}, cfg
+    for label, changes in candidate_changes(cfg):
+        trial = _with(cfg, changes)
+        plan = trial and plan_memory(trial, arch, buckets)
+        if plan and plan.verdict(card_gb) == "fits":
+            if not (label.startswith("block swap") and any(s.startswith("block swap") for s in singles)):
+                singles.append(f"{label} ({_keys(changes)}) → {plan.needed_gib():.1f} GiB")
+    if singles:
+        return singles[:limit]
+    for label, changes in candidate_changes(cfg):
+        trial = {**combined, **changes}
+        current = _with(cfg, trial)
+        if current is None:   # refused together with what is already chosen: leave it out
+            continue
+        combined = trial
+        plan = plan_memory(current, arch, buckets)
+        if plan and plan.verdict(card_gb) == "fits":
+            return [f"all of: {_keys(combined)} → {plan.needed_gib():.1f} GiB"]
+    return []
+
+
+def _keys(changes: dict) -> str:
+    return ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
+
+
+def card_lines(plan: MemoryPlan, card_gb: float) -> list[tuple[float, str]]:
+    cards = [card_gb] if card_gb else list(CARDS_GB)
+    return [(c, plan.verdict(c)) for c in cards]
+
+
+def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None,
+                 markdown: bool = False) -> list[str]:
+    """The memory section of the plan, as lines of text (or markdown)."""
+    arch = arch or cfg.model.arch
+    plan = plan_memory(cfg, arch, buckets)
+    if plan is None:
+        why = "set model.arch" if arch == "auto" else f"no memory table for {arch!r} (tools/make_memory_tables.py)"
+        return [f"Memory: unknown ({why})."]
+    card = target_card(cfg) if card_gb is None else card_gb
+    b = "**" if markdown else ""
+    w, h = plan.side
+    lines = [f"{b}Peak GPU memory: {plan.peak_gib:.1f} GiB{b} allocated ({plan.peak_phase}, batch "
+             f"{cfg.schedule.batch_size} at {w}×{h}); a card needs about {plan.needed_gib():.1f} GiB "
+             f"with the CUDA context and allocator slack."]
+    parts = ", ".join(f"{k} {v / 2 ** 30:.2f}" for k, v in plan.resident.items() if v)
+    lines.append(f"Always on the GPU (GiB): {parts}. Added by {plan.peak_phase}: "
+                 f"{plan.phases[plan.peak_phase] / 2 ** 30:.2f}.")
+    verdicts = card_lines(plan, card)
+    label = "this card" if card else "cards"
+    lines.append(f"{label.capitalize()}: " + "; ".join(f"{c:g} GB {VERDICT_MARK[v]}" for c, v in verdicts))
+    worst = next((c for c, v in verdicts if v != "fits"), 0)
+    if card and verdicts[0][1] != "fits" or not card and worst:
+        target = card or worst
+        found = fixes(cfg, arch, target, buckets)
+        if found:
+            lines.append(f"To fit {target:g} GB: " + "; ".join(found) + ".")
+        else:
+            lines.append(f"No option here makes it fit {target:g} GB.")
+    lines += [f"Note: {n}." for n in plan.notes]
+    return lines
+
+
+def will_not_fit(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None) -> str:
+    """One line for the studio's Start warning when the config will not fit the (detected or chosen)
+    card; "" when it fits, is only tight, or nothing is known."""
+    arch = arch or cfg.model.arch
+    card = target_card(cfg) if card_gb is None else card_gb
+    plan = plan_memory(cfg, arch, buckets) if card else None
+    if plan is None or plan.verdict(card) != "will not fit":
+        return ""
+    found = fixes(cfg, arch, card, buckets, limit=2)
+    hint = f" Try: {'; '.join(found)}." if found else ""
+    return (f"This run needs about {plan.needed_gib():.1f} GiB of GPU memory; the card has {card:g} GB, "
+            f"so it will run out of memory.{hint}")
+
+
+def memory_report(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None) -> dict | None:
+    """The memory plan as JSON (the CLI's `plan --json`): the plan, the card and its verdict, the fixes."""
+    arch = arch or cfg.model.arch
+    plan = plan_memory(cfg, arch, buckets)
+    if plan is None:
+        return None
+    card = target_card(cfg) if card_gb is None else card_gb
+    verdicts = card_lines(plan, card)
+    failing = [c for c, v in verdicts if v != "fits"]
+    return {**plan.to_dict(), "card_gb": card, "verdicts": {f"{c:g}": v for c, v in verdicts},
+            "fixes": fixes(cfg, arch, failing[0], buckets) if failing else []}

@@ -1,0 +1,166 @@
+"""The memory planner: a config's peak GPU memory before launch, a verdict per card, and the options
+that would make it fit. Pure (no torch): the studio, the CLI `plan` and the tests call it.
+
+Peak = what stays on the GPU (weights, trainable parameters, optimizer state, EMA) plus the largest
+of what each phase of a step adds: the text encoders' forward, the VAE's encode, the denoiser's
+forward and backward (activations measured on the full-size model, launch/memory_tables.py), and the
+optimizer step (gradients and the optimizer's temporaries). This is `torch.cuda.max_memory_allocated`;
+a card also holds the CUDA context and the allocator's slack (OVERHEAD_GIB, FRAGMENTATION).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .memory_tables import (DTYPE_BYTES, GiB, family_table, optimizer_state_bytes, optimizer_temp_bytes,
+                            trainable_tensors, weight_bytes)
+
+CARDS_GB = (8, 12, 16, 24, 48, 80)
+OVERHEAD_GIB = 0.6     # CUDA context, cuBLAS/cuDNN handles: outside max_memory_allocated
+FRAGMENTATION = 0.05   # the caching allocator reserves more than it hands out
+TIGHT = 0.92           # above this share of a card: "tight" (a desktop or a sample pass may tip it)
+MIXED_DTYPE = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}
+
+
+def opt(cfg, dotted: str, default: Any = None) -> Any:
+    """An option that another branch may not have added yet (model.quantize, memory.block_swap…)."""
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section, None), key, default)
+
+
+def has_option(cfg, dotted: str) -> bool:
+    section, key = dotted.split(".")
+    return key in getattr(type(getattr(cfg, section, None)), "model_fields", {})
+
+
+@dataclass
+class MemoryPlan:
+    arch: str
+    side: tuple[int, int]                 # the largest bucket (width, height) the plan assumed
+    resident: dict[str, float]            # what stays on the GPU all step, bytes
+    phases: dict[str, float]              # what each phase adds on top, bytes
+    counts: dict[str, int]                # parameter counts
+    notes: list[str] = field(default_factory=list)
+    grads: float = 0.0                    # gradient bytes after a backward pass (fused backward: 0)
+
+    @property
+    def peak_bytes(self) -> float:
+        return sum(self.resident.values()) + max(self.phases.values(), default=0.0)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GiB
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get) if self.phases else ""
+
+    def needed_gib(self) -> float:
+        """What the card must hold: the peak plus the allocator's slack and the CUDA context."""
+        return self.peak_gib * (1 + FRAGMENTATION) + OVERHEAD_GIB
+
+    def verdict(self, card_gb: float) -> str:
+        need = self.needed_gib()
+        return "fits" if need <= TIGHT * card_gb else "tight" if need <= card_gb else "will not fit"
+
+    def to_dict(self) -> dict:
+        return {"arch": self.arch, "side": list(self.side), "peak_gib": round(self.peak_gib, 3),
+                "needed_gib": round(self.needed_gib(), 3), "peak_phase": self.peak_phase,
+                "resident_gib": {k: round(v / GiB, 3) for k, v in self.resident.items()},
+                "phases_gib": {k: round(v / GiB, 3) for k, v in self.phases.items()},
+                "counts": self.counts, "notes": self.notes}
+
+
+def largest_side(cfg, buckets=None) -> tuple[int, int]:
+    """The largest bucket by area (the dataset's, when scanned), else resolution²."""
+    if buckets:
+        return tuple(max(buckets, key=lambda b: (b[0] * b[1], b)))
+    return (cfg.dataset.resolution, cfg.dataset.resolution)
+
+
+def _act(line: list[float], pixels: int) -> float:
+    return max(0.0, line[0] + line[1] * pixels)
+
+
+def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None = None) -> MemoryPlan | None:
+    """The memory plan of `cfg` (arch: model.arch, or the detected family when it is "auto");
+    None when the family has no table (a family added without running tools/make_memory_tables.py).
+    table: a family table to use instead of assets/memory_tables.json's (tests: a tiny model's)."""
+    arch = arch or cfg.model.arch
+    table = table or family_table(arch)
+    if table is None:
+        return None
+    net, prec, ds = cfg.network, cfg.precision, cfg.dataset
+    comps = table["components"]
+    den = comps[table["denoiser"]]
+    w_dtype = MIXED_DTYPE[prec.mixed]
+    full = net.type == "full"
+    half_weights = full and (prec.full_bf16 or prec.full_fp16)
+    train_dtype = w_dtype if half_weights else "fp32"  # adapters and full fine-tunes train fp32 masters
+    train_bytes = DTYPE_BYTES[train_dtype]
+    quant = opt(cfg, "model.quantize", "none") if not full else "none"
+    te_quant = opt(cfg, "model.quantize_text_encoders", "none")
+    swap = int(opt(cfg, "memory.block_swap", 0) or 0)
+    offload = bool(opt(cfg, "memory.offload_encoders", False))
+    fused_bw = bool(opt(cfg, "optimizer.fused_backward", False))
+    batch = cfg.schedule.batch_size
+    side = largest_side(cfg, buckets)
+    scale = table["vae_scale_factor"]
+    pixels = (side[0] // scale) * (side[1] // scale)
+    notes: list[str] = []
+
+    # ---- what stays on the GPU
+    resident: dict[str, float] = {}
+    denoiser_w = den["params"] * train_bytes if full else weight_bytes(den, w_dtype, quant)
+    swapped_share = 0.0   # of the denoiser's parameters, in CPU memory between uses
+    if swap and den.get("blocks"):
+        blocks = den["blocks"][-swap:]  # training/memory_setup.py swaps the last N blocks
+        in_flight = 2 * max(blocks) if len(blocks) > 1 else max(blocks)  # at most two swapped blocks on the GPU
+        swapped_share = (sum(blocks) - in_flight) / den["params"]
+        notes.append(f"block swap: {len(blocks)} of {len(den['blocks'])} denoiser blocks in CPU memory")
+    resident["denoiser"] = denoiser_w * (1 - swapped_share)
+    trained_tes = set(table["trained_text_encoders"]) if net.train_text_encoder else set()
+    te_total = 0.0
+    for name in table["text_encoders"]:
+        te_dtype = "fp32" if (full and name in trained_tes and not half_weights) else w_dtype
+        te_total += weight_bytes(comps[name], te_dtype, te_quant if name not in trained_tes or not full else "none")
+    vae_w = comps["vae"]["params"] * 4  # the VAE stays fp32 (fp16 VAEs give NaN)
+    if offload and not (trained_tes and not ds.cache_text_encoder_outputs):
+        notes.append("text encoders and VAE in CPU memory, moved in only for their pass")
+    else:
+        resident["text encoders"] = te_total
+        resident["vae"] = vae_w
+    tensors = trainable_tensors(table, cfg)
+    n_trained = sum(tensors)
+    if not full:
+        resident["adapters"] = n_trained * 4
+    name = cfg.optimizer.name
+    kahan = half_weights and prec.half_weights_rounding == "kahan"
+    state = optimizer_state_bytes(name, tensors, train_bytes, half_weights, kahan, rank=0 if full else net.rank)
+    # a full fine-tune's swapped weights take their state along (LoRA adapters are small: ignored)
+    resident["optimizer state"] = state * (1 - swapped_share) if full else state
+    if getattr(cfg, "ema", None) is not None and cfg.ema.enabled and cfg.ema.device == "accelerator":
+        resident["ema"] = n_trained * 4
+
+    # ---- what each phase adds
+    phases: dict[str, float] = {}
+    measured = {"float32": 4, "float16": 2, "bfloat16": 2, "bf16": 2, "fp32": 4}[table.get("probe", {}).get("dtype", "bfloat16")]
+    act_factor = DTYPE_BYTES[w_dtype] / measured  # measured in bf16: fp32 ("no") doubles activations
+    if not ds.cache_text_encoder_outputs or trained_tes:
+        phases["text encoders"] = table["text_encode"] * batch + (te_total if "text encoders" not in resident else 0)
+    if not ds.cache_latents:
+        phases["vae encode"] = _act(table["vae_encode"], pixels) * batch + (vae_w if "vae" not in resident else 0)
+    kind = ("full" if full else "lora") + ("_gc" if prec.gradient_checkpointing else "")
+    grads = n_trained * train_bytes * ((1 - swapped_share) if full else 1)
+    act = _act(table["activations"][kind], pixels) * batch * act_factor
+    if full and swapped_share and not half_weights and w_dtype != "fp32":
+        # autocast's half-precision copies of swapped fp32 masters wait on the GPU for the backward
+        act += den["params"] * swapped_share * DTYPE_BYTES[w_dtype]
+    phases["forward/backward"] = act + (0 if fused_bw else grads)
+    temp = optimizer_temp_bytes(name, tensors, train_bytes, fused_bw or half_weights, cfg.optimizer.weight_decay)
+    phases["optimizer step"] = (0 if fused_bw else grads) + temp
+    counts = {"denoiser": den["params"], "text_encoders": sum(comps[n]["params"] for n in table["text_encoders"]),
+              "vae": comps["vae"]["params"], "trainable": n_trained}
+    if table.get("note"):
+        notes.append(table["note"])
+    return MemoryPlan(arch, side, resident, phases, counts, notes, grads=0.0 if fused_bw else grads)

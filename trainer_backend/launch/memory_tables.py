@@ -1,0 +1,121 @@
+"""The memory planner's tables (assets/memory_tables.json) and the exact byte counts that follow from
+them: weights per dtype and quantization, trainable parameters per network type, optimizer state.
+Pure: no torch (the studio imports it). The tables come from tools/make_memory_tables.py (full-size
+models on the meta device); tests rebuild entries and compare.
+"""
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+TABLES = Path(__file__).resolve().parents[2] / "assets" / "memory_tables.json"
+GiB = 2 ** 30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# weight-only quantization of Linear weights (model.quantize, training/quantize.py): bytes per weight.
+# int8/float8 (torchao): one byte, plus a scale per output row (ROW_SCALE_BYTES); nf4 (bitsandbytes'
+# Params4bit: blocks of 64, absmax compressed to 8 bits in blocks of 256 with an fp32 absmax each)
+QUANT_BYTES = {"int8": 1.0, "float8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
+ROW_SCALE_BYTES = {"int8": 2, "float8": 4, "nf4": 0}
+# optimizer state, in multiples of the trained parameter's bytes (fp32 parameters unless said):
+# adamw: exp_avg + exp_avg_sq; prodigy: those + s + p0; lion, sgd (momentum): one buffer
+STATE_FACTOR = {"adamw": 2.0, "prodigy": 4.0, "lion": 1.0, "sgd": 1.0}
+# bitsandbytes 8-bit states: two uint8 tensors plus an fp32 absmax per 256-value block each
+EIGHT_BIT_BYTES = 2 + 2 * 4 / 256
+BNB_MIN_8BIT = 4096  # smaller tensors keep 32-bit states (bitsandbytes' min_8bit_size)
+
+
+@lru_cache(maxsize=4)
+def _load(path: str) -> dict:
+    p = Path(path)
+    return json.loads(p.read_text()) if p.is_file() else {"families": {}}
+
+
+def family_table(arch: str, path: Path = TABLES) -> dict | None:
+    return _load(str(path))["families"].get(arch)
+
+
+def matches(name: str, targets) -> bool:
+    """peft's rule for a list of target names: the module's name is one, or ends with '.' + one."""
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def weight_bytes(component: dict, dtype: str, quantize: str = "none") -> float:
+    """A frozen component's bytes: everything in `dtype`, or the weights of the Linear layers
+    training/quantize.py quantizes stored quantized (biases, norms, convolutions, embeddings and the
+    layers a family keeps stay in `dtype`)."""
+    total = component["params"] * DTYPE_BYTES[dtype]
+    if quantize in (None, "", "none"):
+        return total
+    weights, rows = component["quantizable"]
+    return total - weights * DTYPE_BYTES[dtype] + weights * QUANT_BYTES[quantize] + rows * ROW_SCALE_BYTES[quantize]
+
+
+def adapter_tensors(component: dict, network, targets, conv_targets=()) -> list[int]:
+    """Element counts of every adapter tensor peft adds for network.type lora/loha/lokr (LoKr's are
+    an estimate: the LoRA count). Rows matching `targets` get network.rank, rows matching only the
+    convolution targets network.conv_rank."""
+    out: list[int] = []
+    for name, i, o, k, n in component["layers"]:
+        if matches(name, targets):
+            r = network.rank
+        elif network.conv_rank > 0 and k > 0 and matches(name, conv_targets):
+            r = network.conv_rank
+        else:
+            continue
+        kk = max(k, 1)
+        if network.type == "loha":
+            tensors = [o * r, r * i * kk, o * r, r * i * kk]
+        else:
+            tensors = [r * i * kk, o * r]
+            if network.type == "lora" and network.dora:
+                tensors.append(o)
+        out += tensors * n
+    return out
+
+
+def trainable_tensors(table: dict, cfg) -> list[int]:
+    """Element counts of the trained tensors (adapters, or the whole denoiser and trained encoders)."""
+    net = cfg.network
+    comps = table["components"]
+    trained_tes = table["trained_text_encoders"] if net.train_text_encoder else []
+    if net.type == "full":
+        # the full fine-tune's tensors by size are not in the tables: one entry per component
+        return [comps[table["denoiser"]]["params"]] + [comps[name]["params"] for name in trained_tes]
+    conv = [t for t in net.conv_target_modules if t not in net.target_modules]
+    out = adapter_tensors(comps[table["denoiser"]], net, net.target_modules, conv)
+    for name in trained_tes:
+        out += adapter_tensors(comps[name], net, net.text_encoder_target_modules)
+    return out
+
+
+def optimizer_state_bytes(name: str, tensors: list[int], param_bytes: int, half_weights: bool,
+                          kahan: bool = False, rank: int = 0) -> float:
+    """Optimizer state on the GPU for trained tensors of these element counts.
+    half_weights: precision.full_bf16/fp16 (bf16 states; Kahan adds a compensation buffer).
+    rank: the adapters' rank (0 = a full fine-tune), for Adafactor's factored moments."""
+    count = sum(tensors)
+    if name in ("adamw8bit", "paged_adamw8bit"):
+        if name.startswith("paged"):
+            return 0.0  # paged states live in unified memory, paged out when the GPU runs short
+        return sum(t * EIGHT_BIT_BYTES if t >= BNB_MIN_8BIT else t * 8 for t in tensors)
+    if name == "adafactor":  # an estimate: factored second moments (rows + columns) of matrices: about
+        # 1/rank of an adapter's (rank × n) matrices; a tenth of a full model (convolutions, vectors)
+        return count * 4 * (1 / rank if rank else 0.1)
+    if half_weights and name in ("adamw", "sgd"):
+        return count * 2 * STATE_FACTOR[name] + (count * param_bytes if kahan else 0)
+    return count * param_bytes * STATE_FACTOR.get(name, 2.0)
+
+
+def optimizer_temp_bytes(name: str, tensors: list[int], param_bytes: int, fused_backward: bool,
+                         weight_decay: float) -> float:
+    """What one optimizer step allocates on top: torch's foreach AdamW (the default on CUDA) makes one
+    temporary the size of every parameter (the square root of exp_avg_sq); SGD with weight decay makes
+    a decayed copy of the gradients. Per-parameter optimizers and a fused backward pass make only
+    per-tensor ones."""
+    if fused_backward or not tensors:
+        return max(tensors, default=0) * param_bytes
+    if name == "adamw" or (name == "sgd" and weight_decay > 0):
+        return sum(tensors) * param_bytes
+    return max(tensors) * param_bytes * 2

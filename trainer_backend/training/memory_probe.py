@@ -1,0 +1,272 @@
+"""Measure memory without a GPU: live-byte tallies of real or meta-device work, and the tables the
+memory planner (launch/memory_plan.py) reads.
+
+`LiveBytes` is a dispatch mode that counts every tensor storage created while it is active until that
+storage is freed, and keeps the peak. On the meta device no data exists, yet shapes, dtypes, what
+autograd saves for backward and when it frees it are the same as on a GPU, so a full-size model's
+forward and backward give its activation memory exactly as the allocator would see it (minus
+fragmentation). tools/make_memory_tables.py runs these probes for every family and writes
+assets/memory_tables.json; tests run them on tiny models against real CPU tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import weakref
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+GiB = 2 ** 30
+# indices of repeated blocks become '#', so a table row stands for every block of the same shape
+_INDEX = re.compile(r"((?:^|\.)(?:down_blocks|up_blocks|blocks|attentions|resnets|layers|layer|block|"
+                    r"transformer_blocks|single_transformer_blocks|encoder\.block|h))\.\d+(?=\.)")
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages created inside the mode that are still alive; `peak` is the most at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage in self._seen or id(storage) in inputs:  # a view or an in-place result
+                    continue
+                nbytes = storage.nbytes()
+                self._seen[storage] = nbytes
+                weakref.finalize(storage, self._free, nbytes)
+                self.live += nbytes
+                self.peak = max(self.peak, self.live)
+        return out
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+
+def layer_rows(module: torch.nn.Module) -> list[list]:
+    """Linear and Conv2d layers grouped by name pattern and shape: [pattern, in, out, k*k, count]
+    (k*k = 0 for a Linear). Adapter parameter counts follow from these (launch/memory_plan.py)."""
+    rows: dict[tuple, int] = {}
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            key = (_INDEX.sub(r"\1.#", name), m.in_features, m.out_features, 0)
+        elif isinstance(m, torch.nn.Conv2d) and m.groups == 1:
+            k = m.kernel_size[0] * m.kernel_size[1]
+            key = (_INDEX.sub(r"\1.#", name), m.in_channels, m.out_channels, k)
+        else:
+            continue
+        rows[key] = rows.get(key, 0) + 1
+    return [[*k, n] for k, n in sorted(rows.items())]
+
+
+def component_entry(module: torch.nn.Module, keep=()) -> dict:
+    """What the planner knows of one component: its exact parameter count, its layers, and the weights
+    and rows of the Linear layers model.quantize would quantize (training/quantize.py, `keep` = the
+    family's keep_unquantized)."""
+    from .quantize import quantizable_linears
+    names = quantizable_linears(module, keep)
+    layers = [module.get_submodule(n) for n in names]
+    return {"params": sum(p.numel() for p in module.parameters()), "layers": layer_rows(module),
+            "quantizable": [sum(m.in_features * m.out_features for m in layers), sum(m.out_features for m in layers)]}
+
+
+# ----------------------------------------------------------------------------- autocast on the meta device
+class MetaAutocast:
+    """torch.autocast's cast policy for the ops that hold activation memory, applied above autograd (as
+    autocast is), for the meta device, which torch.autocast does not serve: matmul-like ops run in
+    `dtype` (their inputs cast, the cast copies saved by autograd as on a GPU), norms and softmax in
+    fp32. Other ops run in their inputs' dtype, as under autocast."""
+    LOW = ("linear", "conv2d", "scaled_dot_product_attention")
+    FP32 = ("layer_norm", "group_norm", "softmax", "log_softmax")
+
+    def __init__(self, dtype=torch.bfloat16):
+        self.dtype = dtype
+        self.saved: dict = {}
+
+    @staticmethod
+    def _cast(args, kwargs, dtype):
+        def c(a):
+            return a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        return [c(a) for a in args], {k: c(v) for k, v in kwargs.items()}
+
+    def _wrap(self, fn, dtype):
+        def wrapped(*args, **kwargs):
+            args, kwargs = self._cast(args, kwargs, dtype)
+            return fn(*args, **kwargs)
+        return wrapped
+
+    def __enter__(self):
+        F = torch.nn.functional
+        for name in self.LOW + self.FP32:
+            self.saved[name] = getattr(F, name)
+            fn = fused_attention if name == "scaled_dot_product_attention" else self.saved[name]
+            setattr(F, name, self._wrap(fn, self.dtype if name in self.LOW else torch.float32))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.saved.items():
+            setattr(torch.nn.functional, name, fn)
+        self.saved = {}
+
+
+def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+    """SDPA as a GPU runs it: a fused kernel (flash for half precision, memory-efficient otherwise and
+    with a mask) that keeps only its output and log-sum-exp for backward. The meta device's own SDPA
+    is the math path, which would count every attention matrix."""
+    if attn_mask is None and query.dtype in (torch.bfloat16, torch.float16) and not kwargs:
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                                  False, scale=scale)[0]
+    if attn_mask is not None:
+        attn_mask = attn_mask.to(query.dtype).expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    return torch.ops.aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, True, dropout_p,
+                                                                  is_causal, scale=scale)[0]
+
+
+# ----------------------------------------------------------------------------- full-size probes
+def full_size_model(arch: str, tiny_folder: str | Path, components: dict[str, torch.nn.Module]):
+    """The tiny model's LoadedModel (tokenizers, scheduler, family) with its modules replaced by the
+    full-size ones in `components` (built on the meta device by the caller)."""
+    from ..families import load_model
+    tiny = load_model(str(tiny_folder), arch=arch)
+    names = tiny.family.text_encoder_names
+    vae = components["vae"]
+    scale = 2 ** (len(vae.config.block_out_channels) - 1)
+    return dataclasses.replace(tiny, denoiser=components[tiny.family.denoiser_name], vae=vae,
+                               text_encoders=[components[n] for n in names], vae_scale_factor=scale)
+
+
+def _tokens(model, batch: int):
+    return model.family.tokenize(model, ["a photo of a dog"] * batch, 75)
+
+
+def text_conditioning(model, batch: int, device) -> dict:
+    with torch.no_grad():
+        return model.family.encode_text(model, [t.to(device) for t in _tokens(model, batch)])
+
+
+def probe_text_encode(model, batch: int, device) -> int:
+    """Peak bytes created while the text encoders run (no grad), their outputs included."""
+    with LiveBytes() as tally:
+        text_conditioning(model, batch, device)
+    return tally.peak
+
+
+def probe_vae_encode(model, side: tuple[int, int], batch: int, device, dtype=torch.float32) -> int:
+    """Peak bytes created while the VAE encodes a batch of images (no grad), the pixels included."""
+    with LiveBytes() as tally:
+        pixels = torch.zeros(batch, 3, side[1], side[0], device=device, dtype=dtype)
+        with torch.no_grad():
+            model.family.encode_latents(model, pixels, None)
+    return tally.peak
+
+
+def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dtype, cfg) -> dict:
+    """One forward and backward of the denoiser on cached latents and text (so only the denoiser's
+    own memory counts): the peak bytes created, and the gradient bytes left at the end."""
+    from .diffusion_loss import diffusion_loss
+    shape = model.family.latent_shape(model, side[1], side[0])
+    text = {k: v for k, v in text_conditioning(model, batch, device).items()}
+    sample = {"index": torch.arange(batch), "latents": torch.zeros(batch, *shape, device=device),
+              "text": text, "original_size": torch.tensor([[side[1], side[0]]] * batch),
+              "crop_top_left": torch.zeros(batch, 2, dtype=torch.long),
+              "target_size": torch.tensor([[side[1], side[0]]] * batch)}
+    grads_before = _grad_bytes(model.denoiser)
+    with LiveBytes() as tally:
+        loss = diffusion_loss(model, model.denoiser, sample, cfg=cfg, epoch=0, device=device,
+                              weight_dtype=weight_dtype)
+        loss.backward()
+        grads = _grad_bytes(model.denoiser) - grads_before
+        del loss
+    return {"peak": tally.peak, "grads": grads}
+
+
+def _grad_bytes(module) -> int:
+    return sum(p.grad.numel() * p.grad.element_size() for p in module.parameters() if p.grad is not None)
+
+
+# ----------------------------------------------------------------------------- a family's table
+class _Device:
+    def __init__(self, device):
+        self.device = torch.device(device)
+
+
+def line_through(sides, values, scale) -> list[float]:
+    """[a, b]: bytes per sample = a + b × latent pixels, through two measured (side, bytes) points."""
+    (s1, s2), (v1, v2) = sides, values
+    p1, p2 = (s1 // scale) ** 2, (s2 // scale) ** 2
+    b = (v2 - v1) / (p2 - p1)
+    return [round(v1 - b * p1), round(b, 3)]
+
+
+def static_table(model) -> dict:
+    """The part of a model's table that needs no probe: its components and how they are named."""
+    family = model.family
+    keep = getattr(family, "keep_unquantized", ())
+    comps = {name: component_entry(m, keep) for name, m in model.components().items()}
+    # the blocks memory.block_swap moves, in the order the forward runs them (it swaps the last N)
+    comps[family.denoiser_name]["blocks"] = [sum(p.numel() for p in b.parameters()) for b in family.blocks(model)]
+    return {"denoiser": family.denoiser_name, "text_encoders": list(family.text_encoder_names),
+            "trained_text_encoders": list(family.trained_text_encoders or family.text_encoder_names),
+            "components": comps, "vae_scale_factor": model.vae_scale_factor, "activations": {}}
+
+
+def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", networks=("lora", "full"),
+                  log=print) -> dict:
+    """The planner's table for one model (launch/memory_tables.py reads it): `load()` returns a fresh
+    LoadedModel in fp32 (full-size modules on the meta device, or a tiny model); each network type is set
+    up with the project's own code (place_model, setup_method) from a config of `overrides`, and its
+    training step measured at two square sizes, with and without gradient checkpointing."""
+    from ..config import from_dict
+    from ..methods import setup_method
+    from .setup import place_model
+    dev = torch.device(device)
+
+    def load_on_device():   # place_model moves weights by set_data, which cannot cross into the meta device
+        loaded = load()
+        for module in loaded.components().values():
+            module.to(dev)
+        return loaded
+
+    model = load_on_device()
+    family = model.family
+    table = static_table(model)
+    base = from_dict({**overrides, "network": {"type": "lora"}})
+    weight_dtype = place_model(model, base, _Device(dev))
+    table["text_encode"] = probe_text_encode(model, 1, dev)
+    table["vae_encode"] = line_through(sides, [probe_vae_encode(model, (s, s), 1, dev) for s in sides],
+                                       model.vae_scale_factor)
+    for network in networks:
+        cfg = from_dict({**overrides, "network": {**overrides.get("network", {}), "type": network}})
+        model = load_on_device()
+        weight_dtype = place_model(model, cfg, _Device(dev))
+        setup_method(model, cfg)
+        for gc in (False, True):
+            if gc:
+                model.denoiser.enable_gradient_checkpointing()
+            points = []
+            for side in sides:
+                with MetaAutocast(weight_dtype):  # in fp32 only its fused attention matters
+                    r = probe_train_step(model, (side, side), 1, dev, weight_dtype, cfg)
+                for p in model.denoiser.parameters():
+                    p.grad = None
+                points.append(r["peak"] - r["grads"])
+                log(f"{family.name} {network} gc={gc} {side}px: {r['peak'] / GiB:.3f} GiB peak, "
+                    f"{r['grads'] / GiB:.3f} GiB grads")
+            table["activations"][network + ("_gc" if gc else "")] = line_through(sides, points,
+                                                                                 model.vae_scale_factor)
+    table["probe"] = {"sides": list(sides), "dtype": str(weight_dtype).removeprefix("torch."),
+                      "rank": base.network.rank, "targets": list(base.network.target_modules)}
+    return table
