@@ -9,8 +9,8 @@ from ..families.registry import (ARCH_CHOICES, CLIP_SKIP_FAMILIES, CONTROL_FAMIL
 from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
-CONTROL = {"model.arch": CONTROL_FAMILIES}
-QUANT_KINDS = ("none", "int8", "float8", "nf4")  # model.quantize(_text_encoders); training/quantize.py    # families that take paired control images (edit models)
+CONTROL = {"model.arch": CONTROL_FAMILIES}    # families that take paired control images (edit models)
+QUANT_KINDS = ("none", "int8", "float8", "nf4")  # model.quantize(_text_encoders); training/quantize.py
 # Paired control images: a control_path is where the files live (resume "ignored", like dataset.path); a
 # resume still refuses changed control images, because run/resume.py's dataset fingerprint covers each pair.
 CONTROL_HELP = ("Folder of control (reference) images for edit models, one per training image, matched by file "
