@@ -100,7 +100,7 @@ def main() -> int:
     parser.add_argument("--swap", type=int, default=2, help="memory.block_swap in the swap modes")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--resolution", type=int, default=32)
-    parser.add_argument("--only", default="", help="comma-separated mode names (default: all)")
+    parser.add_argument("--only", default="", help="mode names separated by | (default: all)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: JSON overrides, run in a child
     args = parser.parse_args()
     if args.measure:
@@ -120,7 +120,7 @@ def main() -> int:
             model = build(args.arch, work / "model", args.device, tiny=False)
         data = make_dataset(work / "data", n=4, size=args.resolution)
         results = {}
-        chosen = {n: m for n, m in modes(args.swap).items() if not args.only or n in args.only.split(",")}
+        chosen = {n: m for n, m in modes(args.swap).items() if not args.only or n in args.only.split("|")}
         for name, mode in chosen.items():
             child = [f"model.path={model}", f"dataset.path={data}", f"dataset.resolution={args.resolution}",
                      f"output.dir={work / 'runs'}", f"output.name=m{len(results)}", "logging.tensorboard=false",

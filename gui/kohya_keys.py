@@ -122,6 +122,9 @@ DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "lora_network_weights": ("network.network_weights", str),
     "network_weights": ("network.network_weights", str),
     "masked_loss": ("loss.masked", bool),
+    # kohya's fp8 base (the frozen U-Net/transformer stored in float8): our float8 weight-only quantization
+    "fp8_base": ("model.quantize", lambda v: "float8" if _truthy(v) else "none"),
+    "fp8_base_unet": ("model.quantize", lambda v: "float8" if _truthy(v) else "none"),
 }
 # Keys handled by the special cases below (so they are not reported as unsupported).
 SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimizer_args", "lr_scheduler",

@@ -53,7 +53,8 @@ def build_app(studio: Studio) -> gr.Blocks:
     label, values = studio.initial_values()
     with gr.Blocks(title=TITLE, analytics_enabled=False) as app:
         gr.Markdown(f"## {TITLE}  \nLoRA, DreamBooth and full fine-tuning of Stable Diffusion 1/2/XL. "
-                    "The demo preset trains a tiny model on the CPU in about a minute: press **Start training**.",
+                    "The demo preset teaches a small model the colour pink on the CPU in about a minute: "
+                    "press **Start training** and compare the samples before and after.",
                     elem_id="studio-title")
         with gr.Tabs(elem_id="main-tabs") as main_tabs:
             with gr.Tab("Training", id="training", elem_id="page-training"):

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import make_dataset
 from tests.method_runs import train_run
+from trainer_backend.families import get_family
 from trainer_backend.families.registry import FAMILY_NAMES
 from trainer_backend.training.block_swap import BlockSwap, in_backward
 from trainer_backend.training.fused_backward import FusedBackward
@@ -161,15 +162,20 @@ def swaps(monkeypatch):
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_lora_run_with_block_swap_and_offloaded_encoders_trains_the_same_lora(tmp_path, tiny_models, swaps, arch):
-    """A LoRA run with 2 swapped blocks and the VAE and text encoders in CPU memory (samples made
-    through the pipeline too) writes the same LoRA as a plain run, and the blocks really moved."""
+    """A LoRA run with 2 swapped blocks, gradient checkpointing (blocks recomputed in the backward) and
+    the VAE and text encoders in CPU memory (samples made through the pipeline too) writes the same LoRA
+    as a plain run, and the blocks really moved."""
     data = make_dataset(tmp_path / "data", n=2, size=32)
-    common = ["schedule.max_steps=1", "optimizer.lr=1e-3", "network.dropout=0", "samples.prompts=a square",
-              "samples.every_n_steps=1", "samples.steps=2", "samples.width=32", "samples.height=32"]
+    prompt, paired = "a square", []
+    if get_family(arch).control_images == "required":  # an edit model trains on pairs, samples with --control
+        control = make_dataset(tmp_path / "control", n=2, size=32, seed=3)
+        prompt, paired = f"a square --control {control / 'img000.png'}", [f"dataset.control_path={control}"]
+    common = ["schedule.max_steps=1", "optimizer.lr=1e-3", "network.dropout=0", f"samples.prompts={prompt}",
+              "samples.every_n_steps=1", "samples.steps=2", "samples.width=32", "samples.height=32", *paired]
     plain, _, _ = train_run(tmp_path, tiny_models(arch), data, "plain", *common)
     assert not swaps
     swapped, events, _ = train_run(tmp_path, tiny_models(arch), data, "swapped", "memory.block_swap=2",
-                                   "memory.offload_encoders=true", *common)
+                                   "memory.offload_encoders=true", "precision.gradient_checkpointing=true", *common)
     a, b = load_file(str(plain / "plain.safetensors")), load_file(str(swapped / "swapped.safetensors"))
     assert a.keys() == b.keys()
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
@@ -187,3 +193,19 @@ def test_lora_run_with_block_swap_and_offloaded_encoders_trains_the_same_lora(tm
         assert [kind for kind, j in denoiser.moves if j == k].count("fetch") >= 3
     assert not denoiser.resident and all(not e.resident for e in encoders)
     assert all(e.moves for e in encoders)  # each offloaded module came to the device for its calls
+
+
+def test_more_swapped_blocks_than_the_denoiser_has_is_refused_naming_the_key():
+    """The default Family.blocks(): the children of the denoiser's top-level ModuleLists."""
+    from types import SimpleNamespace
+
+    from trainer_backend.config import ConfigError, load_config
+    from trainer_backend.families.base import Family
+    from trainer_backend.training.memory_setup import swapped_blocks
+    family = Family()
+    family.label = "A chain"
+    model = SimpleNamespace(denoiser=Chain(), family=family)
+    assert family.blocks(model) == list(model.denoiser.blocks)
+    assert swapped_blocks(load_config(None, ["memory.block_swap=2"]), model) == list(model.denoiser.blocks)[3:]
+    with pytest.raises(ConfigError, match=r"^memory.block_swap: A chain's denoiser has 5 blocks.*got 6"):
+        swapped_blocks(load_config(None, ["memory.block_swap=6"]), model)

@@ -97,7 +97,11 @@ def test_every_field_has_help_and_a_tab():
 
 def test_demo_preset_is_valid():
     cfg = C.load_config(ROOT / "presets" / "demo-sd1-lora.toml")
-    assert cfg.model.path == "builtin:tiny-sd1"
+    # the committed demo base model (tools/make_demo_model.py) and dataset, found from any working directory
+    from trainer_backend.config.paths import resolve_path
+    assert cfg.model.path == "assets/demo_model"
+    assert (Path(resolve_path(cfg.model.path)) / "model_index.json").is_file()
+    assert len(list(Path(resolve_path(cfg.dataset.path)).glob("*.png"))) == 8
 
 
 def test_cli_runs_as_module_with_exit_2():

@@ -84,6 +84,9 @@ def test_draws_are_per_sample_and_respect_the_range():
 OVERFIT_TARGETS = {
     "flux": "['to_q','to_k','to_v','to_out.0','add_q_proj','add_k_proj','add_v_proj','to_add_out','proj_mlp',"
             "'proj_out','x_embedder']",
+    "zimage": "['to_q','to_k','to_v','to_out.0','w1','w2','w3','all_x_embedder.2-1','all_final_layer.2-1.linear']",
+    "qwen_image": "['to_q','to_k','to_v','to_out.0','add_q_proj','add_k_proj','add_v_proj','to_add_out','net.0.proj',"
+                  "'net.2','proj_out','img_in']",
 }
 
 

@@ -154,3 +154,36 @@ def test_text_latents_and_reference_tokens_are_the_pipelines(tiny_models):
     with_ref = FLUX2.predict(model, model.denoiser, noisy, t, {"hidden": text}, {"control_latents": latents},
                              torch.float32)
     assert plain.shape == noisy.shape and (plain - with_ref).abs().max() > 1e-4
+    FLUX2.use_plain_attention(model)  # precision.attention = "default": the math kernel, the same numbers
+    again = FLUX2.predict(model, model.denoiser, noisy, t, {"hidden": text}, {}, torch.float32)
+    assert (again - plain).abs().max() <= 1e-5
+
+
+def test_the_posterior_noise_lands_on_its_own_patchified_latent(tiny_models):
+    """Uncached latents draw the VAE posterior's noise in the patchified shape: zero noise is exactly the
+    cached (posterior-mean) latent, and noise at one patchified position moves that position only, so the
+    patchify order of the noise and of the latents agree."""
+    model = load_model(str(tiny_models("flux2")))
+    pixels = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    shape = (1, *FLUX2.latent_shape(model, 32, 32))
+    mean = FLUX2.encode_latents(model, pixels, None)
+    assert torch.equal(FLUX2.encode_latents(model, pixels, torch.zeros(shape)), mean)
+    eps = torch.zeros(shape)
+    eps[0, 13, 2, 3] = 1.0
+    moved = (FLUX2.encode_latents(model, pixels, eps) - mean).abs() > 0
+    assert moved.sum() == 1 and moved[0, 13, 2, 3]
+
+
+def test_a_paired_run_trains_on_reference_images_and_samples_with_and_without_one(tmp_path, tiny_models):
+    from test_data_pairs import paired_folder
+    images, controls = paired_folder(tmp_path, sizes=((64, 64), (64, 64)))  # the pipeline takes >= 64 px
+    reference = next(controls.iterdir())
+    prompts = f"a red square --control {reference} --w 32 --h 32 --s 2\\na blue circle --w 32 --h 32 --s 2"
+    run, events, _ = train_run(tmp_path, tiny_models("flux2"), images, "paired", f"dataset.control_path={controls}",
+                               "schedule.max_steps=2", "optimizer.lr=1e-2", f"samples.prompts=\"{prompts}\"",
+                               "samples.every_n_steps=2")
+    steps = [e for e in events if e["event"] == "step"]
+    assert len(steps) == 2 and all(e["loss"] == e["loss"] for e in steps)  # finite
+    (sample,) = [e for e in events if e["event"] == "sample"]
+    assert len(sample["paths"]) == 2 and all((run / "samples").joinpath(p).is_file() for p in sample["paths"])
+    assert (run / "paired.safetensors").is_file()

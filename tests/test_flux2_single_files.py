@@ -90,3 +90,6 @@ def test_full_size_vae_layout_maps_every_weight_once():
     assert {"encoder.quant_conv.weight", "decoder.post_quant_conv.weight", "bn.running_mean",
             "encoder.mid.attn_1.q.weight", "decoder.up.3.block.2.conv2.weight"} <= set(original)
     assert vae_from_original(original, state, config).keys() == state.keys()
+    moved = {k.replace("encoder.quant_conv", "quant_conv").replace("decoder.post_quant_conv", "post_quant_conv"): v
+             for k, v in original.items()}  # the other place ComfyUI accepts them
+    assert vae_from_original(moved, state, config).keys() == state.keys()

@@ -34,6 +34,7 @@ def test_fused_backward_refusals_name_the_keys():
     assert "hardware.num_processes = 1" in problems("hardware.num_processes=2")[0]
     assert "precision.mixed = bf16" in problems("precision.mixed=fp16")[0]
     assert "optimizer.name" in problems("optimizer.name=prodigy")[0]
+    assert "hardware.strategy = ddp" in problems("hardware.strategy=deepspeed")[0]
     # block swap: one process only
     cfg = load_config(None, ["memory.block_swap=4", "hardware.num_processes=2"])
     assert [p.key for p in rules.problems(cfg)] == ["memory.block_swap"]

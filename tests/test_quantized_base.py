@@ -162,3 +162,64 @@ def test_allowed_combinations_pass():
                       ["network.type=lokr", "model.quantize_text_encoders=nf4"],   # TE has no adapters
                       ["model.quantize=nf4", "network.dora=true", "optimizer.name=paged_adamw8bit"]):
         assert [p for p in rules.problems(load_config(None, overrides)) if p.key.startswith("model.")] == []
+
+
+def test_two_ddp_processes_with_a_quantized_base_match_one_process(tmp_path, tiny_models):
+    """Two real CPU ranks (gloo) × batch 1 equal one process × batch 2 with the UNet int8 and the text
+    encoder nf4, adapters on both: DDP leaves the frozen quantized weights alone and still averages the
+    adapters' gradients (SGD, no dropout: see tests/test_distributed.py for why)."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    from trainer_backend.config.checks import validate_for_run
+    from trainer_backend.training.loop import train
+    data = make_dataset(tmp_path / "data", n=4, size=32)
+    common = [f"model.path={tiny_models('sd1')}", f"dataset.path={data}", "dataset.resolution=32",
+              f"output.dir={tmp_path / 'runs'}", "precision.mixed=no", "network.rank=4", "network.alpha=4",
+              "network.dropout=0", "network.train_text_encoder=true", "optimizer.name=sgd", "optimizer.lr=0.5",
+              "schedule.epochs=1", "hardware.cpu=true", "logging.tensorboard=false", "model.quantize=int8",
+              "model.quantize_text_encoders=nf4"]
+    assert train(validate_for_run(load_config(None, [*common, "output.name=one", "schedule.batch_size=2"]))) == 0
+    cmd = [sys.executable, "-m", "trainer_backend", "launch"]
+    for item in [*common, "output.name=two", "schedule.batch_size=1", "hardware.num_processes=2"]:
+        cmd += ["--set", item]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    a = load_file(str(tmp_path / "runs" / "one" / "one.safetensors"))
+    b = load_file(str(tmp_path / "runs" / "two" / "two.safetensors"))
+    assert a.keys() == b.keys() and any(k.startswith("lora_te_") for k in a)
+    worst = max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-12)).item()
+                for k in a if not k.endswith(".alpha"))
+    assert worst <= 1e-5, f"max relative difference {worst:.2e}"
+
+
+def test_kohya_fp8_base_and_paged_adamw8bit_import():
+    """kohya_ss presets with fp8_base and PagedAdamW8bit become model.quantize = float8 and paged_adamw8bit."""
+    from gui.kohya_import import import_kohya
+    result = import_kohya({"LoRA_type": "Standard", "fp8_base": True, "optimizer": "PagedAdamW8bit"})
+    cfg = result.config()
+    assert (cfg.model.quantize, cfg.optimizer.name) == ("float8", "paged_adamw8bit")
+    assert rules.problems(cfg, "quantize") == []
+    assert import_kohya({"LoRA_type": "Standard", "fp8_base": False}).config().model.quantize == "none"
+
+
+@pytest.mark.parametrize("kind, most", [("int8", 0.26), ("float8", 0.26), ("nf4", 0.15)])
+def test_quantized_layers_are_smaller_and_kept_layers_are_not(kind, most):
+    """The bytes the bench reports are the quantized tensors' real bytes (int8/float8: 1 byte per weight
+    plus a scale per row, nf4: half a byte plus an absmax per 64), layers named to keep stay as they were,
+    and the quantized layers compute what the fp32 ones did up to their rounding."""
+    from trainer_backend.training.quantize import quantize_module, quantized_kind, weight_bytes
+    torch.manual_seed(0)
+    net = torch.nn.Sequential()
+    net.add_module("proj_in", torch.nn.Linear(256, 256))
+    net.add_module("time_embedding", torch.nn.Linear(256, 256))
+    x = torch.randn(4, 256)
+    ref, fp32 = net(x).detach(), weight_bytes(net.proj_in)
+    kept = net.time_embedding.weight.detach().clone()
+    assert quantize_module(net, kind, device="cpu", compute_dtype=torch.float32, keep=("time_embedding",)) == 1
+    assert quantized_kind(net) == kind
+    assert weight_bytes(net.proj_in) <= most * fp32
+    assert type(net.time_embedding) is torch.nn.Linear and torch.equal(net.time_embedding.weight, kept)
+    with torch.no_grad():
+        err = (net(x) - ref).norm() / ref.norm()
+    assert 0 < err < 0.15, err

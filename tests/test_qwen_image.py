@@ -172,6 +172,51 @@ def test_samples_before_the_first_step_are_the_pipelines_images(arch, tiny_model
     assert np.abs(sample - np.array(want).astype(np.int16)).max() <= 1
 
 
+def test_the_24gb_presets_quantized_base_trains_an_edit_lora_that_loads_in_diffusers(tmp_path, tiny_models):
+    """qwen-image-edit-lora-24gb's memory options on the tiny model: transformer and Qwen2.5-VL in nf4
+    (the VL encoder reads the control images every step), latents cached; the file loads in a plain
+    pipeline and changes the image."""
+    import tomllib
+    from conftest import ROOT
+    preset = tomllib.loads((ROOT / "presets" / "qwen-image-edit-lora-24gb.toml").read_text())
+    quant = [f"model.{k}={preset['model'][k]}" for k in ("quantize", "quantize_text_encoders")]
+    assert quant == ["model.quantize=nf4", "model.quantize_text_encoders=nf4"]
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    control = make_dataset(tmp_path / "control", n=2, size=32, seed=5)
+    run, events, _ = train_run(tmp_path, tiny_models("qwen_image_edit"), data, "q", "schedule.max_steps=2",
+                               "optimizer.lr=1e-2", f"dataset.control_path={control}", "dataset.cache_latents=true",
+                               *quant)
+    log = (run / "train.log").read_text()
+    assert "model.quantize = nf4:" in log and "model.quantize_text_encoders = nf4:" in log
+    assert [e["step"] for e in events if e["event"] == "step"] == [1, 2]
+    family = get_family("qwen_image_edit")
+    pipe = _pipe(family, tiny_models("qwen_image_edit"))
+    before = _image(pipe, family)
+    pipe.load_lora_weights(str(run / "q.safetensors"))
+    assert (_image(pipe, family) - before).abs().max() > 1e-3
+
+
+def test_block_names_cover_every_layer_of_the_full_size_transformer():
+    """network.block_lr names: block_00…block_59, BASE (embeddings in) and END (the output layers); every
+    module with weights of its own belongs to one."""
+    from trainer_backend.families.base import LoadedModel
+    family = get_family("qwen_image")
+    model = LoadedModel(family, family.meta_denoiser(), None, [], [], None, "flow", "", 8)
+    owners = {name for name, m in model.denoiser.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    names = {name: family.block_of(model, name) for name in owners}
+    assert set(names.values()) == {f"block_{i:02d}" for i in range(60)} | {"BASE", "END"}
+    assert names["transformer_blocks.7.attn.to_q"] == "block_07" and names["img_in"] == "BASE"
+    assert names["txt_norm"] == "BASE" and names["norm_out.linear"] == "END"
+
+
+def test_training_the_text_encoder_is_refused_naming_the_key(tiny_models):
+    from trainer_backend.methods import load_method_model
+    cfg = load_config(None, [f"model.path={tiny_models('qwen_image')}", "network.train_text_encoder=true"])
+    refusal = r"^network.train_text_encoder: Qwen-Image \(model.arch qwen_image\) keeps its text encoder frozen"
+    with pytest.raises(ConfigError, match=refusal):
+        load_method_model(cfg)
+
+
 @pytest.fixture(scope="module")
 def comfy_files(tiny_models, tmp_path_factory):
     """The tiny Qwen-Image as ComfyUI keeps it: the transformer under model.diffusion_model., the text
@@ -188,6 +233,9 @@ def comfy_files(tiny_models, tmp_path_factory):
         k = k.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
         old[k] = v.contiguous()
     save_file(old, str(out / "qwen_2.5_vl_7b.safetensors"), metadata={"sd_studio.config": te.config.to_json_string()})
+    vae_config = json.dumps({k: v for k, v in model.vae.config.items() if not k.startswith("_")})
+    save_file({k: v.contiguous() for k, v in model.vae.state_dict().items()}, str(out / "qwen_image_vae.safetensors"),
+              metadata={"sd_studio.config": vae_config})
     return folder, out
 
 
@@ -196,7 +244,8 @@ def test_comfyui_files_load_the_same_model_as_the_diffusers_folder(comfy_files, 
     folder, files = comfy_files
     transformer, te = str(files / "qwen_image_bf16.safetensors"), str(files / "qwen_2.5_vl_7b.safetensors")
     want = load_model(str(folder))
-    got = load(transformer, vae=str(folder / "vae"), tokenizer=str(folder), text_encoder_files={"qwen_vl": te})
+    got = load(transformer, vae=str(files / "qwen_image_vae.safetensors"), tokenizer=str(folder),
+               text_encoder_files={"qwen_vl": te})
     assert got.family.name == "qwen_image"
     for a, b in ((got.denoiser, want.denoiser), (got.text_encoders[0], want.text_encoders[0]), (got.vae, want.vae)):
         sa, sb = a.state_dict(), b.state_dict()

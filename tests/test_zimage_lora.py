@@ -9,7 +9,7 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
 from trainer_backend.families import get_family, load_model
-from trainer_backend.families.flux.kohya_lora import merge_into_original
+from trainer_backend.families.kohya_fused import merge_into_original
 from trainer_backend.families.zimage.kohya_lora import to_kohya_zimage, to_peft_updates
 from trainer_backend.families.zimage.single_file import from_original, to_original
 

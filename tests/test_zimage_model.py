@@ -161,20 +161,23 @@ def test_presets_pass_the_rules_and_target_real_modules(name, tiny):
 
 
 def test_samples_during_training_with_and_without_guidance(tiny, tmp_path):
-    """Turbo-style samples (no guidance) and guided ones with a negative prompt, through ZImagePipeline."""
+    """Samples through ZImagePipeline; cfg_scale in the usual convention: 0 and 1 both mean no
+    guidance (Turbo), 3 is classifier-free guidance against the negative prompt."""
     import numpy as np
     from PIL import Image
     folder, _ = tiny
     data = make_dataset(tmp_path / "data", n=2, size=32)
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("a red square --s 2 --l 0 --d 1\na blue square --n blurry --s 2 --l 2 --d 1\n")
+    prompts.write_text("a red square --s 2 --l 0 --d 1\na red square --s 2 --l 1 --d 1\n"
+                       "a red square --n blurry --s 2 --l 3 --d 1\n")
     run, events, _ = train_run(tmp_path, folder, data, "sampled", f"samples.prompt_file={prompts}",
                                "samples.every_n_steps=1", "schedule.max_steps=1")
     paths = [p for e in events if e["event"] == "sample" for p in e["paths"]]
-    assert len(paths) == 2
+    assert len(paths) == 3
     images = [np.asarray(Image.open(p), dtype=np.float32) for p in paths]
     assert all(im.shape == (32, 32, 3) and im.std() > 0 for im in images)
-    assert np.abs(images[0] - images[1]).max() > 0  # different prompts and guidance give different images
+    assert np.array_equal(images[0], images[1])  # cfg_scale 0 and 1: no guidance either way
+    assert np.abs(images[2] - images[0]).max() > 0  # guided by the negative prompt
 
 
 def test_a_transformer_file_in_diffusers_names_loads_too(comfy_files, tmp_path):

@@ -24,6 +24,11 @@ def processes(cfg: TrainConfig) -> int:
     return cfg.hardware.num_processes * cfg.hardware.num_machines
 
 
+def sharded(cfg: TrainConfig) -> bool:
+    """DeepSpeed or FSDP own the weights, gradients and optimizer (even in one process)."""
+    return cfg.hardware.strategy != "ddp"
+
+
 @_rule("memory")
 def _fused_backward(cfg: TrainConfig) -> Iterator[Problem]:
     if not cfg.optimizer.fused_backward:
@@ -37,6 +42,9 @@ def _fused_backward(cfg: TrainConfig) -> Iterator[Problem]:
         yield Problem(key, f"gradient clipping needs the norm of all gradients together, known only after the "
                            f"whole backward pass: set optimizer.max_grad_norm = 0 (got {cfg.optimizer.max_grad_norm}) "
                            f"or turn fused_backward off")
+    if sharded(cfg):
+        yield Problem(key, f"hardware.strategy = {cfg.hardware.strategy} steps the weights itself: use "
+                           f"hardware.strategy = ddp or turn fused_backward off")
     if processes(cfg) > 1:
         yield Problem(key, "each process would step on its own gradients before they are averaged across "
                            "processes: use one process (hardware.num_processes = 1, hardware.num_machines = 1) "
@@ -51,7 +59,8 @@ def _fused_backward(cfg: TrainConfig) -> Iterator[Problem]:
 
 @_rule("memory")
 def _block_swap(cfg: TrainConfig) -> Iterator[Problem]:
-    if cfg.memory.block_swap and cfg.network.type != "vae" and processes(cfg) > 1:
+    if cfg.memory.block_swap and cfg.network.type != "vae" and (processes(cfg) > 1 or sharded(cfg)):
         yield Problem("memory.block_swap", "swapped blocks move between CPU and GPU memory under DDP/FSDP/"
                                            "DeepSpeed's gradient buffers: use one process (hardware.num_processes "
-                                           "= 1, hardware.num_machines = 1) or set memory.block_swap = 0")
+                                           "= 1, hardware.num_machines = 1, hardware.strategy = ddp) or set "
+                                           "memory.block_swap = 0")

@@ -115,6 +115,8 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
         if cfg.network.network_weights:  # into the fp32 adapters; a resumed checkpoint loads later and wins
             from .network_weights import load_network_weights
             load_network_weights(model, trainable.modules, cfg, alpha_for_module(cfg))
+    from ..training.quantize import ddp_skip_frozen
+    ddp_skip_frozen(trainable.modules)  # a quantized frozen base never goes through DDP's broadcast
     count = sum(p.numel() for p in trainable.parameters())
     LOG.info("method: %s; %s trainable parameters", describe_method(cfg, class_samples), f"{count:,}")
     if cfg.network.type != "full":

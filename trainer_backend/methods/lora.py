@@ -2,7 +2,6 @@
 convolutions, LoCon-style, when network.conv_rank > 0) and optionally the text encoders."""
 from __future__ import annotations
 
-import logging
 import re
 
 import torch
@@ -10,8 +9,6 @@ from peft.utils import get_peft_model_state_dict
 
 from ..config import ConfigError, TrainConfig
 from .base import Trainable, fp32_param_groups
-
-LOG = logging.getLogger("trainer")
 
 __all__ = ["Trainable", "adapter_config", "adapter_state_dicts", "alpha_for_module",
            "setup_lora"]
@@ -71,9 +68,6 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
     check_excludes(cfg, model.denoiser)
     _add_adapter(model.denoiser, adapter_config(cfg, family.denoiser_name), "network.target_modules")
     modules: dict[str, torch.nn.Module] = {family.denoiser_name: model.denoiser}
-    if cfg.network.train_text_encoder and not model.trained_text_encoders():
-        LOG.warning("network.train_text_encoder: %s trains no text encoder (its LoRA files hold transformer "
-                    "adapters only); the text encoder stays frozen", family.label)
     if cfg.network.train_text_encoder:
         for name, encoder in model.trained_text_encoders():
             _add_adapter(encoder, adapter_config(cfg, name), "network.text_encoder_target_modules")

@@ -61,6 +61,7 @@ def autocast(device: torch.device, dtype: torch.dtype):
 def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> list:
     """PIL images from a pipeline call: denoising under autocast in the compute dtype, decoding by
     the fp32 VAE outside it (an fp16 VAE overflows, SDXL's above all)."""
+    pipe = run_on(pipe, device)  # on `device` even where the VAE or text encoders wait in CPU memory
     with autocast(device, weight_dtype):
         latents = pipe(output_type="latent", **call).images
     vae = pipe.vae
@@ -86,8 +87,10 @@ def run_on(pipe, device: torch.device):
     """The pipeline with its execution device fixed to `device`. diffusers takes it from the first
     module's weights, which memory.offload_encoders keeps in CPU memory (their hooks move each call's
     inputs to the device)."""
-    pipe.__class__ = type(pipe.__class__.__name__, (pipe.__class__,),
-                          {"_execution_device": property(lambda self: device)})
+    if getattr(type(pipe), "_runs_on", None) != device:
+        base = getattr(type(pipe), "_pipeline_class", type(pipe))
+        pipe.__class__ = type(base.__name__, (base,), {"_execution_device": property(lambda self: device),
+                                                       "_runs_on": device, "_pipeline_class": base})
     return pipe
 
 
@@ -180,8 +183,6 @@ class SampleImages:
         with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), \
                 (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
             pipe = model.family.build_pipeline(model, self.cfg.samples.scheduler)
-            if self.cfg.memory.offload_encoders:  # the pipeline would take the offloaded VAE's device for its own
-                pipe = run_on(pipe, device)
             for i, p in enumerate(self.prompts):
                 prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
                 control = {model.family.control_image_argument: self.controls[i]} if self.controls[i] else {}

@@ -98,8 +98,10 @@ def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
     if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
         if cfg.model.quantize != "none":  # (not with memory.block_swap: config/quantize_rules.py)
             quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep)
-        else:  # memory.block_swap: the swapped blocks stay in CPU memory (training/block_swap.py moves them)
-            place_without(model.denoiser, swapped_blocks(cfg, model), device, trained)
+        elif swapped := swapped_blocks(cfg, model):  # memory.block_swap: these stay in CPU memory (block_swap.py)
+            place_without(model.denoiser, swapped, device, trained)
+        else:
+            model.denoiser.to(device, dtype=trained)
     trained_encoders = {id(te) for _, te in model.trained_text_encoders()} if cfg.network.train_text_encoder else set()
     offloaded = {id(m) for m in offloaded_modules(cfg, model, trained_encoders)}  # memory.offload_encoders
     model.vae.to(torch.device("cpu") if id(model.vae) in offloaded else accelerator.device, dtype=torch.float32)

@@ -19,8 +19,10 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..flux.components import _check, _header, _load, _own_config, _strip, _weights_on_meta
-from .original_keys import from_original, strip_prefix, to_original, vae_from_original, vae_to_original
+from ..component_files import check as _check, header as _header, load_into as _load
+from ..component_files import own_config as _own_config, strip as _strip, weights_on_meta as _weights_on_meta
+from .original_keys import (from_original, normalise_vae_keys, strip_prefix, to_original, vae_from_original,
+                            vae_to_original)
 
 QWEN_PREFIXES = ("text_encoders.qwen3_4b.transformer.", "text_encoders.qwen3_8b.transformer.", "transformer.")
 QWEN_SIZES = {2560: "text_encoder-qwen3-4b.json", 4096: "text_encoder-qwen3-8b.json"}
@@ -120,6 +122,7 @@ def load_vae(path_str: str):
             raise ConfigError(f"model.vae: {path} is not a Flux.2 VAE folder ({str(e).splitlines()[0]})") from None
     from safetensors.torch import load_file
     shapes, metadata = _header("model.vae", path)
+    shapes = normalise_vae_keys(shapes)
     config = _own(metadata, bundled("vae.json"), "latent_channels")
     with _weights_on_meta():
         vae = AutoencoderKLFlux2.from_config(config)

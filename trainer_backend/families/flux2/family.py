@@ -41,6 +41,8 @@ class Flux2Family(FlowFamily):
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "to_qkv_mlp_proj")
     text_encoder_file_options = ("text_encoder",)
+    # Qwen3's residual stream has outlier activations in the thousands: cached in bf16 (fp16's range is narrow)
+    text_cache_dtype = "bfloat16"
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
                       (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"),
                       (r"^(?:x_embedder|context_embedder|time_guidance_embed|double_stream_modulation_img|"
@@ -111,11 +113,17 @@ class Flux2Family(FlowFamily):
         encoder = _unwrap((encoders or model.text_encoders)[0])
         body = getattr(encoder, "model", encoder)  # the decoder stack: no logits over the vocabulary
         device = _device(encoder)
-        out = body(input_ids=input_ids[0].to(device), attention_mask=input_ids[1].to(device),
-                   output_hidden_states=True, use_cache=False)
+        with torch.no_grad():  # the Qwen3 is never trained here: no graph, no activations kept
+            out = body(input_ids=input_ids[0].to(device), attention_mask=input_ids[1].to(device),
+                       output_hidden_states=True, use_cache=False)
         stacked = torch.stack([out.hidden_states[k] for k in self.hidden_layers(encoder)], dim=1)
         b, n, length, width = stacked.shape
         return {"hidden": stacked.permute(0, 2, 1, 3).reshape(b, length, n * width)}
+
+    def use_plain_attention(self, model):
+        """precision.attention = "default": Flux.2's attention through PyTorch's math kernel (its processors
+        are not diffusers' AttnProcessor kind)."""
+        model.denoiser.set_attention_backend("_native_math")
 
     # ---- latents
     def latent_shape(self, model, height, width):

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..flux.kohya_lora import _entry, _fuse
+from ..kohya_fused import merge_into_original, to_kohya_fused  # noqa: F401 (merge: a public name here too)
 from .original_keys import linear_pairs
 
 # the original modules diffusers' kohya converter reads for Flux.2 (others would be dropped there)
@@ -45,37 +45,5 @@ def to_kohya_flux2(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float
     """peft LoRA weights of the transformer -> kohya's Flux.2 layout. `denoiser` (any device, meta too)
     gives the module table and the output sizes of fused parts that carry no adapter."""
     table = _table(denoiser)
-    groups: dict[str, tuple[list[str], dict]] = {}
-    for component, sd in state_dicts.items():
-        if component != "transformer":
-            raise ValueError(f"kohya's Flux.2 LoRA layout has no place for {component} adapters")
-        for key in sd:
-            if key.endswith("lora_B.weight"):
-                continue
-            if not key.endswith("lora_A.weight"):
-                raise ValueError(f"unexpected adapter key {key!r}: not a LoRA weight")
-            module = key[: -len(".lora_A.weight")]
-            value = float(alpha(component, module) if callable(alpha) else alpha)
-            orig, parts = original_module(module, table)
-            groups.setdefault(orig, (parts, {}))[1][module] = (sd[key], sd[f"{module}.lora_B.weight"], value)
-    out: dict[str, torch.Tensor] = {}
-    for orig, (parts, present) in groups.items():
-        down, up, value = _fuse(parts, present, lambda p: denoiser.get_submodule(p).out_features)
-        out.update(_entry("lora_unet_" + orig.replace(".", "_"), down, up, value))
-    return out
-
-
-def merge_into_original(original: dict[str, torch.Tensor], kohya: dict[str, torch.Tensor],
-                        multiplier: float = 1.0) -> dict[str, torch.Tensor]:
-    """What ComfyUI's LoRA loader does with such a file: W + multiplier · alpha/rank · up @ down on each
-    named original-layout weight (a copy)."""
-    by_name = {k[: -len(".weight")].replace(".", "_"): k for k in original if k.endswith(".weight")}
-    merged = dict(original)
-    for key, down in kohya.items():
-        if not key.endswith(".lora_down.weight"):
-            continue
-        name = key[: -len(".lora_down.weight")]
-        target = by_name[name[len("lora_unet_"):]]
-        up, alpha = kohya[f"{name}.lora_up.weight"], float(kohya[f"{name}.alpha"])
-        merged[target] = original[target] + multiplier * (alpha / down.shape[0]) * (up.float() @ down.float())
-    return merged
+    return to_kohya_fused(state_dicts, alpha, denoiser, lambda m: original_module(m, table), {},
+                          lambda orig: False, "Flux.2")

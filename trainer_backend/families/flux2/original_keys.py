@@ -143,6 +143,19 @@ def load_transformer_file(path: str | Path, like):
 VAE_MOVED = {"quant_conv": "encoder.quant_conv", "post_quant_conv": "decoder.post_quant_conv"}
 
 
+def normalise_vae_keys(state: dict) -> dict:
+    """The variants of the original VAE layout in circulation -> one: a `first_stage_model.` or `vae.`
+    prefix dropped, top-level `quant_conv`/`post_quant_conv` moved into the encoder/decoder (ComfyUI's
+    loader accepts both places)."""
+    for prefix in ("first_stage_model.", "vae."):
+        if any(k.startswith(prefix) for k in state):
+            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    if any(k.startswith("encoder.down_blocks.") for k in state):  # diffusers' own layout: left as it is
+        return state
+    return {(VAE_MOVED[k.split(".", 1)[0]] + "." + k.split(".", 1)[1] if k.split(".", 1)[0] in VAE_MOVED else k): v
+            for k, v in state.items()}
+
+
 def vae_to_original(state: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
     """AutoencoderKLFlux2 weights -> the original layout (flux2-vae.safetensors)."""
     from ..sd.ldm_keys import VAE_PREFIX, vae_to_ldm
@@ -161,6 +174,7 @@ def vae_from_original(state: dict[str, torch.Tensor], like: dict[str, torch.Tens
     """Original-layout (or already diffusers-layout) VAE weights -> AutoencoderKLFlux2 names, by the
     inverse of vae_to_original on the target model's own keys (`like`); attention 1x1 convolutions
     become linear weights again. Keys the file lacks are left out (the caller checks)."""
+    state = normalise_vae_keys(state)
     if any(k.startswith("encoder.down_blocks.") for k in state):
         return {k: v for k, v in state.items() if k in like}
     names = {next(iter(vae_to_original({key: value}, config))): key for key, value in like.items()}

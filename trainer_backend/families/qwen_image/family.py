@@ -41,7 +41,8 @@ class QwenImageFamily(FlowFamily):
     name = "qwen_image"
     label = "Qwen-Image"
     text_encoder_names = ("text_encoder",)
-    trained_text_encoders = ()  # Qwen2.5-VL 7B stays frozen: diffusers' Qwen-Image LoRA loader reads the transformer only
+    # Qwen2.5-VL 7B stays frozen: diffusers' Qwen-Image LoRA loader reads the transformer only
+    trained_text_encoders = ()
     full_single_file = "denoiser"
     text_cache_dtype = "bfloat16"  # Qwen2.5-VL hidden states: 3584 wide; bf16 keeps their range
     # both streams' attention and both streams' MLPs in every block
@@ -49,8 +50,10 @@ class QwenImageFamily(FlowFamily):
                        "net.0.proj", "net.2")
     default_text_encoder_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
     text_encoder_file_options = ("qwen_vl",)
+    # model.quantize: the embeddings in and out of the token streams stay in full precision
+    keep_unquantized = ("time_text_embed", "img_in", "txt_in", "norm_out", "proj_out")
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "block_{0:02d}"),
-                      (r"^(?:img_in|txt_in|txt_norm|time_text_embed)\.", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
+                      (r"^(?:img_in|txt_in|txt_norm|time_text_embed)\b", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "qwen_image"
     modelspec_architecture = "qwen-image"
     edit = False

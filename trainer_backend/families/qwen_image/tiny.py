@@ -1,7 +1,7 @@
 """Tiny random Qwen-Image and Qwen-Image-Edit pipelines, built offline in seconds for tests and the
 demo: a two-layer Qwen2.5-VL (text model and a one-block vision tower) with the local Qwen-style
 BPE tokenizer (families/tiny_qwen.py), a 3D causal AutoencoderKLQwenImage with 8× spatial
-compression and its own latents_mean/std, a one-block QwenImageTransformer2DModel, and Qwen-Image's
+compression and its own latents_mean/std, a two-block QwenImageTransformer2DModel, and Qwen-Image's
 flow-matching scheduler. The edit model adds the vision-language processor (text.py builds it
 locally: no download). A 64 px image is an 8×8 latent and 16 packed tokens."""
 from __future__ import annotations
@@ -55,7 +55,7 @@ def build_tiny_qwen_image(out_dir: str | Path, seed: int = 0, edit: bool = False
         shutil.rmtree(staging, ignore_errors=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=Z_DIM * 4, out_channels=Z_DIM, num_layers=1,
+        transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=Z_DIM * 4, out_channels=Z_DIM, num_layers=2,
                                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
                                                   axes_dims_rope=(8, 4, 4))
         torch.manual_seed(seed + 1)

@@ -122,6 +122,11 @@ class ZImageFamily(FlowFamily):
         from diffusers import ZImagePipeline
         return ZImagePipeline
 
+    def guidance_arguments(self, model, scale: float) -> dict:
+        """samples' cfg_scale in the usual convention (neg + s·(pos − neg); 1 = none) as ZImagePipeline's
+        guidance_scale g, which computes pos + g·(pos − neg): g = s − 1, and none at all for s ≤ 1 (Turbo)."""
+        return {"guidance_scale": max(float(scale) - 1.0, 0.0)}
+
     def build_pipeline(self, model, scheduler: str = "euler"):
         from diffusers import FlowMatchEulerDiscreteScheduler
         if scheduler not in ("default", "euler"):

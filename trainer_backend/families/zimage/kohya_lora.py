@@ -5,8 +5,8 @@ ComfyUI's generic LoRA key map (`lora_unet_` + the model's own weight names) and
 the original checkpoint find them.
 
 Where the original model fuses q, k and v into `attention.qkv`, the three adapters become one on the
-fused layer (the down matrices stacked, the up matrices block-diagonal; families/flux/kohya_lora.py
-explains the construction); `to_out.0` is `attention.out`. The fused update equals the parts'
+fused layer (the down matrices stacked, the up matrices block-diagonal; families/kohya_fused.py
+builds it); `to_out.0` is `attention.out`. The fused update equals the parts'
 updates exactly, and `read_kohya_zimage` splits it back (network.network_weights).
 
 The default layout (diffusers', `transformer.layers.0.attention.to_q.lora_A.weight`) loads in
@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from ..flux.kohya_lora import _entry, _fuse
+from ..kohya_fused import to_kohya_fused
 from .single_file import QKV, original_name
 
 
@@ -36,24 +36,10 @@ def to_kohya_zimage(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: floa
                     denoiser) -> dict[str, torch.Tensor]:
     """peft LoRA weights of the transformer -> kohya's layout on the original modules.
     `denoiser` (any device, meta too) gives the sizes of fused parts that carry no adapter."""
-    groups: dict[str, tuple[list[str], dict]] = {}
-    for component, sd in state_dicts.items():
-        if component != "transformer":
-            raise ValueError(f"Z-Image LoRA files hold transformer adapters only, not {component}")
-        for key in sd:
-            if key.endswith("lora_B.weight"):
-                continue
-            if not key.endswith("lora_A.weight"):
-                raise ValueError(f"unexpected adapter key {key!r}: not a LoRA weight")
-            module = key[: -len(".lora_A.weight")]
-            value = float(alpha(component, module) if callable(alpha) else alpha)
-            orig, parts = original_module(module)
-            groups.setdefault(orig, (parts, {}))[1][module] = (sd[key], sd[f"{module}.lora_B.weight"], value)
-    out: dict[str, torch.Tensor] = {}
-    for orig, (parts, present) in groups.items():
-        down, up, value = _fuse(parts, present, lambda p: denoiser.get_submodule(p).out_features)
-        out.update(_entry("lora_unet_" + orig.replace(".", "_"), down, up, value))
-    return out
+    extra = [c for c in state_dicts if c != "transformer"]
+    if extra:
+        raise ValueError(f"Z-Image LoRA files hold transformer adapters only, not {extra[0]}")
+    return to_kohya_fused(state_dicts, alpha, denoiser, original_module, {}, lambda _: False, "Z-Image")
 
 
 def is_kohya_zimage(state: dict) -> bool:
