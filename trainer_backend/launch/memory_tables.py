@@ -13,11 +13,13 @@ from pathlib import Path
 TABLES = Path(__file__).resolve().parents[2] / "assets" / "memory_tables.json"
 GiB = 2 ** 30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# weight-only quantization of Linear weights (model.quantize, training/quantize.py): bytes per weight.
-# int8/float8 (torchao): one byte, plus a scale per output row (ROW_SCALE_BYTES); nf4 (bitsandbytes'
-# Params4bit: blocks of 64, absmax compressed to 8 bits in blocks of 256 with an fp32 absmax each)
-QUANT_BYTES = {"int8": 1.0, "float8": 1.0, "nf4": 0.5 + 1 / 64 + 4 / (64 * 256)}
-ROW_SCALE_BYTES = {"int8": 2, "float8": 4, "nf4": 0}
+# weight-only quantization of Linear weights (model.quantize, training/quantize.py), as the libraries
+# store it: torchao int8 = an int8 per weight, an fp32 scale and an int8 zero point per output row;
+# float8 = a float8 per weight and an fp32 scale per row; bitsandbytes nf4 (Params4bit) = half a byte
+# per weight, a uint8 absmax per 64-weight block, an fp32 absmax per 256 of those, and per layer the
+# 16-value and 256-value fp32 code tables
+ROW_BYTES = {"int8": 5, "float8": 4}
+NF4_LAYER_BYTES = 16 * 4 + 256 * 4
 # optimizer state, in multiples of the trained parameter's bytes (fp32 parameters unless said):
 # adamw: exp_avg + exp_avg_sq; prodigy: those + s + p0; lion, sgd (momentum): one buffer
 STATE_FACTOR = {"adamw": 2.0, "prodigy": 4.0, "lion": 1.0, "sgd": 1.0}
@@ -48,8 +50,12 @@ def weight_bytes(component: dict, dtype: str, quantize: str = "none") -> float:
     total = component["params"] * DTYPE_BYTES[dtype]
     if quantize in (None, "", "none"):
         return total
-    weights, rows = component["quantizable"]
-    return total - weights * DTYPE_BYTES[dtype] + weights * QUANT_BYTES[quantize] + rows * ROW_SCALE_BYTES[quantize]
+    weights, rows, layers, blocks, groups = component["quantizable"]
+    if quantize == "nf4":
+        stored = weights / 2 + blocks + groups * 4 + layers * NF4_LAYER_BYTES
+    else:
+        stored = weights + rows * ROW_BYTES[quantize]
+    return total - weights * DTYPE_BYTES[dtype] + stored
 
 
 def adapter_tensors(component: dict, network, targets, conv_targets=()) -> list[int]:

@@ -79,8 +79,11 @@ def component_entry(module: torch.nn.Module, keep=()) -> dict:
     from .quantize import quantizable_linears
     names = quantizable_linears(module, keep)
     layers = [module.get_submodule(n) for n in names]
+    sizes = [m.in_features * m.out_features for m in layers]
+    blocks = [-(-n // 64) for n in sizes]   # nf4's 64-weight blocks per layer, and their 256-block groups
     return {"params": sum(p.numel() for p in module.parameters()), "layers": layer_rows(module),
-            "quantizable": [sum(m.in_features * m.out_features for m in layers), sum(m.out_features for m in layers)]}
+            "quantizable": [sum(sizes), sum(m.out_features for m in layers), len(layers), sum(blocks),
+                            sum(-(-b // 256) for b in blocks)]}
 
 
 # ----------------------------------------------------------------------------- autocast on the meta device
