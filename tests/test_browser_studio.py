@@ -149,7 +149,7 @@ def choose_preset(page, label: str) -> None:
 
 def test_training_page_demo_plan_presets_and_validation(server, browser):
     page = open_page(browser, server.url)
-    assert field_input(page, "model", "path").input_value() == "builtin:tiny-sd1"
+    assert field_input(page, "model", "path").input_value() == "assets/demo_model"
     assert "demo-sd1-lora" in page.locator("#preset-select input").first.input_value()
     shot(page, "studio-training")
 
