@@ -149,7 +149,7 @@ def choose_preset(page, label: str) -> None:
 
 def test_training_page_demo_plan_presets_and_validation(server, browser):
     page = open_page(browser, server.url)
-    assert field_input(page, "model", "path").input_value() == "builtin:tiny-sd1"
+    assert field_input(page, "model", "path").input_value() == "assets/demo_model"
     assert "demo-sd1-lora" in page.locator("#preset-select input").first.input_value()
     shot(page, "studio-training")
 
@@ -199,8 +199,13 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
 
 def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     page = open_page(browser, server.url)
+    # the demo trains 80 steps in ~30 s: make it long enough that Stop lands while it runs
+    page.get_by_role("tab", name="Optimizer & schedule").click()
+    epochs = field_input(page, "schedule", "epochs")
+    epochs.fill("40")
+    page.keyboard.press("Tab")
     page.get_by_role("tab", name="GPUs").click()
-    plan = wait_text(page, "#plan-table", r"total optimizer steps", 60)   # what Start will run
+    plan = wait_text(page, "#plan-table", r"total optimizer steps[^\n]*\b800\b", 60)   # what Start will run
     planned_steps = plan_rows(plan)["total optimizer steps"][1].replace(",", "")
     page.click("#start-training")
     wait_text(page, "#run-header", r"demo-sd1-lora", 30)

@@ -65,7 +65,7 @@ def test_page_opens_with_the_demo_preset(app_config):
     studio, config = app_config
     label, cfg = studio.initial()
     assert label == "demo-sd1-lora (built-in)"
-    assert cfg.model.path == "builtin:tiny-sd1"
+    assert cfg.model.path == "assets/demo_model"
     dropdown = next(c for c in config["components"] if c["props"].get("elem_id") == "preset-select")
     assert dropdown["props"]["value"] == label
 

@@ -11,7 +11,8 @@ the colour the demo preset's LoRA then teaches it. Three stages, all on the CPU:
 3. saved as a diffusers folder in fp16 (the trainer loads it in fp32) with the offline
    tokenizer of the builtin tiny models.
 Seeded and single-process: rerunning with the same torch version gives the same weights up to
-float rounding across CPUs. Takes ~15 minutes on 2 cores; the result (~3 MB) is committed in
+float rounding across CPUs. Took 37 min on a 2-core machine busy with other jobs (--threads 1);
+the result (2.6 MB) is committed in
 assets/demo_model so the demo starts without it.
 """
 from __future__ import annotations
