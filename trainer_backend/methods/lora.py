@@ -90,6 +90,8 @@ def _check_file_layout(model, cfg: TrainConfig, modules: dict) -> None:
     not after the run."""
     if cfg.network.type != "lora" or cfg.network.dora:  # the other variants write their own files (variants.py)
         return
+    if any(p.is_meta for m in modules.values() for p in m.parameters()):  # the memory planner's probe: no data
+        return
     try:
         model.family.lora_file_state(model, adapter_state_dicts(modules), alpha_for_module(cfg),
                                      cfg.output.lora_format)
