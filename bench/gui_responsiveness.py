@@ -175,6 +175,8 @@ def run_tree(tree: Path, args, browser) -> dict:
         tmp = Path(tmp)
         run, sleeper = fake_run(tmp / "runs", args.history, args.history + 1000)
         studio, url = start_studio(tree, tmp / "runs", tmp / "presets", tmp / "app.log")
+        # started after the studio: gradio's start-up check times out on a saturated machine
+        busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(args.busy)]
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
@@ -200,6 +202,9 @@ def run_tree(tree: Path, args, browser) -> dict:
                 studio.kill()
             sleeper.kill()
             sleeper.wait()
+            for b in busy:
+                b.kill()
+                b.wait()
     return {"live": live, "presets": presets}
 
 
@@ -227,19 +232,14 @@ def main() -> int:
     ap.add_argument("--busy", type=int, default=1, help="CPU-bound processes standing in for the trainer")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
-    busy = [subprocess.Popen([PY, "-c", "while True: pass"]) for _ in range(args.busy)]
     results: dict[str, list] = {t: [] for t in args.trees}
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            for _ in range(args.rounds):
-                for tree in args.trees:
-                    results[tree].append(run_tree(Path(tree).resolve(), args, browser))
-                    print(f"{tree}:\n{summary(results[tree][-1])}", flush=True)
-            browser.close()
-    finally:
-        for b in busy:
-            b.kill()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        for _ in range(args.rounds):
+            for tree in args.trees:
+                results[tree].append(run_tree(Path(tree).resolve(), args, browser))
+                print(f"{tree}:\n{summary(results[tree][-1])}", flush=True)
+        browser.close()
     print(f"\n{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; history {args.history} steps, "
           f"{args.steps} steps written every {args.interval} s, {args.busy} busy process(es)")
     return 0
