@@ -16,7 +16,7 @@ from gui import processes as procs
 from gui.run_state import RunStatus, Snapshot
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
-LOG_LINES = 3000
+LOG_LINES = 1000   # the live log box (Download full log has all): re-sent whenever the log grows
 LOG_BYTES = 1_000_000
 SMOOTHING = 0.9
 CONSOLE_TAIL = 40
