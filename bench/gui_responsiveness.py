@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 CHROMIUM = "/usr/bin/chromium"
-PRESET_A, PRESET_B = "sdxl-lora-24gb", "demo-sd1-lora"
+PRESET_A, PRESET_B = "demo-sd3-lora", "demo-sd1-lora"   # both valid: the command preview follows
 
 INIT_JS = """
 window.__longtasks = [];
@@ -157,8 +157,8 @@ def measure_preset(page, name: str, joins: list) -> dict:
                            "#field-output-name textarea'); return e && e.value === name; }", arg=name,
                            timeout=120_000, polling=20)
     t_values = page.evaluate("performance.timeOrigin + performance.now()")
-    page.wait_for_function("name => (document.querySelector('#cmd-toml')?.innerText || '').includes("
-                           "'name = \"' + name + '\"')", arg=name, timeout=120_000)
+    page.wait_for_function("name => (document.querySelector('#cmd-shell')?.innerText || '').includes("
+                           "'/' + name + '/config.toml')", arg=name, timeout=120_000)
     while True:   # settled: no change to the form for 3 s
         now = page.evaluate("performance.timeOrigin + performance.now()")
         if now - page.evaluate("window.__lastMutation") > 3000:
@@ -188,7 +188,7 @@ def run_tree(tree: Path, args, browser) -> dict:
             cdp.send("Network.enable")
             page.goto(url)
             page.wait_for_selector("#field-model-path", timeout=120_000)
-            wait_cmd = "() => (document.querySelector('#cmd-toml')?.innerText || '').includes('demo-sd1-lora')"
+            wait_cmd = "() => (document.querySelector('#cmd-shell')?.innerText || '').includes('demo-sd1-lora')"
             page.wait_for_function(wait_cmd, timeout=120_000)
             time.sleep(3)
             presets = [measure_preset(page, name, joins) for name in [PRESET_A, PRESET_B] * args.repeats]
