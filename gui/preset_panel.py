@@ -73,6 +73,10 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
             values[i] = current[i]
         return values
 
+    def changed_only(values: list, current: list) -> list:
+        # a value the form already holds is not re-sent: its widget is not redrawn, and fires no change event
+        return [gr.skip() if v == c else v for v, c in zip(values, current, strict=True)]
+
     def choices(selected: str | None) -> dict:
         return gr.update(choices=studio.store.labels(), value=selected)
 
@@ -90,7 +94,8 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
         except PresetError as e:
             return [gr.skip()] * len(inputs) + [preset_error_text(e), gr.skip()]
         values = with_current_secrets(config_to_values(fields, cfg), list(current))
-        return [*values, f"Loaded **{preset.label}**{note}.", "" if preset.builtin else preset.name]
+        return [*changed_only(values, list(current)), f"Loaded **{preset.label}**{note}.",
+                "" if preset.builtin else preset.name]
 
     ev = panel.load.click(on_load, inputs=[panel.dropdown, *inputs], outputs=[*inputs, panel.message, panel.name])
     after_load(ev)
@@ -157,7 +162,7 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
 
     def on_reset(*current):
         values = with_current_secrets(config_to_values(fields, studio.defaults()), list(current))
-        return [*values, "Reset to the schema defaults.", gr.update(value=None)]
+        return [*changed_only(values, list(current)), "Reset to the schema defaults.", gr.update(value=None)]
 
     ev = panel.reset.click(on_reset, inputs=inputs, outputs=[*inputs, panel.message, panel.dropdown])
     after_load(ev)
@@ -173,7 +178,7 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
             return [gr.skip()] * len(inputs) + [gr.skip(), preset_error_text(e), gr.skip()]
         values = with_current_secrets(config_to_values(fields, cfg), list(current))
         report = f"Saved as preset **{preset.name}** and loaded into the form.\n\n" + report_markdown(result)
-        return [*values, report, "", choices(preset.label)]
+        return [*changed_only(values, list(current)), report, "", choices(preset.label)]
 
     ev = panel.kohya_button.click(on_import, inputs=[panel.kohya_file, panel.kohya_name, *inputs],
                                   outputs=[*inputs, panel.kohya_report, panel.message, panel.dropdown])

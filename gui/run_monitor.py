@@ -16,10 +16,11 @@ from gui import processes as procs
 from gui.run_state import RunStatus, Snapshot
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
-LOG_LINES = 3000
+LOG_LINES = 1000   # the live log box (Download full log has all): re-sent whenever the log grows
 LOG_BYTES = 1_000_000
 SMOOTHING = 0.9
 CONSOLE_TAIL = 40
+CHART_POINTS = 300   # per series: a chart of a long run is thinned to this many points (the newest always kept)
 
 
 def log_path(run_dir: Path) -> Path | None:
@@ -87,6 +88,16 @@ def _number(v) -> float | None:
     return f if f == f and abs(f) != float("inf") else None
 
 
+def thin(n: int, max_points: int = CHART_POINTS) -> list[int]:
+    """Indices of at most ~max_points evenly spread points of n, the first and the newest included:
+    the browser redraws a chart on every new step, and thousands of points make that slow."""
+    if n <= max_points:
+        return list(range(n))
+    stride = -(-n // max_points)
+    keep = list(range(0, n, stride))
+    return keep if keep[-1] == n - 1 else [*keep, n - 1]
+
+
 def loss_frame(snap: Snapshot) -> pd.DataFrame | None:
     """Long-format frame (step, value, series): raw and smoothed training loss, and the
     validation loss where it was computed; None when
@@ -95,11 +106,15 @@ def loss_frame(snap: Snapshot) -> pd.DataFrame | None:
     points = [(step, loss) for step, loss in points if loss is not None]
     if not points:
         return None
-    steps = [p[0] for p in points]
-    raw = [p[1] for p in points]
+    smoothed = smooth([p[1] for p in points])      # over every point, then thinned
+    keep = thin(len(points))
+    steps = [points[i][0] for i in keep]
+    raw = [points[i][1] for i in keep]
+    smoothed = [smoothed[i] for i in keep]
     val = [(v["step"], _number(v.get("loss"))) for v in snap.validations if isinstance(v.get("step"), int)]
     val = [(step, loss) for step, loss in val if loss is not None]
-    return pd.DataFrame({"step": steps * 2 + [v[0] for v in val], "value": raw + smooth(raw) + [v[1] for v in val],
+    val = [val[i] for i in thin(len(val))]
+    return pd.DataFrame({"step": steps * 2 + [v[0] for v in val], "value": raw + smoothed + [v[1] for v in val],
                          "series": ["loss"] * len(raw) + ["loss (smoothed)"] * len(raw)
                          + ["validation loss"] * len(val)})
 
@@ -107,6 +122,7 @@ def loss_frame(snap: Snapshot) -> pd.DataFrame | None:
 def lr_frame(snap: Snapshot) -> pd.DataFrame | None:
     rows = [(s["step"], _number(s.get("lr"))) for s in snap.steps if isinstance(s.get("step"), int)]
     rows = [(step, lr) for step, lr in rows if lr is not None]
+    rows = [rows[i] for i in thin(len(rows))]
     return pd.DataFrame({"step": [r[0] for r in rows], "lr": [r[1] for r in rows]}) if rows else None
 
 

@@ -74,11 +74,26 @@ def _gallery_update(images: list[tuple[str, str]], roots: list[Path]) -> dict:
     return gr.update(value=out, visible=bool(out))
 
 
+def changed(seen: dict, now: dict, key: str, value):
+    """`value` when it differs from what this page last got for `key` (remembered in `now`), else
+    gr.skip(): a timer tick re-sends nothing the browser already shows."""
+    now[key] = value
+    return value if seen.get(key) != value or seen.get("run") != now.get("run") else gr.skip()
+
+
+def _as_update(value, make):
+    """make(value), or the skip `changed` returned."""
+    return value if value == gr.skip() else make(value)
+
+
 def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float = 0.0) -> tuple[list, dict]:
-    """Updates for a RunView's components; heavy ones are skipped when nothing changed."""
+    """Updates for a RunView's components: only those whose content changed since `seen` (what
+    the previous tick sent, returned as the second item for the next one) are sent."""
     if run_dir is None or not Path(run_dir).is_dir():
+        if seen.get("run") == "":
+            return [gr.skip()] * 7, seen
         return ["<div class='run-progress'>No run yet: load a preset and press Start on the Training page.</div>",
-                None, None, "", "", gr.update(value=[], visible=False), ""], {}
+                None, None, "", "", gr.update(value=[], visible=False), ""], {"run": ""}
     snap = snapshot(run_dir)
     status = run_status(run_dir, snap)
     numbers = rm.progress_numbers(snap, status.alive, run_started_at(run_dir))
@@ -90,13 +105,12 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
                                                                        len(snap.outputs), bool(snap.terminal))}
     same_run = seen.get("run") == now["run"]
     charts_changed = not same_run or seen.get("steps") != now["steps"]
-    losses = rm.loss_frame(snap)
     caption = (f"{len(snap.steps)} loss points · last loss {numbers['loss']:.4f}" if numbers["loss"] is not None
                else "no loss points yet")
-    updates = [html,
-               losses if charts_changed else gr.skip(),
+    updates = [changed(seen, now, "html", html),
+               rm.loss_frame(snap) if charts_changed else gr.skip(),
                rm.lr_frame(snap) if charts_changed else gr.skip(),
-               caption,
+               changed(seen, now, "caption", caption),
                (rm.log_tail(run_dir, with_console=status.status in ("error", "interrupted"))
                 if (not same_run or seen.get("log") != now["log"] or seen.get("status") != now["status"])
                 else gr.skip()),
@@ -170,7 +184,9 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
                     *[gr.skip()] * (len(view.components()) - 1), system_markdown(studio.manager.runs_dir), {},
                     "", "", None, gr.update(value=None, visible=False)]
         run_dir = studio.manager.current_run()
-        updates, now = view_updates(studio, run_dir, seen_value or {}, float(price_value or 0))
+        seen_value = seen_value or {}
+        updates, now = view_updates(studio, run_dir, seen_value, float(price_value or 0))
+        now = dict(now)
         if run_dir is None:
             head, can_kill, log, state = "### No run yet", False, None, None
         else:
@@ -178,18 +194,23 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
             state = run_status(run_dir)
             can_kill = state.alive and studio.manager.may_kill(run_dir)
             log = rm.log_path(run_dir)
-        if run_dir is not None and (seen_value or {}).get("artifacts") != now.get("artifacts") or \
-                (seen_value or {}).get("run") != now.get("run"):
+        if run_dir is not None and seen_value.get("artifacts") != now.get("artifacts") or \
+                seen_value.get("run") != now.get("run"):
             files = run_tools.output_files(run_dir, snapshot(run_dir).outputs) if run_dir else []
             files_update = gr.update(value=files or None, visible=bool(files))
         else:
             files_update = gr.skip()
         alive = bool(state and state.alive)
-        live = gr.update(interactive=alive)
         msg, said_next = message_update(said_value, run_dir, state.status if state else "")
-        return [head, gr.update(visible=can_kill), str(log) if log else None, live, live, live,
-                gr.update(interactive=bool(state and state.resumable)), *updates,
-                system_markdown(studio.manager.runs_dir), now, str(run_dir or ""), msg, said_next, files_update]
+        # only what changed since the last tick goes to the browser (a tick without news sends ~nothing)
+        live = _as_update(changed(seen_value, now, "alive", alive), lambda v: gr.update(interactive=v))
+        return [changed(seen_value, now, "head", head),
+                _as_update(changed(seen_value, now, "can_kill", can_kill), lambda v: gr.update(visible=v)),
+                changed(seen_value, now, "log_file", str(log) if log else None), live, live, live,
+                _as_update(changed(seen_value, now, "resumable", bool(state and state.resumable)),
+                           lambda v: gr.update(interactive=v)),
+                *updates, changed(seen_value, now, "system", system_markdown(studio.manager.runs_dir)), now,
+                str(run_dir or ""), msg, said_next, files_update]
 
     outputs = [header, kill, download, stop, save_now, sample_now, resume, *view.components(), system, seen, shown,
                message, said, outputs_files]

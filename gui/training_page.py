@@ -16,7 +16,8 @@ from gui.run_control import StartRefused
 from gui.schema_form import error_field, field_visibility, form_problems
 from gui.secrets_panel import build_secrets_panel, env_from_rows, status_markdown
 from gui.system_monitor import gpus_markdown
-from gui.widgets import FormWidgets, error_updates, render_form, shown_errors, tab_id, unplaced_errors
+from gui.widgets import (FormWidgets, error_updates, only_changed, render_form, shown_errors, tab_id,
+                         unplaced_errors)
 
 
 @dataclass
@@ -30,9 +31,11 @@ class TrainingPage:
     secret_boxes: list              # (name, value) textboxes, flat
     triggers: list                  # the form's change events (a Textbox's blur/submit, the others' change)
 
+    shown: gr.State = None          # keys of the error-line and cell updates the browser has (only_changed)
+
     @property
     def refresh_inputs(self) -> list:
-        return [*self.form.inputs, *self.secret_boxes, self.inspected]
+        return [*self.form.inputs, *self.secret_boxes, self.inspected, self.shown]
 
 
 def _inspector(ui: dict) -> None:
@@ -78,6 +81,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
     with gr.Accordion("Command preview", open=True, elem_id="command-preview"):   # a panel, not a hidden tab
         _preview(ui)
     inspected = gr.State("")
+    shown = gr.State(None)
     fields = studio.fields
 
     def refresh(*args):
@@ -121,13 +125,17 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             triggers.append(widget.change)
     def refresh_with_visibility(*args):
         """The refresh, plus only the options that apply to the current values shown (fields with a
-        problem highlighted)."""
+        problem highlighted); error lines and cells the browser already shows that way are skipped."""
+        *args, previous = args
         out = refresh(*args)
-        visible = field_visibility(fields, list(args[:len(fields)]))
-        return [*out, *form.visibility_updates(visible, shown_errors(out[:len(fields)]))]
+        n = len(fields)
+        visible = field_visibility(fields, list(args[:n]))
+        form_updates, keys = only_changed([*out[:n], *form.visibility_updates(visible, shown_errors(out[:n]))],
+                                          previous)
+        return [*form_updates[:n], *out[n:], *form_updates[n:], keys]
 
-    gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected],
-          outputs=[*form.errors, *outputs, *form.visibility_outputs], trigger_mode="always_last",
+    gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected, shown],
+          outputs=[*form.errors, *outputs, *form.visibility_outputs, shown], trigger_mode="always_last",
           show_progress="hidden")
 
     memory_warned = gr.State(None)
@@ -144,29 +152,31 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         if error is None:
             warning = dv.start_memory_warning(cfg, warned_at, time.time())
             if warning:   # the memory plan says it will not fit the card: warn first, start on a second press
-                return [*cleared(), f"⚠️ {warning}", gr.skip(), gr.skip(), time.time()]
+                return [*cleared(), f"⚠️ {warning}", gr.skip(), gr.skip(), time.time(),
+                        only_changed(cleared(), None)[1]]
             try:
                 run_dir = studio.manager.start(cfg, secret_env=env_from_rows(list(args[len(fields):])))
             except ConfigError as e:
                 error = e
             except StartRefused as e:
-                return [*cleared(), f"⚠️ {e}", gr.skip(), gr.skip(), None]
+                return [*cleared(), f"⚠️ {e}", gr.skip(), gr.skip(), None, only_changed(cleared(), None)[1]]
             else:
                 return [*cleared(), f"Started **{run_dir.name}** — follow it on the Run page.",
-                        gr.skip(), gr.Tabs(selected="run"), None]
+                        gr.skip(), gr.Tabs(selected="run"), None, only_changed(cleared(), None)[1]]
         target = error_field(fields, error)
         hint = f" (tab {target.tab})" if target else ""
         more = f" (and {len(errors) - 1} more, shown under their fields)" if len(errors) > 1 else ""
-        placed = error_updates(fields, errors or error)
-        return [*placed, *form.visibility_updates(visible, shown_errors(placed)),
-                f"⚠️ Not started: {error}{hint}{more}", gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip(),
-                None]
+        placed = [*error_updates(fields, errors or error)]
+        placed += form.visibility_updates(visible, shown_errors(placed))
+        return [*placed, f"⚠️ Not started: {error}{hint}{more}",
+                gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip(), None,
+                only_changed(placed, None)[1]]
 
     start.click(on_start, inputs=[*form.inputs, *secret_boxes, memory_warned],
-                outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned],
+                outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown],
                 concurrency_limit=1, concurrency_id="run-control")
-    return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs],
+    return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs, shown],
                         refresh=refresh_with_visibility,
                         inspected=inspected, start_button=start, secret_boxes=secret_boxes,
-                        triggers=[t for t in triggers])
+                        triggers=[t for t in triggers], shown=shown)
 

@@ -155,6 +155,21 @@ def error_updates(fields: list[FormField], error: ConfigError | str | list | Non
             else gr.update(value="", visible=False) for f in fields]
 
 
+def update_key(update) -> str:
+    """What an update sets, comparable across events (gr.update dicts, plain values)."""
+    return repr(sorted(update.items())) if isinstance(update, dict) else repr(update)
+
+
+def only_changed(updates: list, previous: list | None) -> tuple[list, list]:
+    """(updates with gr.skip() where the same update was sent last time, the keys to remember).
+    The form's 200-odd error lines and cells are refreshed on every change: the browser re-renders
+    only the ones that differ."""
+    keys = [update_key(u) for u in updates]
+    if not previous or len(previous) != len(keys):
+        return updates, keys
+    return [gr.skip() if k == p else u for u, k, p in zip(updates, keys, previous)], keys
+
+
 def shown_errors(updates: list) -> list[bool]:
     """Per field, from `error_updates`' result: does its error line show (the field is invalid)?"""
     return [isinstance(u, dict) and bool(u.get("visible")) for u in updates]

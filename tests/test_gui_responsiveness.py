@@ -1,0 +1,108 @@
+"""Issue 16 item 7: the page keeps up with the trainer and a preset load does not freeze it.
+A live-view tick without news re-sends nothing, a long run's chart is thinned, a preset load
+sends only the values that change, and a repeated form refresh re-renders no error line or cell.
+(bench/gui_responsiveness.py measures the same in chromium.)"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from gui import processes as procs
+from gui import run_monitor as rm
+from gui.run_state import fold_events
+from gui.shared_state import Settings, Studio
+
+
+def _step(i, total=5000):
+    return {"event": "step", "time": time.time(), "step": i, "total_steps": total, "epoch": 1, "loss": 1.0 / i,
+            "lr": 1e-4, "it_per_s": 2.0, "eta_s": 5.0}
+
+
+@pytest.fixture()
+def studio(tmp_path):
+    return Studio.create(Settings(runs_dir=tmp_path / "runs", presets_dir=tmp_path / "presets"))
+
+
+@pytest.fixture()
+def live_run(studio):
+    run = studio.settings.runs_dir / "live"
+    run.mkdir(parents=True)
+    (run / "events.jsonl").write_text("".join(json.dumps(_step(i)) + "\n" for i in range(1, 50)))
+    (run / "train.log").write_text("step 1\n")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    procs.write_process_record(run, sleeper.pid, ["accelerate", "launch"])
+    yield run
+    sleeper.kill()
+    sleeper.wait()
+
+
+def _sent(updates):
+    return [i for i, u in enumerate(updates) if not (isinstance(u, dict) and u == gr.skip())]
+
+
+def test_a_tick_without_news_sends_nothing_and_a_new_step_only_what_it_changes(studio, live_run, monkeypatch):
+    from gui.run_page import view_updates
+    monkeypatch.setattr(rm, "time", SimpleNamespace(time=lambda: 2e9))   # the elapsed time stands still
+    first, seen = view_updates(studio, live_run, {})
+    assert len(_sent(first)) == 7   # a newly shown run: everything
+    again, seen = view_updates(studio, live_run, seen)
+    assert _sent(again) == [], "a tick with no new event re-sent components the page already shows"
+    with open(live_run / "events.jsonl", "a") as fh:
+        fh.write(json.dumps(_step(50)) + "\n")
+    after, _ = view_updates(studio, live_run, seen)
+    # progress line, loss chart, LR chart, chart caption; not the log, samples or artifacts
+    assert _sent(after) == [0, 1, 2, 3]
+
+
+def test_a_long_runs_charts_are_thinned_keeping_the_newest_point():
+    snap = fold_events([_step(i) for i in range(1, 5001)])
+    loss, lr = rm.loss_frame(snap), rm.lr_frame(snap)
+    assert len(loss) <= 2 * (rm.CHART_POINTS + 1) and len(lr) <= rm.CHART_POINTS + 1
+    assert loss["step"].max() == 5000 and lr["step"].max() == 5000 and loss["step"].min() == 1
+    smoothed = loss[loss["series"] == "loss (smoothed)"]
+    # smoothed over every point, not over the thinned ones
+    assert smoothed["value"].iloc[-1] == pytest.approx(rm.smooth([1.0 / i for i in range(1, 5001)])[-1])
+
+
+def _fn(app, name):
+    return [f.fn for f in app.fns.values() if f.name == name]
+
+
+def test_a_preset_load_sends_only_the_values_that_change(studio):
+    from gui.schema_form import config_to_values
+    from gui.studio import build_app
+    app = build_app(studio)
+    label, current = studio.initial_values()
+    on_load = _fn(app, "on_load")[0]
+    target = "sdxl-lora-24gb (built-in)"
+    out = on_load(target, *current)
+    values = out[:len(current)]
+    wanted = config_to_values(studio.fields, studio.load_preset(target))
+    differ = [i for i, (a, b) in enumerate(zip(current, wanted)) if a != b]
+    assert 0 < len(differ) < len(current) // 4
+    assert _sent(values) == differ, "unchanged fields were re-sent (each redraws its widget, fires change)"
+    assert all(values[i] == wanted[i] for i in differ)
+    # loading the preset the form already shows changes no widget
+    assert _sent(on_load(label, *current)[:len(current)]) == []
+
+
+def test_a_repeated_form_refresh_re_renders_no_error_line_or_cell(studio):
+    from gui.studio import build_app
+    app = build_app(studio)
+    _, values = studio.initial_values()
+    refresh = _fn(app, "refresh_with_visibility")[0]
+    n = len(studio.fields)
+    refresh_fn = next(f for f in app.fns.values() if f.name == "refresh_with_visibility")
+    secrets = [""] * (len(refresh_fn.inputs) - n - 2)   # the secrets panel's name/value boxes
+    first = refresh(*values, *secrets, "", None)
+    assert len(_sent(first[:n])) == n          # the first refresh sets every error line
+    second = refresh(*values, *secrets, first[n + 10], first[-1])   # inspected signature, what was sent
+    form_part = second[:n] + second[n + 11:-1]   # error lines, then cells and section headings
+    assert _sent(form_part) == [], f"{len(_sent(form_part))} unchanged error lines/cells re-sent"
