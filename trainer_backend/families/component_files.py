@@ -3,7 +3,7 @@
 config (written by this project's exports), a key-by-key check of a file against the architecture
 before anything loads (one line naming the option, the file and the first key that does not fit),
 reading only the tensors under one prefix of a large all-in-one file, and assigning them to a
-module built on the meta device."""
+module built on the meta device; and the other direction, a transformer written as one such file."""
 from __future__ import annotations
 
 import json
@@ -146,3 +146,25 @@ def load_original_vae(option: str, source: Path, shapes: dict, config: dict, wha
     state = convert_ldm_vae_checkpoint(read_prefixed(source, prefix, keys=set(expected)), config)
     load_into(option, source, vae, state)
     return vae.to(torch.float32)
+
+
+def save_transformer_file(transformer, out_file: str | Path, convert=None, dtype=None,
+                          metadata: dict[str, str] | None = None) -> Path:
+    """The transformer alone as one `.safetensors` file, written atomically: its weights through
+    `convert` (diffusers names -> the file's layout; None keeps diffusers' names), cast to `dtype`,
+    and its config in the metadata (META_CONFIG), so sizes the bundled configs do not know load back."""
+    from safetensors.torch import save_file
+    state = {k: v.detach() for k, v in transformer.state_dict().items()}
+    if any("lora_" in k or ".base_layer." in k for k in state):
+        raise ValueError("the model still has adapter layers; merge them (merge_and_unload) before export")
+    out = convert(state) if convert is not None else state
+    if dtype is not None:
+        out = {k: v.to(dtype) for k, v in out.items()}
+    path = Path(out_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    config = json.dumps({k: v for k, v in transformer.config.items() if not k.startswith("_")})
+    save_file({k: v.contiguous() for k, v in out.items()}, str(tmp),
+              metadata={"format": "pt", META_CONFIG: config, **(metadata or {})})
+    os.replace(tmp, path)
+    return path

@@ -14,8 +14,6 @@ diffusers' scripts/convert_flux2_to_diffusers.py maps them.
 """
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import torch
@@ -112,21 +110,8 @@ def strip_prefix(state: dict) -> dict:
 def export_transformer(transformer, out_file: str | Path, dtype=None, metadata: dict[str, str] | None = None) -> Path:
     """The transformer alone as an original-layout `.safetensors` file (written atomically), its config
     in the metadata (`sd_studio.config`) so sizes the bundled configs do not know load back too."""
-    from safetensors.torch import save_file
-    state = {k: v.detach() for k, v in transformer.state_dict().items()}
-    if any("lora_" in k or ".base_layer." in k for k in state):
-        raise ValueError("the model still has adapter layers; merge them (merge_and_unload) before export")
-    out = to_original(state, dict(transformer.config))
-    if dtype is not None:
-        out = {k: v.to(dtype) for k, v in out.items()}
-    path = Path(out_file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    config = json.dumps({k: v for k, v in transformer.config.items() if not k.startswith("_")})
-    save_file({k: v.contiguous() for k, v in out.items()}, str(tmp),
-              metadata={"format": "pt", "sd_studio.config": config, **(metadata or {})})
-    os.replace(tmp, path)
-    return path
+    from ..component_files import save_transformer_file
+    return save_transformer_file(transformer, out_file, lambda state: to_original(state, dict(transformer.config)), dtype, metadata)
 
 
 def load_transformer_file(path: str | Path, like):

@@ -14,7 +14,6 @@ diffusers folder that has them.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ...errors import ConfigError
@@ -76,20 +75,8 @@ def _assign(module, state: dict) -> None:
 
 def export_transformer(transformer, out_file, dtype=None, metadata: dict[str, str] | None = None) -> Path:
     """The transformer alone, in the key layout ComfyUI loads (diffusers' names), written atomically."""
-    from safetensors.torch import save_file
-    state = {k: v.detach() for k, v in transformer.state_dict().items()}
-    if any("lora_" in k or ".base_layer." in k for k in state):
-        raise ValueError("the model still has adapter layers; merge them (merge_and_unload) before export")
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
-    path = Path(out_file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    config = json.dumps({k: v for k, v in transformer.config.items() if not k.startswith("_")})
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp),
-              metadata={"format": "pt", META_CONFIG: config, **(metadata or {})})
-    os.replace(tmp, path)
-    return path
+    from ..component_files import save_transformer_file
+    return save_transformer_file(transformer, out_file, None, dtype, metadata)
 
 
 def load_transformer_file(path, like):
