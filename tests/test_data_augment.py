@@ -151,9 +151,9 @@ def test_worker_processes_give_the_same_batches_and_automatic_picks_them_only_fo
             assert a["caption"] == b["caption"] and torch.equal(a["index"], b["index"])
             assert torch.equal(a["pixel_values"], b["pixel_values"])
 
-    assert loader_workers(3, "cpu", False) == 3                      # an explicit count is kept
-    assert loader_workers(-1, "cpu", False, cpu_count=16) == 0        # a CPU run keeps its cores
-    assert loader_workers(-1, "cuda", True, cpu_count=16) == 0        # cached latents: nothing to decode
-    assert loader_workers(-1, "cuda", False, num_processes=1, cpu_count=16) == 4
-    assert loader_workers(-1, "cuda", False, num_processes=8, cpu_count=16) == 1
-    assert loader_workers(-1, "cuda", False, num_processes=2, cpu_count=2) == 0
+    assert loader_workers(3, False, False) == 3                      # an explicit count is kept
+    assert loader_workers(-1, False, False, cpu_count=16) == 0        # a CPU run keeps its cores
+    assert loader_workers(-1, True, True, cpu_count=16) == 0        # cached latents: nothing to decode
+    assert loader_workers(-1, True, False, num_processes=1, cpu_count=16) == 4
+    assert loader_workers(-1, True, False, num_processes=8, cpu_count=16) == 1
+    assert loader_workers(-1, True, False, num_processes=2, cpu_count=2) == 0

@@ -26,14 +26,14 @@ def collate_with_index(pairs: list[tuple[int, dict]]) -> dict:
     return batch
 
 
-def loader_workers(requested: int, device_type: str, cache_latents: bool, num_processes: int = 1,
+def loader_workers(requested: int, accelerated: bool, cache_latents: bool, num_processes: int = 1,
                    cpu_count: int | None = None) -> int:
     """dataset.num_workers with -1 (automatic) resolved. Workers pay off where the step's image
     decoding would otherwise hold up a GPU (measured on an H100: ~40 ms of a 1.4 s SDXL step);
     on a CPU they would take cores from the training itself, and cached latents need no decoding."""
     if requested >= 0:
         return requested
-    if device_type != "cuda" or cache_latents:
+    if not accelerated or cache_latents:
         return 0
     spare = (cpu_count or 1) // max(1, num_processes) - 1  # leave each process its own core
     return max(0, min(4, spare))

@@ -4,7 +4,7 @@ that would make it fit. Pure (no torch): the studio, the CLI `plan` and the test
 Peak = what stays on the GPU (weights, trainable parameters, optimizer state, EMA) plus the largest
 of what each phase of a step adds: the text encoders' forward, the VAE's encode, the denoiser's
 forward and backward (activations measured on the full-size model, launch/memory_tables.py), and the
-optimizer step (gradients and the optimizer's temporaries). This is `torch.cuda.max_memory_allocated`;
+optimizer step (gradients and the optimizer's temporaries). This is the allocator's `max_memory_allocated` peak;
 a card also holds the CUDA context and the allocator's slack (OVERHEAD_GIB, FRAGMENTATION).
 """
 from __future__ import annotations

@@ -31,6 +31,8 @@ from collections import deque
 
 import torch
 
+from .devices import compute_stream, on_stream, side_stream
+
 LOG = logging.getLogger("trainer")
 HOST = torch.device("cpu")
 MOVES_KEPT = 10_000  # the latest moves (tests, logs); a long run must not grow a list forever
@@ -72,8 +74,8 @@ class BlockSwap:
         self.blocks, self.device = list(blocks), torch.device(device)
         self.swapped = set(range(len(blocks) - count, len(blocks)))
         self.optimizer, self.prefetch, self.move_inputs = optimizer, prefetch, move_inputs
-        self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.stream = side_stream(self.device)   # None on a CPU: copies then simply run in order
+        self.cuda = self.stream is not None
         self.tensors: dict[int, list[torch.Tensor]] = {}   # block -> its weights and buffers (each once)
         self.host: dict[int, torch.Tensor] = {}            # id(weight) -> its host copy
         self.resident: dict[int, dict] = {}                # block -> {"event": cuda event|None, "full": bool}
@@ -95,10 +97,10 @@ class BlockSwap:
 
     # ------------------------------------------------------------------ moves
     def _compute(self):
-        return torch.cuda.current_stream(self.device) if self.cuda else None
+        return compute_stream(self.device)
 
     def _side(self):
-        return torch.cuda.stream(self.stream) if self.cuda else _NoStream()
+        return on_stream(self.stream)
 
     def _state(self, t: torch.Tensor) -> list[tuple[dict, str]]:
         """(holder, key) of the optimizer state that travels with weight t in the backward pass."""
@@ -233,14 +235,6 @@ class BlockSwap:
         for k in sorted(self.swapped):
             self._ensure(k, full=True)
         self.resident.clear()
-
-
-class _NoStream:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def place_without(module: torch.nn.Module, blocks: list[torch.nn.Module], device, dtype=None) -> None:

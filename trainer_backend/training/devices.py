@@ -53,6 +53,25 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t.pin_memory().to(dev, non_blocking=True)
 
 
+def side_stream(device: torch.device | str) -> "torch.cuda.Stream | None":
+    """A second stream for copies beside the computation (block swap), where the device has streams
+    (CUDA); None elsewhere, where copies simply run in order."""
+    dev = as_device(device)
+    return torch.cuda.Stream(dev) if dev.type == "cuda" else None
+
+
+def compute_stream(device: torch.device | str) -> "torch.cuda.Stream | None":
+    """The stream the computation runs on (None where the device has no streams)."""
+    dev = as_device(device)
+    return torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+
+
+def on_stream(stream):
+    """Run the block's work on `stream` (a no-op context for None)."""
+    import contextlib
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for queued kernels (before reading a timer or a memory counter)."""
     dev = as_device(device)

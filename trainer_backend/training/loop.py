@@ -28,6 +28,7 @@ from ..run.checkpoint_files import TrainState
 from ..run.checkpointer import Checkpointer
 from ..run.contract import Event
 from ..run.stop_signals import StopSignals
+from .devices import device_kind
 from .diffusion_loss import LossParts
 from .ema import make_ema
 from .full_half_precision import keep_half_weights
@@ -69,9 +70,7 @@ def train(cfg: TrainConfig) -> int:
     optimizer = build_optimizer(cfg, trainable.param_groups, plan.lr_factor)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, total_steps, plan.multi.warmup_steps)
     register_adapter_hooks(accelerator, trainable)
-    swapping = bool(cfg.memory.block_swap) and model.denoiser is not None  # its blocks stay where they are
-    prepared = accelerator.prepare(*trainable.modules.values(), optimizer, device_placement=[
-        *(not (swapping and m is model.denoiser) for m in trainable.modules.values()), True])
+    prepared = accelerator.prepare(*trainable.modules.values(), optimizer, **placement(cfg, model, trainable))
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
     install_after_prepare(cfg, model, trainable, optimizer, accelerator.device)  # block swap, fused backward
     accelerator.register_for_checkpointing(lr_scheduler)
@@ -95,7 +94,7 @@ def train(cfg: TrainConfig) -> int:
                 state.epoch, state.batch_in_epoch = epoch + 1, 0  # counts, as in the uninterrupted run
                 break
             loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch,
-                                  device_type=accelerator.device.type, num_processes=accelerator.num_processes)
+                                  device=accelerator.device, num_processes=accelerator.num_processes)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
                 group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
@@ -140,6 +139,14 @@ def train(cfg: TrainConfig) -> int:
     return exitcodes.OK
 
 
+def placement(cfg: TrainConfig, model, trainable) -> dict:
+    """accelerator.prepare's device placement: memory.block_swap keeps the denoiser's swapped blocks where
+    they are (DeepSpeed, which block swap refuses, takes no placement argument at all)."""
+    if not cfg.memory.block_swap or model.denoiser is None:
+        return {}
+    return {"device_placement": [*(m is not model.denoiser for m in trainable.modules.values()), True]}
+
+
 def optimizer_step(accelerator, optimizer, lr_scheduler, params, cfg: TrainConfig) -> float:
     """Clip, step, advance the LR schedule, clear gradients; returns the LR this step trained with.
     With optimizer.fused_backward the weights already stepped during the backward pass (and the
@@ -172,14 +179,14 @@ def make_sampler(cfg: TrainConfig, dataset, accelerator):
                          process_index=accelerator.process_index, seed=cfg.schedule.seed)
 
 
-def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0, device_type: str = "cpu",
+def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0, device="cpu",
                  num_processes: int = 1) -> DataLoader:
     """This process's batches of `epoch`, after the first `skip` (already trained before a resume).
     The loader gets a private generator: creating its iterator must not draw from the global RNG,
     whose state (adapter dropout) a resume restores as it was at the checkpoint."""
     dataset.set_epoch(epoch)
-    workers = loader_workers(cfg.dataset.num_workers, device_type, cfg.dataset.cache_latents, num_processes,
-                             os.cpu_count())
+    workers = loader_workers(cfg.dataset.num_workers, device_kind(device) != "cpu", cfg.dataset.cache_latents,
+                             num_processes, os.cpu_count())
     return DataLoader(IndexedDataset(dataset), batch_sampler=sampler.batches(epoch)[skip:],
                       collate_fn=collate_with_index, num_workers=workers,
                       generator=torch.Generator().manual_seed(cfg.schedule.seed + epoch))
