@@ -74,5 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                root_path=args.root_path or None, allowed_paths=[str(runs_dir.resolve()),
                                                                   *(str(Path(d).expanduser().resolve()) for d in args.allow_output_dir)],
                inbrowser=args.inbrowser, css=CSS, theme="soft", show_error=True, quiet=True,
-               footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share)})
+               footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share)},
+               # Gradio's self-check gives the server one 3 s HEAD request and exits when it is late,
+               # which happens while a training run keeps the CPU busy; the studio never needs the
+               # share-link fallback that check exists for
+               _frontend=False)
     return 0

@@ -210,14 +210,19 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
                 _as_update(changed(seen_value, now, "resumable", bool(state and state.resumable)),
                            lambda v: gr.update(interactive=v)),
                 *updates, changed(seen_value, now, "system", system_markdown(studio.manager.runs_dir)), now,
-                str(run_dir or ""), msg, said_next, files_update]
+                str(run_dir or ""), msg, said_next if said_next != said_value else gr.skip(), files_update]
 
     outputs = [header, kill, download, stop, save_now, sample_now, resume, *view.components(), system, seen, shown,
                message, said, outputs_files]
-    timer.tick(tick, inputs=[price, seen, said], outputs=outputs, show_progress="hidden", concurrency_limit=None)
+    # a tick and a tab selection never overlap (one group, one at a time): `seen` is read when an
+    # event runs, so an older event finishing last could leave a button disabled that the page
+    # believes it already enabled (Start and the buttons keep their own group, so a tick never waits
+    # for a launch)
+    timer.tick(tick, inputs=[price, seen, said], outputs=outputs, show_progress="hidden", concurrency_limit=1,
+               concurrency_id="run-view")
     # components of a hidden tab are drawn when it is shown: send everything again then
     tab.select(lambda price_value, said_value: tick(price_value, {}, said_value), inputs=[price, said],
-               outputs=outputs, show_progress="hidden")
+               outputs=outputs, show_progress="hidden", concurrency_limit=1, concurrency_id="run-view")
 
     def control(action, ttl: float = 30.0):
         def handler(shown_run, *args):

@@ -79,11 +79,14 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
         return [table_value, chooser, *updates, text if seen_value.get("run") != selected else gr.skip(), now]
 
     outputs = [table, selector, *view.components(), config_code, seen]
-    selector.change(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden")
-    refresh.click(show, inputs=[selector, seen], outputs=outputs)
-    timer.tick(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden", concurrency_limit=None)
+    # the events that send the view take turns: each reads `seen` when it runs (see run_page)
+    one_at_a_time = {"concurrency_limit": 1, "concurrency_id": "runs-view"}
+    selector.change(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden", **one_at_a_time)
+    refresh.click(show, inputs=[selector, seen], outputs=outputs, **one_at_a_time)
+    timer.tick(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden", **one_at_a_time)
     # components of a hidden tab are drawn when it is shown: send everything again then
-    tab.select(lambda selected: show(selected, {}), inputs=selector, outputs=outputs, show_progress="hidden")
+    tab.select(lambda selected: show(selected, {}), inputs=selector, outputs=outputs, show_progress="hidden",
+               **one_at_a_time)
 
     def on_load_config(selected, *current):
         if not selected:

@@ -8,7 +8,8 @@ import re
 import time
 import urllib.request
 
-from test_browser_studio import browser, field_input, open_page, server, shot, wait_text  # noqa: F401
+from test_browser_studio import (browser, click_run_button, field_input, open_page, server, shot,  # noqa: F401
+                                 wait_text)
 
 def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):  # noqa: F811
     page = open_page(browser, server.url)
@@ -72,13 +73,20 @@ def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):
 
 def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811
     page = open_page(browser, server.url)
+    # the demo trains 80 steps in ~30 s: long enough that the buttons below act on a running run
+    page.get_by_role("tab", name="Optimizer & schedule").click()
+    epochs = field_input(page, "schedule", "epochs")
+    demo_epochs = epochs.input_value()
+    epochs.fill("40")
+    page.keyboard.press("Tab")
+    time.sleep(1)
     page.click("#start-training")
     wait_text(page, "#run-header", r"demo-sd1-lora", 60)
     # two loss points on the chart (the wait is a hang guard, not a speed check)
     wait_text(page, "#run-chart-caption", r"^([2-9]\d*|\d{2,}) loss points", 300)
     # 2: an action's message belongs to its run and its moment
-    page.click("#run-save-now")
-    wait_text(page, "#run-message", r"checkpoint requested", 20)
+    click_run_button(page, "#run-save-now")
+    wait_text(page, "#run-message", r"checkpoint requested", 60)
     # 22: the log box shows its newest line (scrolled to the bottom)
     page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
                            " return t && t.value.split('\\n').length > 20; }", timeout=120_000)
@@ -102,19 +110,18 @@ def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811
     page.click("#run-zip-button")
     page.wait_for_selector("#run-zip a", timeout=60_000)
     shot(page, "issue16-run-tools")
-    if "running" in page.locator("#run-progress").inner_text():   # the demo may already be done
-        page.click("#run-stop")
-    end = wait_text(page, "#run-progress", r"done|resumable", 240)
+    click_run_button(page, "#run-stop")
+    wait_text(page, "#run-progress", r"resumable", 240)
     # 2: neither "checkpoint requested…" nor "stopping, saving state…" stays next to the ended run
     page.wait_for_function("() => { const m = document.querySelector('#run-message').innerText;"
                            " return !m.includes('stopping') && !m.includes('checkpoint requested'); }",
                            timeout=30_000)
-    if end.startswith("done"):   # 20: each output file to download
-        page.wait_for_selector("#run-output-files a", timeout=60_000)
-        assert ".safetensors" in page.locator("#run-output-files").inner_text()
 
     # 3: a new Start shows the new run as starting at once, its buttons off until it runs
     page.get_by_role("tab", name="Training", exact=True).click()
+    page.get_by_role("tab", name="Optimizer & schedule").click()
+    epochs.fill(demo_epochs)       # the demo's own length: this run ends by itself
+    page.keyboard.press("Tab")
     page.get_by_role("tab", name="Model", exact=True).click()
     name = field_input(page, "output", "name")
     name.fill("second-run")
@@ -125,5 +132,7 @@ def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811
     wait_text(page, "#run-progress", r"^starting", 60)
     assert "second-run" in page.locator("#run-header").inner_text()
     shot(page, "issue16-second-start")
-    wait_text(page, "#run-progress", r"running|done", 240)
-    page.click("#run-stop") if "running" in page.locator("#run-progress").inner_text() else None
+    wait_text(page, "#run-progress", r"^done", 300)
+    # 20: each output file of a finished run to download
+    page.wait_for_selector("#run-output-files a", timeout=60_000)
+    assert ".safetensors" in page.locator("#run-output-files").inner_text()

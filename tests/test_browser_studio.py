@@ -53,7 +53,10 @@ class Server:
         log = open(self.tmp / f"app-{port}.log", "w")
         self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--runs-dir", str(self.runs),
                                       "--presets-dir", str(self.presets), "--stop-timeout", "60", *self.extra_args],
-                                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                     # the trainer it starts inherits this: one compute thread, so the
+                                     # browser and the server keep a core of a 2-core CI machine
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
         deadline = time.time() + 120
         while time.time() < deadline:
             assert self.proc.poll() is None, (self.tmp / f"app-{port}.log").read_text()
@@ -101,7 +104,7 @@ def browser():
 
 def open_page(browser, url: str):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(60_000)   # a hang guard: a loaded machine delays clicks, not a speed check
     page.goto(url)
     page.wait_for_selector("#field-model-path", timeout=90_000)
     return page
@@ -129,6 +132,17 @@ def wait_text(page, selector: str, pattern: str, timeout_s: float) -> str:
                 return text
         time.sleep(0.5)
     raise AssertionError(f"{selector}: {pattern!r} did not appear in {timeout_s} s; last text: {text[-500:]!r}")
+
+
+def click_run_button(page, selector: str, timeout_s: float = 120) -> None:
+    """Click a Run-page button once the page enables it; if it never does, say what the run is doing
+    (a finished or failed run disables it; the wait is a hang guard for a loaded machine)."""
+    try:
+        page.wait_for_selector(f"{selector}:not([disabled])", timeout=timeout_s * 1000)
+    except sync_api.TimeoutError:
+        raise AssertionError(f"{selector} stayed disabled; #run-progress: {page.locator('#run-progress').inner_text()!r}; "
+                             f"log: {page.locator('#run-log textarea').input_value()[-1500:]}") from None
+    page.click(selector)
 
 
 def plan_rows(text: str) -> dict[str, list[str]]:
@@ -235,8 +249,8 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
                              + page.locator("#run-loss").inner_html()[:2000]) from None
     shot(page, "studio-run-live")
 
-    page.click("#run-stop")
-    wait_text(page, "#run-message", r"stopping, saving state", 20)
+    click_run_button(page, "#run-stop")
+    wait_text(page, "#run-message", r"stopping, saving state", 60)
     stopped = wait_text(page, "#run-progress", r"state saved", 180)
     shot(page, "studio-run-stopped")
     wait_text(page, "#run-progress", r"resumable", 60)        # the process has exited
