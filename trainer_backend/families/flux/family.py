@@ -144,6 +144,13 @@ class FluxFamily(FlowFamily):
         out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
         return out
 
+    def read_lora_file(self, model, state, modules):
+        from ..kohya_fused import is_kohya_layout
+        if is_kohya_layout(state):
+            from .kohya_lora import read_kohya_flux
+            return read_kohya_flux(state, modules)
+        return super().read_lora_file(model, state, modules)
+
     def load_denoiser_file(self, path, like):
         from .single_file import load_transformer_file
         return load_transformer_file(path, like)

@@ -131,6 +131,13 @@ class SD3Family(FlowFamily):
             return to_kohya_sd3(adapter_states, alpha, _unwrap(model.denoiser))
         return super().lora_file_state(model, adapter_states, alpha, layout)
 
+    def read_lora_file(self, model, state, modules):
+        from ..kohya_fused import is_kohya_layout
+        if is_kohya_layout(state):
+            from .kohya_lora import read_kohya_sd3
+            return read_kohya_sd3(state, modules)
+        return super().read_lora_file(model, state, modules)
+
     def load_denoiser_file(self, path, like):
         from .single_file import load_transformer_file
         return load_transformer_file(path, like)
