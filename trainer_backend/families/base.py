@@ -257,10 +257,15 @@ class Family:
         (its converters, not ours): the conformance suite checks they are exactly the trained ones."""
         raise NotImplementedError
 
+    def architecture(self, model) -> str:
+        """modelspec.architecture of this base model, without an adapter suffix (full files carry it as
+        is, LoRA files with `/lora`): the family's, or where its variants differ the loaded variant's."""
+        return self.modelspec_architecture
+
     def lora_metadata(self) -> dict[str, str]:
         """Family metadata for LoRA files (ss_base_model_version, modelspec.architecture, ...)."""
         return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": self.modelspec_architecture}
+                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
 
     def save_full_model(self, model: LoadedModel, folder: Path | None, single_file: Path, dtype=None,
                         metadata: dict[str, str] | None = None) -> list[Path]:
