@@ -273,6 +273,11 @@ class Family:
         then the diffusers folder when `folder` is given."""
         raise NotImplementedError
 
+    def save_text_encoder_files(self, model: LoadedModel, single_file: Path, dtype=None) -> list[Path]:
+        """A full fine-tune that trained the text encoders, where the single file holds the denoiser
+        only: the trained encoders as the separate files the family's loader takes (none by default)."""
+        return []
+
     def load_denoiser_file(self, path: Path, like):
         """For families whose single file is the denoiser alone: a copy of `like` with its weights."""
         raise NotImplementedError

@@ -138,6 +138,15 @@ class SD3Family(FlowFamily):
             out.append(Path(folder))
         return out
 
+    def save_text_encoder_files(self, model, single_file, dtype=None) -> list[Path]:
+        """`<name>_clip_l.safetensors`, `<name>_clip_g.safetensors` beside the single file, in ComfyUI's
+        layout with their projections (model.clip_l / model.clip_g take them; T5 is never trained)."""
+        from .components import save_clip_file
+        single_file = Path(single_file)
+        options = dict(zip(self.text_encoder_names, self.text_encoder_file_options))
+        return [save_clip_file(encoder, single_file.with_name(f"{single_file.stem}_{options[name]}.safetensors"),
+                               dtype=dtype) for name, encoder in model.trained_text_encoders()]
+
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":
             from .kohya_lora import to_kohya_sd3
