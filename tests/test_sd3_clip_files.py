@@ -73,7 +73,7 @@ def test_a_full_finetune_of_the_clips_writes_them_beside_the_single_file(tiny_mo
                                "optimizer.lr=1e-3", "network.train_text_encoder=true")
     files = {o: run / f"ft_{o}.safetensors" for o in FULL_SIZE}
     done = [e["outputs"] for e in events if e["event"] == "done"]
-    assert done == [[str(run / "ft.safetensors"), str(files["clip_l"]), str(files["clip_g"]), str(run / "ft-diffusers")]]
+    assert done == [[str(p) for p in (run / "ft.safetensors", files["clip_l"], files["clip_g"], run / "ft-diffusers")]]
     from_files = load_model(str(run / "ft.safetensors"), tokenizer=str(folder),
                             text_encoder_files={o: str(p) for o, p in files.items()})
     from_folder, base = load_model(str(run / "ft-diffusers")), load_model(str(folder))
