@@ -75,6 +75,8 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     assert meta["ss_network_dim"] == "4" and meta["ss_steps"] == "3"
     assert meta["ss_base_model_version"] == family.base_model_version
     assert meta["modelspec.architecture"].startswith(family.modelspec_architecture)
+    # the loaded variant's name (SD3.5 Medium, Flux.1 dev, ...) with the modelspec convention's adapter suffix
+    assert meta["modelspec.architecture"] == f"{family.architecture(load_model(str(model_dir)))}/lora"
     freq = json.loads(meta["ss_tag_frequency"])  # per subset folder: tag -> count, as kohya writes it
     assert sum(freq["data"].values()) == 3 and "a red square on a plain background" in freq["data"]
 
@@ -191,6 +193,9 @@ def test_full_finetune_outputs_load_and_hold_the_trained_weights(tmp_path, tiny_
     assert diff(pipe.vae, base.vae) == 0.0
     for name, original in zip(family.text_encoder_names, base.text_encoders):
         assert diff(getattr(pipe, name), original) == 0.0, name
+    if family.full_single_file:  # stamped with the base model's architecture, no adapter suffix
+        with safe_open(str(single), "pt") as f:
+            assert f.metadata()["modelspec.architecture"] == family.architecture(base)
     if family.full_single_file == "whole":  # one file with everything (SD checkpoints)
         from_file = load_model(str(single))
         assert from_file.family is family

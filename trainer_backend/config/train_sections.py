@@ -47,7 +47,8 @@ class Network(Section):
                                        when={"model.arch": DDPM_FAMILIES, "network.type": ADAPTERS})
     network_weights: str = F(
         "", "Start the adapters from an existing LoRA file instead of from scratch: this studio's own output, "
-            "a kohya/webui file or a diffusers file for the model's family. Its shapes must match network.rank, "
+            "a kohya/webui file (SD3 and Flux too: lora_unet_joint_blocks_…/double_blocks_…, fused q/k/v split "
+            "back) or a diffusers file for the model's family. Its shapes must match network.rank, "
             "conv_rank and the target modules (a mismatch is refused naming the first key); a different alpha "
             "is folded into the weights so the starting effect is the file's. A checkpoint being resumed takes "
             "precedence.", widget="path", resume="ignored", when={"network.type": ADAPTERS})

@@ -257,16 +257,26 @@ class Family:
         (its converters, not ours): the conformance suite checks they are exactly the trained ones."""
         raise NotImplementedError
 
+    def architecture(self, model) -> str:
+        """modelspec.architecture of this base model, without an adapter suffix (full files carry it as
+        is, LoRA files with `/lora`): the family's, or where its variants differ the loaded variant's."""
+        return self.modelspec_architecture
+
     def lora_metadata(self) -> dict[str, str]:
         """Family metadata for LoRA files (ss_base_model_version, modelspec.architecture, ...)."""
         return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": self.modelspec_architecture}
+                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
 
     def save_full_model(self, model: LoadedModel, folder: Path | None, single_file: Path, dtype=None,
                         metadata: dict[str, str] | None = None) -> list[Path]:
         """A full fine-tune's outputs: the single file (see full_single_file; none when it is None) first,
         then the diffusers folder when `folder` is given."""
         raise NotImplementedError
+
+    def save_text_encoder_files(self, model: LoadedModel, single_file: Path, dtype=None) -> list[Path]:
+        """A full fine-tune that trained the text encoders, where the single file holds the denoiser
+        only: the trained encoders as the separate files the family's loader takes (none by default)."""
+        return []
 
     def load_denoiser_file(self, path: Path, like):
         """For families whose single file is the denoiser alone: a copy of `like` with its weights."""

@@ -105,3 +105,122 @@ def _original_key(name: str, original: dict) -> str:
         if key.endswith(".weight") and key[: -len(".weight")].replace(".", "_") == flat:
             return key
     raise KeyError(f"{name}: no such module in the original layout")
+
+
+# ---------------------------------------------------------------- reading such a file back (network.network_weights)
+
+def is_kohya_layout(state: dict) -> bool:
+    return any(k.startswith(("lora_unet_", "lora_te")) and k.endswith(".lora_down.weight") for k in state)
+
+
+def _linear_paths(module) -> list[str]:
+    """The module paths of a (peft-adapted or plain) model's Linear layers, without peft's own layers."""
+    paths = []
+    for path, layer in module.named_modules():
+        if isinstance(layer, torch.nn.Linear) and ".lora_" not in path:
+            paths.append(path.removesuffix(".base_layer"))
+    return paths
+
+
+def _adapter_ranks(module) -> dict[str, int]:
+    """module path -> rank of its configured LoRA adapter."""
+    from peft.utils import get_peft_model_state_dict
+    return {k[: -len(".lora_A.weight")]: v.shape[0] for k, v in get_peft_model_state_dict(module).items()
+            if k.endswith(".lora_A.weight")}
+
+
+def _block_diagonal(up: torch.Tensor, rows: list[int], ranks: list[int]) -> bool:
+    """True when part i's rows of `up` are zero outside its own columns (ranks in order)."""
+    if sum(ranks) != up.shape[1]:
+        return False
+    col = 0
+    for i, r in enumerate(ranks):
+        block = up[rows[i]:rows[i + 1]]
+        if block[:, :col].any() or block[:, col + r:].any():
+            return False
+        col += r
+    return True
+
+
+def split_fused(down: torch.Tensor, up: torch.Tensor, parts: list[str], sizes: list[int],
+                ranks: dict[str, int]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """One fused adapter -> (down, up) per diffusers part, with exactly the parts' updates.
+    ranks: the configured adapters' ranks of the parts (parts without one must have zero rows).
+    A block-diagonal up (as this studio and kohya's split_qkv write it: each present part on its own
+    columns) splits into the parts' own ranks; any other gives each part the whole down and its rows."""
+    rows = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    nonzero = [p for i, p in enumerate(parts) if up[rows[i]:rows[i + 1]].any()]
+    stray = [p for p in nonzero if p not in ranks]
+    if stray:
+        raise KeyError(stray[0])
+    for present in (nonzero, [p for p in parts if p in ranks]):
+        if not present:
+            continue
+        kept = [(i, p) for i, p in enumerate(parts) if p in present]
+        if _block_diagonal(torch.cat([up[rows[i]:rows[i + 1]] for i, _ in kept]),
+                           [0, *[sum(sizes[i] for i, _ in kept[:j + 1]) for j in range(len(kept))]],
+                           [ranks[p] for _, p in kept]):
+            out, col = {}, 0
+            for i, p in kept:
+                out[p] = (down[col:col + ranks[p]], up[rows[i]:rows[i + 1], col:col + ranks[p]])
+                col += ranks[p]
+            return out
+    return {p: (down, up[rows[i]:rows[i + 1]]) for i, p in enumerate(parts) if p in ranks}
+
+
+def read_kohya_fused(state: dict, modules: dict, original_module: Callable[[str], tuple[str, list[str]]],
+                     text_encoders: dict[str, str], swapped: Callable[[str], bool], layout: str):
+    """A kohya-layout file of the original modules (what to_kohya_fused writes, and kohya's own files)
+    -> families/lora_files.py's LoraWeights: peft keys per component with each module's scale
+    (the file's alpha / its rank). `modules`: component -> the (adapted) module the adapters go on.
+    ConfigError naming network.network_weights and the file's name that fits nothing."""
+    from ..errors import ConfigError
+    from .lora_files import KEY, LoraWeights
+    names: dict[str, tuple[str, str, list[str]]] = {}   # kohya name -> (component, original, parts)
+    denoiser = modules.get("transformer")
+    if denoiser is not None:
+        for path in _linear_paths(denoiser):
+            try:
+                orig, parts = original_module(path)
+            except ValueError:
+                continue
+            names["lora_unet_" + orig.replace(".", "_")] = ("transformer", orig, parts)
+    for component, prefix in text_encoders.items():
+        if component in modules:
+            for path in _linear_paths(modules[component]):  # named as the writer names them (transformers 4)
+                named = path if path.startswith("text_model.") or path == "text_projection" else "text_model." + path
+                names[f"{prefix}_" + named.replace(".", "_")] = (component, path, [path])
+    ranks = {component: _adapter_ranks(module) for component, module in modules.items()}
+    out = LoraWeights(layout=f"kohya {layout}")
+    for key, down in state.items():
+        if not key.endswith(".lora_down.weight"):
+            if not key.endswith((".lora_up.weight", ".alpha")):
+                raise ConfigError(f"{KEY}: {key} is not a LoRA weight kohya's {layout} layout has (lora_down, "
+                                  f"lora_up, alpha)")
+            continue
+        name = key[: -len(".lora_down.weight")]
+        if name not in names:
+            te = next((c for c, p in text_encoders.items() if name.startswith(p + "_")), None)
+            if te is not None and te not in modules:  # load_network_weights says the run does not train it
+                out.add(te, name, "lora_A", down)
+                continue
+            raise ConfigError(f"{KEY}: {name} is not a module of this {layout} model (or not one this run adapts)")
+        component, orig, parts = names[name]
+        up = state[f"{name}.lora_up.weight"].float()
+        if swapped(orig):
+            up = swap_rows(up)
+        rank = down.shape[0]
+        scale = float(state.get(f"{name}.alpha", torch.tensor(float(rank)))) / rank
+        module = modules[component]
+        sizes = [module.get_submodule(p).out_features if len(parts) > 1 else up.shape[0] for p in parts]
+        try:
+            split = split_fused(down.float(), up, parts, sizes, ranks[component]) if len(parts) > 1 \
+                else {parts[0]: (down, up)}
+        except KeyError as e:
+            raise ConfigError(f"{KEY}: the file's {name} adapts {e.args[0]}, which the configured network does "
+                              f"not (network.target_modules)") from None
+        for part, (part_down, part_up) in split.items():
+            out.add(component, part, "lora_A", part_down)
+            out.add(component, part, "lora_B", part_up)
+            out.scales[(component, part)] = scale
+    return out

@@ -145,11 +145,12 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable
             LOG.info("output uses the EMA weights (ema.use_for_output)")
         meta = kohya_metadata(cfg, model.family, steps=state.global_step, epochs=state.epoch,
                               num_images=len(scan.items), tag_frequency=tag_frequency(scan),
-                              started_at=run.started)
+                              started_at=run.started, model=model)
         with ema.applied() if use_ema and file_name else contextlib.nullcontext():
             if trainable.kind == "full":
                 from .full import save_full_outputs
                 meta = {k: v for k, v in meta.items() if not k.startswith(("ss_network", "modelspec"))}
+                meta["modelspec.architecture"] = model.family.architecture(model)  # the base model's, no suffix
                 paths = save_full_outputs(cfg, run.dir, model, trainable, meta, file_name=file_name)
             else:
                 from .variants import save_adapter_output

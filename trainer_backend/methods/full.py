@@ -60,8 +60,12 @@ def save_full_outputs(cfg: TrainConfig, run_dir: Path, model, trainable: Trainab
         encoders = original_text_encoders(cfg, model)
     out_model = dataclasses.replace(model, text_encoders=encoders)
     family = model.family
+    trained_encoders = cfg.network.train_text_encoder and family.full_single_file == "denoiser"
     if file_name:
-        return family.save_full_model(out_model, None, Path(run_dir) / file_name, dtype=dtype, metadata=metadata)
+        paths = family.save_full_model(out_model, None, Path(run_dir) / file_name, dtype=dtype, metadata=metadata)
+        if trained_encoders:  # the single file has no text encoders: the trained ones go beside it
+            paths += family.save_text_encoder_files(out_model, Path(run_dir) / file_name, dtype=dtype)
+        return paths
     for module in (out_model.denoiser, out_model.vae, *encoders):
         module.to(dtype)
     name = cfg.output.name
@@ -69,6 +73,8 @@ def save_full_outputs(cfg: TrainConfig, run_dir: Path, model, trainable: Trainab
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     paths = family.save_full_model(out_model, tmp, Path(run_dir) / f"{name}.safetensors", metadata=metadata)
+    if trained_encoders:
+        paths[-1:-1] = family.save_text_encoder_files(out_model, Path(run_dir) / f"{name}.safetensors")
     _replace_dir(tmp, folder)
     LOG.info("saved %s (%s)", ", ".join(str(p) for p in [*paths[:-1], folder]), cfg.network.save_precision)
     return [*paths[:-1], folder]

@@ -33,8 +33,9 @@ def tag_frequency(scan) -> dict[str, dict[str, int]]:
 
 
 def kohya_metadata(cfg, family, *, steps: int, epochs: int, num_images: int,
-                   tag_frequency: dict | None = None, started_at: float = 0.0) -> dict[str, str]:
-    """ss_* training metadata as webui/kohya tools read it (all values are strings)."""
+                   tag_frequency: dict | None = None, started_at: float = 0.0, model=None) -> dict[str, str]:
+    """ss_* training metadata as webui/kohya tools read it (all values are strings). With `model`, the
+    modelspec.architecture is the loaded variant's (SD3 Medium / SD3.5 Medium / Large, Flux dev / schnell)."""
     meta = {
         "ss_network_module": "networks.lora",
         "ss_network_dim": str(cfg.network.rank),
@@ -66,6 +67,8 @@ def kohya_metadata(cfg, family, *, steps: int, epochs: int, num_images: int,
         "ss_clip_skip": str(cfg.model.clip_skip) if entry(family.name).clip_skip else "None",
     }
     meta.update(family.lora_metadata())  # ss_base_model_version, modelspec.architecture, ...
+    if model is not None:  # the modelspec convention's adapter suffix, as kohya's sai_model_spec writes it
+        meta["modelspec.architecture"] = f"{family.architecture(model)}/lora"
     return meta
 
 

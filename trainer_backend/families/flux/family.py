@@ -26,7 +26,7 @@ class FluxFamily(FlowFamily):
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
                       (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "flux1"
-    modelspec_architecture = "flux-1-dev"
+    modelspec_architecture = "flux-1"  # -dev or -schnell follows (architecture())
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -131,6 +131,11 @@ class FluxFamily(FlowFamily):
             return to_kohya_flux(adapter_states, alpha, model.denoiser)
         return super().lora_file_state(model, adapter_states, alpha, layout)
 
+    def architecture(self, model) -> str:
+        """dev has the guidance embedding, schnell has none (kohya's flux-1-dev / flux-1-schnell)."""
+        dev = getattr(_unwrap(model.denoiser).config, "guidance_embeds", True)
+        return f"{self.modelspec_architecture}-{'dev' if dev else 'schnell'}"
+
     def lora_metadata(self) -> dict[str, str]:
         return {"ss_base_model_version": self.base_model_version,
                 "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
@@ -143,6 +148,13 @@ class FluxFamily(FlowFamily):
             out.append(Path(folder))
         out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
         return out
+
+    def read_lora_file(self, model, state, modules):
+        from ..kohya_fused import is_kohya_layout
+        if is_kohya_layout(state):
+            from .kohya_lora import read_kohya_flux
+            return read_kohya_flux(state, modules)
+        return super().read_lora_file(model, state, modules)
 
     def load_denoiser_file(self, path, like):
         from .single_file import load_transformer_file

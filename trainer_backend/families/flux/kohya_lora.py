@@ -9,7 +9,9 @@ become one adapter on the fused layer: `lora_down` stacks the parts' down matric
 of their ranks) and `lora_up` places each part's up matrix on its own rows and columns (block
 diagonal; a part without an adapter keeps zero rows). The fused update equals the parts' updates
 exactly; diffusers' converter (`_convert_kohya_flux_lora_to_diffusers`) recognises the block
-structure and splits it back into the parts' own rank.
+structure and splits it back into the parts' own rank. `read_kohya_flux` does the same for
+network.network_weights, into peft's layout, at any size (diffusers' converter, left to files of
+other layouts, assumes the full-size widths in the single blocks).
 """
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ from typing import Callable
 
 import torch
 
-from ..kohya_fused import merge_into_original, to_kohya_fused  # noqa: F401 (merge: a public name here too)
+from ..kohya_fused import merge_into_original, read_kohya_fused, to_kohya_fused  # noqa: F401 (merge: public here too)
 from .single_file import DOUBLE, SINGLE, TOP
 
 FINAL_NORM = ("norm_out.linear", "final_layer.adaLN_modulation.1")  # (shift, scale) halves swapped
 _DOUBLE = {d: (o, ds) for o, ds in DOUBLE for d in ds}
 _SINGLE = {d: (o, ds) for o, ds in SINGLE for d in ds}
 _TOP = {ds[0]: o for o, ds in TOP}
+TEXT_ENCODERS = {"text_encoder": "lora_te1"}  # CLIP-L (T5 would be lora_te3; it stays frozen)
 
 
 def original_module(module: str) -> tuple[str, list[str]]:
@@ -49,5 +52,11 @@ def to_kohya_flux(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float 
                   denoiser) -> dict[str, torch.Tensor]:
     """peft LoRA weights per component ("transformer", "text_encoder" = CLIP-L) -> kohya's Flux layout.
     `denoiser` (any device, meta too) gives the output sizes of fused parts that carry no adapter."""
-    return to_kohya_fused(state_dicts, alpha, denoiser, original_module, {"text_encoder": "lora_te1"},
+    return to_kohya_fused(state_dicts, alpha, denoiser, original_module, TEXT_ENCODERS,
                           lambda orig: orig == FINAL_NORM[1], "Flux")
+
+
+def read_kohya_flux(state: dict, modules: dict):
+    """network.network_weights in this layout (ours or kohya's) -> families/lora_files.py's LoraWeights."""
+    return read_kohya_fused(state, modules, original_module, TEXT_ENCODERS, lambda orig: orig == FINAL_NORM[1],
+                            "Flux")

@@ -172,13 +172,41 @@ def load_sd3_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[s
                        scheduler_config=dict(scheduler.config))
 
 
+def _config_json(module) -> str:
+    c = module.config
+    c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
+    return json.dumps({k: v for k, v in c.items() if not k.startswith("_")})
+
+
 def component_metadata(model) -> dict[str, str]:
     """The configs an all-in-one file of `model` carries (its own sizes load back)."""
-    def cfg(module) -> str:
-        c = module.config
-        c = c.to_dict() if hasattr(c, "to_dict") else dict(c)
-        return json.dumps({k: v for k, v in c.items() if not k.startswith("_")})
-    out = {META_CONFIG: cfg(model.denoiser), f"{META_CONFIG}.vae": cfg(model.vae)}
+    out = {META_CONFIG: _config_json(model.denoiser), f"{META_CONFIG}.vae": _config_json(model.vae)}
     for option, encoder in zip(ENCODERS, model.text_encoders):
-        out[f"{META_CONFIG}.{option}"] = cfg(encoder)
+        out[f"{META_CONFIG}.{option}"] = _config_json(encoder)
     return out
+
+
+def clip_file_state(encoder) -> dict:
+    """A CLIPTextModelWithProjection as ComfyUI's clip_l / clip_g.safetensors (and the SD3 release's
+    text_encoders/ files) hold it: transformers 4's names, `text_model.…` and `text_projection.weight`
+    (the Linear's [out, in], which ComfyUI transposes on load), no position ids."""
+    state = {k: v.detach() for k, v in encoder.state_dict().items() if not k.endswith("position_ids")}
+    return _clip_state_names(state)
+
+
+def save_clip_file(encoder, out_file: Path, dtype=None) -> Path:
+    """One CLIP text encoder as its own file (clip_file_state), written atomically, its config in the
+    metadata: `model.clip_l` / `model.clip_g` load it back with its projection, at any size."""
+    import os
+    from safetensors.torch import save_file
+    state = clip_file_state(encoder)
+    if any("lora_" in k or ".base_layer." in k for k in state):
+        raise ValueError("the text encoder still has adapter layers; merge them before export")
+    if dtype is not None:
+        state = {k: v.to(dtype) for k, v in state.items()}
+    path = Path(out_file)
+    tmp = path.with_name(path.name + ".partial")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp),
+              metadata={"format": "pt", META_CONFIG: _config_json(encoder)})
+    os.replace(tmp, path)
+    return path

@@ -14,6 +14,16 @@ from ..flow_common import FlowFamily, device_of as _device, unwrap as _unwrap
 CLIP_MAX_LENGTH = 77
 
 
+def sd3_architecture(config) -> str:
+    """modelspec.architecture of an SD3Transformer2DModel config, by the names kohya's sd-scripts write
+    (`stable-diffusion-3-` + its model type) and the same rule: SD3 Medium has no q/k norm, SD3.5
+    Medium has dual-attention (MMDiT-X) blocks, SD3.5 Large (and Large Turbo) has neither."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    if not get("qk_norm"):
+        return "stable-diffusion-3-medium"
+    return "stable-diffusion-3-5-medium" if get("dual_attention_layers") else "stable-diffusion-3-5-large"
+
+
 class SD3Family(FlowFamily):
     name = "sd3"
     label = "Stable Diffusion 3 / 3.5"
@@ -26,7 +36,10 @@ class SD3Family(FlowFamily):
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "joint_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "sd3"
-    modelspec_architecture = "stable-diffusion-v3-medium"
+    modelspec_architecture = "stable-diffusion-3"  # the variant's name follows (architecture())
+
+    def architecture(self, model) -> str:
+        return sd3_architecture(_unwrap(model.denoiser).config)
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -125,11 +138,27 @@ class SD3Family(FlowFamily):
             out.append(Path(folder))
         return out
 
+    def save_text_encoder_files(self, model, single_file, dtype=None) -> list[Path]:
+        """`<name>_clip_l.safetensors`, `<name>_clip_g.safetensors` beside the single file, in ComfyUI's
+        layout with their projections (model.clip_l / model.clip_g take them; T5 is never trained)."""
+        from .components import save_clip_file
+        single_file = Path(single_file)
+        options = dict(zip(self.text_encoder_names, self.text_encoder_file_options))
+        return [save_clip_file(encoder, single_file.with_name(f"{single_file.stem}_{options[name]}.safetensors"),
+                               dtype=dtype) for name, encoder in model.trained_text_encoders()]
+
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":
             from .kohya_lora import to_kohya_sd3
             return to_kohya_sd3(adapter_states, alpha, _unwrap(model.denoiser))
         return super().lora_file_state(model, adapter_states, alpha, layout)
+
+    def read_lora_file(self, model, state, modules):
+        from ..kohya_fused import is_kohya_layout
+        if is_kohya_layout(state):
+            from .kohya_lora import read_kohya_sd3
+            return read_kohya_sd3(state, modules)
+        return super().read_lora_file(model, state, modules)
 
     def load_denoiser_file(self, path, like):
         from .single_file import load_transformer_file

@@ -8,7 +8,8 @@ it, the down matrices stacked and the up matrices block-diagonal, exactly the pa
 own `split_qkv` files have the same form). kohya's loader builds modules inside the joint blocks
 only; ComfyUI reads every `lora_unet_<original module>` name. diffusers has no converter from this
 layout for SD3: the tests merge the file the way ComfyUI and kohya do and compare with the trained
-model.
+model. `read_kohya_sd3` reads such a file back into peft's layout (network.network_weights): a
+block-diagonal qkv splits into the parts' own adapters, any other fused qkv gives each part its rows.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..kohya_fused import merge_into_original, to_kohya_fused  # noqa: F401 (merge: a public name here too)
+from ..kohya_fused import merge_into_original, read_kohya_fused, to_kohya_fused  # noqa: F401 (merge: public here too)
 from .single_file import BLOCK, TOP, swapped
 
 TEXT_ENCODERS = {"text_encoder": "lora_te1", "text_encoder_2": "lora_te2"}  # CLIP-L, CLIP-G
@@ -44,3 +45,9 @@ def to_kohya_sd3(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: float |
     layers = denoiser.config.num_layers
     return to_kohya_fused(state_dicts, alpha, denoiser, original_module, TEXT_ENCODERS,
                           lambda orig: swapped(orig, layers), "SD3")
+
+
+def read_kohya_sd3(state: dict, modules: dict):
+    """network.network_weights in this layout (ours or kohya's) -> families/lora_files.py's LoraWeights."""
+    layers = modules["transformer"].config.num_layers if "transformer" in modules else 0
+    return read_kohya_fused(state, modules, original_module, TEXT_ENCODERS, lambda orig: swapped(orig, layers), "SD3")
