@@ -101,6 +101,27 @@ def test_training_calls_the_transformer_as_chroma_pipeline_samples(trained):
     assert (unmasked - want).abs().max() > 1e-4
 
 
+def test_gradient_checkpointing_keeps_the_padding_mask(tiny_models):
+    """precision.gradient_checkpointing: the same prediction and gradients as without it (diffusers'
+    checkpointed single-block call leaves the mask out; the family hands it over)."""
+    model = load_model(str(tiny_models("chroma")))
+    text = CHROMA.encode_text(model, CHROMA.tokenize(model, ["a red square"], 75))
+    text = {k: v.detach() for k, v in text.items()}
+    noisy = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(2))
+
+    def run():
+        model.denoiser.zero_grad()
+        out = CHROMA.predict(model, model.denoiser, noisy, torch.tensor([500.0]), text, {}, torch.float32)
+        out.square().mean().backward()
+        grad = model.denoiser.single_transformer_blocks[0].attn.to_q.weight.grad.clone()
+        return out.detach(), grad
+    plain, plain_grad = run()
+    model.denoiser.enable_gradient_checkpointing()
+    checkpointed, checkpointed_grad = run()
+    assert (checkpointed - plain).abs().max() <= 1e-6
+    assert torch.allclose(checkpointed_grad, plain_grad, atol=1e-7, rtol=1e-5)
+
+
 def _probe(denoiser) -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     noisy = torch.randn(2, 16, 8, 8, generator=g)

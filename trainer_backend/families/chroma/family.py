@@ -40,7 +40,9 @@ class ChromaFamily(FluxFamily):
         if not src.is_dir():
             raise ConfigError(f"model.path: {src} is a Chroma single file; Chroma trains from a diffusers folder "
                               "(e.g. lodestones/Chroma1-HD) for now")
-        return FlowFamily.load(self, src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
+        model = FlowFamily.load(self, src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
+        keep_mask_when_checkpointing(model.denoiser)
+        return model
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_chroma
@@ -72,6 +74,27 @@ class ChromaFamily(FluxFamily):
         visible = torch.arange(tokens.shape[1], device=device)[None, :] <= tokens.sum(dim=1, keepdim=True)
         image = torch.ones(tokens.shape[0], image_tokens, device=device, dtype=torch.bool)
         return {"attention_mask": torch.cat([visible, image], dim=1).to(dtype)}
+
+
+def keep_mask_when_checkpointing(transformer) -> None:
+    """diffusers 0.42's ChromaTransformer2DModel calls its single blocks without the attention mask when
+    gradient checkpointing is on (`block(hidden_states, temb, image_rotary_emb)`), so
+    precision.gradient_checkpointing would train on unmasked T5 padding. Hooks hand those calls the mask
+    the transformer itself was called with (also when the block is recomputed in the backward pass,
+    which runs before the next forward). The holder is shared by deep copies of the transformer."""
+    holder: dict = {}
+
+    def remember(_module, _args, kwargs):
+        holder["mask"] = kwargs.get("attention_mask")
+
+    def supply(_block, args, kwargs):
+        if len(args) == 3 and "attention_mask" not in kwargs:  # the checkpointed call's positional form
+            return args, {**kwargs, "attention_mask": holder.get("mask")}
+        return None
+
+    transformer.register_forward_pre_hook(remember, with_kwargs=True)
+    for block in transformer.single_transformer_blocks:
+        block.register_forward_pre_hook(supply, with_kwargs=True)
 
 
 CHROMA = ChromaFamily()
