@@ -24,7 +24,7 @@ class ChromaFamily(FluxFamily):
     keep_unquantized = (*FlowFamily.keep_unquantized, "distilled_guidance_layer")  # the modulation MLP
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
                       (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"),
-                      (r"^(?:pos_embed|x_embedder|context_embedder|time_text_embed|distilled_guidance_layer)\.", "BASE"),
+                      (r"^(?:pos_embed|x_embedder|context_embedder|distilled_guidance_layer)\.", "BASE"),
                       FlowFamily.BASE_AND_END[1])
     base_model_version = "chroma"
     modelspec_architecture = "chroma"

@@ -2,6 +2,9 @@
 model loader, kohya's tools and diffusers' `from_single_file` read: `double_blocks.N.img_attn.qkv`
 (q, k, v fused), `single_blocks.N.linear1` (q, k, v and the MLP input fused), and so on.
 
+Chroma's transformer uses the same layout without the modulation layers and the time, vector and
+guidance embedders, plus its `distilled_guidance_layer` (the tables below skip what a model lacks).
+
 One table drives both directions: export fuses diffusers weights; import splits them again with
 the sizes of the target model, so any size of Flux (the tiny test model too) round-trips.
 """
@@ -55,8 +58,8 @@ def _pairs(config: dict) -> list[tuple[str, list[str]]]:
     if "approximator_layers" in config:  # Chroma
         out += APPROXIMATOR_TOP
         for i in range(config["approximator_layers"]):
-            out += [(f"distilled_guidance_layer.layers.{i}.{o}", [f"distilled_guidance_layer.layers.{i}.{d}" for d in ds])
-                    for o, ds in APPROXIMATOR]
+            layer = f"distilled_guidance_layer.layers.{i}"
+            out += [(f"{layer}.{o}", [f"{layer}.{d}" for d in ds]) for o, ds in APPROXIMATOR]
     return TOP + out
 
 
