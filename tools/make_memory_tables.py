@@ -26,8 +26,11 @@ BORROWED = {
     "sd3": {"text_encoder": ("sd1/text_encoder", "CLIPTextModelWithProjection"),
             "text_encoder_2": ("sdxl/text_encoder_2", None), "text_encoder_3": ("flux/text_encoder_2", None),
             "vae": ("flux/vae", None)},
+    "chroma": {"text_encoder": ("flux/text_encoder_2", None), "vae": ("flux/vae", None)},
 }
-NOTES = {"sd3": "Stable Diffusion 3.5 Medium (the bundled transformer config); CLIP-L, CLIP-G and T5-XXL "
+NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL and 16-channel VAE from the "
+                   "bundled Flux configs",
+         "sd3": "Stable Diffusion 3.5 Medium (the bundled transformer config); CLIP-L, CLIP-G and T5-XXL "
                 "text encoders and the 16-channel VAE from the bundled SD1/SDXL/Flux configs"}
 
 

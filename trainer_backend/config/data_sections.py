@@ -26,11 +26,12 @@ class Output(Section):
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
                   min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
     lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
-        "auto", "Flux, Flux.2, SD3, Z-Image and Qwen-Image only: the LoRA file's key layout. auto = the family's "
-                "own (SD1/SD2/SDXL kohya/webui; SD3, Flux, Z-Image and Qwen-Image diffusers' "
+        "auto", "Flux, Chroma, Flux.2, SD3, Z-Image and Qwen-Image only: the LoRA file's key layout. auto = the "
+                "family's own (SD1/SD2/SDXL kohya/webui; SD3, Flux, Chroma, Z-Image and Qwen-Image diffusers' "
                 "transformer.…lora_A/lora_B, read by diffusers and ComfyUI; Flux.2 kohya). kohya = kohya's layout on "
                 "the original modules (lora_down/lora_up/.alpha): Flux's lora_unet_double_blocks_… (q/k/v fused), "
-                "read by kohya's sd-scripts, ComfyUI, Forge and diffusers; SD3's lora_unet_joint_blocks_… (q/k/v "
+                "read by kohya's sd-scripts, ComfyUI, Forge and diffusers (Chroma's: the same names, read by "
+                "diffusers); SD3's lora_unet_joint_blocks_… (q/k/v "
                 "fused), read by kohya's sd-scripts, ComfyUI and Forge (diffusers has no converter for it); Flux.2's, "
                 "read by ComfyUI and diffusers; Z-Image's lora_unet_layers_…_attention_qkv, read by ComfyUI and "
                 "diffusers; Qwen-Image's lora_unet_transformer_blocks_…, read by ComfyUI and musubi-tuner.",
@@ -104,7 +105,8 @@ class Model(Section):
         advanced=True, resume="safe")
     t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2: Qwen3 "
                               "tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's own (Flux dev 512, schnell 256, "
-                              "SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512, advanced=True,
+                              "Chroma 512, SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512,
+                           advanced=True,
                            resume="safe",
                            when={"model.arch": FLOW_FAMILIES})
 

@@ -138,7 +138,7 @@ class Loss(Section):
     mode_scale: float = F(1.29, "Flow-matching families only: scale of the mode density.", ge=0.0, le=10.0,
                           advanced=True, resume="safe",
                           when={"model.arch": FLOW_FAMILIES, "loss.timestep_sampling": ("mode",)})
-    flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3, zimage: 3.0; flux: "
+    flow_shift: float = F(0.0, "Flow-matching families only: timestep shift; 0 = the family's own (sd3, zimage: 3.0; flux, chroma: "
                                "resolution-dependent, as its scheduler samples).", ge=0.0, le=100.0, advanced=True,
                                resume="safe",
                           when={"model.arch": FLOW_FAMILIES})

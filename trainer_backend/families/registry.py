@@ -39,6 +39,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 ("diffusers", "kohya")),
     FamilyEntry("flux", "Flux.1 (dev, schnell)", "trainer_backend.families.flux", "FLUX", "flow",
                 ("diffusers", "kohya")),
+    FamilyEntry("chroma", "Chroma (Chroma1-HD, Chroma1-Base)", "trainer_backend.families.chroma", "CHROMA", "flow",
+                ("diffusers", "kohya"), text_encoder_training=False),
     FamilyEntry("zimage", "Z-Image (Turbo, base)", "trainer_backend.families.zimage", "ZIMAGE", "flow",
                 ("diffusers", "kohya"), text_encoder_training=False),
     FamilyEntry("flux2", "Flux.2 Klein (4B, 9B)", "trainer_backend.families.flux2", "FLUX2", "flow",

@@ -14,6 +14,8 @@ CLIP_MAX_LENGTH = 77
 
 
 class FluxFamily(FlowFamily):
+    """Flux.1, and (subclassed with other parameters) its variants that keep the double/single-block
+    transformer on 2×2-packed latents: Chroma (families/chroma/)."""
     name = "flux"
     label = "Flux.1 (dev, schnell)"
     text_encoder_names = ("text_encoder", "text_encoder_2")
@@ -27,14 +29,19 @@ class FluxFamily(FlowFamily):
                       (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "flux1"
     modelspec_architecture = "flux-1"  # -dev or -schnell follows (architecture())
+    # the diffusers classes and the bundled full-size config folder (assets/model_configs/<configs>/)
+    pipelines: tuple[str, ...] = PIPELINES
+    transformer_class = "FluxTransformer2DModel"
+    configs = "flux"
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
-        return index.get("_class_name", "") in PIPELINES
+        return index.get("_class_name", "") in self.pipelines
 
     def detect_file(self, shapes, metadata) -> bool:
         return (any(k.endswith("double_blocks.0.img_attn.qkv.weight") for k in shapes)
-                and not any(k.endswith("single_stream_modulation.lin.weight") for k in shapes))  # Flux.2
+                and not any(k.endswith(("single_stream_modulation.lin.weight",  # Flux.2
+                                        "distilled_guidance_layer.in_proj.weight")) for k in shapes))  # Chroma
 
     def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
              text_encoder_files: dict[str, str] | None = None):
@@ -53,12 +60,12 @@ class FluxFamily(FlowFamily):
         return build_tiny_flux(out_dir, seed=seed, **options)
 
     def meta_denoiser(self):
+        import diffusers
         import torch
-        from diffusers import FluxTransformer2DModel
         from ..sd.loader import ASSETS_CONFIGS
-        config = json.loads((ASSETS_CONFIGS / "flux" / "transformer" / "config.json").read_text())
+        config = json.loads((ASSETS_CONFIGS / self.configs / "transformer" / "config.json").read_text())
         with torch.device("meta"):
-            return FluxTransformer2DModel.from_config(config)
+            return getattr(diffusers, self.transformer_class).from_config(config)
 
     # ---- text
     def t5_length(self, model) -> int:
@@ -99,29 +106,38 @@ class FluxFamily(FlowFamily):
         img_ids[..., 2] += torch.arange(w // 2)[None, :]
         hidden = text["hidden"].to(noisy.device)
         txt_ids = torch.zeros(hidden.shape[1], 3)
+        out = denoiser(hidden_states=packed.to(dtype), encoder_hidden_states=hidden.to(dtype),
+                       timestep=(timesteps / 1000).to(dtype), img_ids=img_ids.reshape(-1, 3).to(noisy.device, dtype),
+                       txt_ids=txt_ids.to(noisy.device, dtype), return_dict=False,
+                       **self.conditioning(denoiser, text, packed.shape[1], noisy.device, dtype, cfg))[0]
+        return out.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+    def conditioning(self, denoiser, text, image_tokens: int, device, dtype, cfg=None) -> dict:
+        """The transformer's conditioning besides the T5 states and positions: Flux's pooled CLIP-L
+        embedding and (dev) the distilled guidance value. image_tokens: the packed latent's length."""
+        import torch
+        pooled = text["pooled"].to(device, dtype)
         guidance = None
         if getattr(_unwrap(denoiser).config, "guidance_embeds", False):
             value = cfg.model.guidance if cfg is not None else 1.0
-            guidance = torch.full((b,), float(value), device=noisy.device, dtype=torch.float32)
-        out = denoiser(hidden_states=packed.to(dtype), encoder_hidden_states=hidden.to(dtype),
-                       pooled_projections=text["pooled"].to(noisy.device, dtype), timestep=(timesteps / 1000).to(dtype),
-                       img_ids=img_ids.reshape(-1, 3).to(noisy.device, dtype), txt_ids=txt_ids.to(noisy.device, dtype),
-                       guidance=guidance, return_dict=False)[0]
-        return out.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+            guidance = torch.full((pooled.shape[0],), float(value), device=device, dtype=torch.float32)
+        return {"pooled_projections": pooled, "guidance": guidance}
 
     # ---- sampling and outputs
     def pipeline_class(self):
-        from diffusers import FluxPipeline
-        return FluxPipeline
+        import diffusers
+        return getattr(diffusers, self.pipelines[0])
 
     def build_pipeline(self, model, scheduler: str = "euler"):
         from diffusers import FlowMatchEulerDiscreteScheduler
         if scheduler not in ("default", "euler"):
-            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to Flux (use euler or default)")
+            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.label} (use euler or default)")
+        text = {}
+        for name, encoder, tokenizer in zip(self.text_encoder_names, model.text_encoders, model.tokenizers):
+            text.update({name: encoder, name.replace("text_encoder", "tokenizer"): tokenizer})
         pipe = self.pipeline_class()(
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
-            text_encoder=model.text_encoders[0], tokenizer=model.tokenizers[0], text_encoder_2=model.text_encoders[1],
-            tokenizer_2=model.tokenizers[1], transformer=model.denoiser)
+            transformer=model.denoiser, **text)
         pipe.set_progress_bar_config(disable=True)
         return pipe
 

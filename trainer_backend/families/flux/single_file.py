@@ -2,6 +2,9 @@
 model loader, kohya's tools and diffusers' `from_single_file` read: `double_blocks.N.img_attn.qkv`
 (q, k, v fused), `single_blocks.N.linear1` (q, k, v and the MLP input fused), and so on.
 
+Chroma's transformer uses the same layout without the modulation layers and the time, vector and
+guidance embedders, plus its `distilled_guidance_layer` (the tables below skip what a model lacks).
+
 One table drives both directions: export fuses diffusers weights; import splits them again with
 the sizes of the target model, so any size of Flux (the tiny test model too) round-trips.
 """
@@ -31,6 +34,12 @@ DOUBLE_NORMS = [("img_attn.norm.query_norm.scale", "attn.norm_q.weight"),
 SINGLE = [("modulation.lin", ["norm.linear"]),
           ("linear1", ["attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"]), ("linear2", ["proj_out"])]
 SINGLE_NORMS = [("norm.query_norm.scale", "attn.norm_q.weight"), ("norm.key_norm.scale", "attn.norm_k.weight")]
+# Chroma's distilled guidance layer (approximator), which replaces Flux's modulation layers and the time,
+# vector and guidance embedders; its names in the original layout are what diffusers'
+# convert_chroma_transformer_checkpoint_to_diffusers reads
+APPROXIMATOR_TOP = [("distilled_guidance_layer.in_proj", ["distilled_guidance_layer.in_proj"]),
+                    ("distilled_guidance_layer.out_proj", ["distilled_guidance_layer.out_proj"])]
+APPROXIMATOR = [("in_layer", ["linear_1"]), ("out_layer", ["linear_2"])]
 
 
 def _swap_halves(t: torch.Tensor) -> torch.Tensor:
@@ -46,25 +55,38 @@ def _pairs(config: dict) -> list[tuple[str, list[str]]]:
         out += [(f"double_blocks.{i}.{o}", [f"transformer_blocks.{i}.{d}" for d in ds]) for o, ds in DOUBLE]
     for i in range(config["num_single_layers"]):
         out += [(f"single_blocks.{i}.{o}", [f"single_transformer_blocks.{i}.{d}" for d in ds]) for o, ds in SINGLE]
+    if "approximator_layers" in config:  # Chroma
+        out += APPROXIMATOR_TOP
+        for i in range(config["approximator_layers"]):
+            layer = f"distilled_guidance_layer.layers.{i}"
+            out += [(f"{layer}.{o}", [f"{layer}.{d}" for d in ds]) for o, ds in APPROXIMATOR]
     return TOP + out
 
 
+def _norms(config: dict) -> list[tuple[str, str]]:
+    """(original name, diffusers name) of the 1:1 norm scales."""
+    out = [(f"double_blocks.{i}.{o}", f"transformer_blocks.{i}.{d}")
+           for i in range(config["num_layers"]) for o, d in DOUBLE_NORMS]
+    out += [(f"single_blocks.{i}.{o}", f"single_transformer_blocks.{i}.{d}")
+            for i in range(config["num_single_layers"]) for o, d in SINGLE_NORMS]
+    out += [(f"distilled_guidance_layer.norms.{i}.scale", f"distilled_guidance_layer.norms.{i}.weight")
+            for i in range(config.get("approximator_layers", 0))]
+    return out
+
+
 def to_original(state: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
-    """diffusers FluxTransformer2DModel weights -> original-layout weights."""
+    """diffusers FluxTransformer2DModel (or ChromaTransformer2DModel) weights -> original-layout weights."""
     out: dict[str, torch.Tensor] = {}
     for orig, parts in _pairs(config):
         for kind in ("weight", "bias"):
             names = [f"{p}.{kind}" for p in parts]
             if all(n in state for n in names):
                 out[f"{orig}.{kind}"] = torch.cat([state[n] for n in names], dim=0)
-    for i in range(config["num_layers"]):
-        for o, d in DOUBLE_NORMS:
-            out[f"double_blocks.{i}.{o}"] = state[f"transformer_blocks.{i}.{d}"]
-    for i in range(config["num_single_layers"]):
-        for o, d in SINGLE_NORMS:
-            out[f"single_blocks.{i}.{o}"] = state[f"single_transformer_blocks.{i}.{d}"]
+    for o, d in _norms(config):
+        out[o] = state[d]
     for kind in ("weight", "bias"):
-        out[f"final_layer.adaLN_modulation.1.{kind}"] = _swap_halves(state[f"norm_out.linear.{kind}"])
+        if f"norm_out.linear.{kind}" in state:  # (Chroma's final norm takes its shift and scale from the approximator)
+            out[f"final_layer.adaLN_modulation.1.{kind}"] = _swap_halves(state[f"norm_out.linear.{kind}"])
     return out
 
 
@@ -79,14 +101,11 @@ def from_original(state: dict[str, torch.Tensor], like: dict[str, torch.Tensor],
             if f"{orig}.{kind}" in state and all(n in like for n in names):
                 sizes = [like[n].shape[0] for n in names]
                 out.update(zip(names, torch.split(state[f"{orig}.{kind}"], sizes, dim=0)))
-    for i in range(config["num_layers"]):
-        for o, d in DOUBLE_NORMS:
-            out[f"transformer_blocks.{i}.{d}"] = state[f"double_blocks.{i}.{o}"]
-    for i in range(config["num_single_layers"]):
-        for o, d in SINGLE_NORMS:
-            out[f"single_transformer_blocks.{i}.{d}"] = state[f"single_blocks.{i}.{o}"]
+    for o, d in _norms(config):
+        out[d] = state[o]
     for kind in ("weight", "bias"):
-        out[f"norm_out.linear.{kind}"] = _swap_halves(state[f"final_layer.adaLN_modulation.1.{kind}"])
+        if f"norm_out.linear.{kind}" in like:
+            out[f"norm_out.linear.{kind}"] = _swap_halves(state[f"final_layer.adaLN_modulation.1.{kind}"])
     return out
 
 

@@ -18,14 +18,25 @@ def scheduler_config() -> dict:
                 base_image_seq_len=256, max_image_seq_len=4096)
 
 
+def tiny_t5_encoder():
+    """The tiny T5 encoder (32 wide, gated GELU like T5 v1.1) on the offline tokenizer's vocabulary;
+    random weights from the global torch seed."""
+    from transformers import T5Config, T5EncoderModel
+    from ..tiny_t5 import t5_vocab_size
+    return T5EncoderModel(T5Config(vocab_size=t5_vocab_size(), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                   relative_attention_num_buckets=8, dense_act_fn="gelu_new", is_gated_act=True,
+                                   feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
+                                   decoder_start_token_id=0))
+
+
 def build_tiny_flux(out_dir: str | Path, seed: int = 0, schnell: bool = False) -> Path:
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Config, T5EncoderModel, T5Tokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, T5Tokenizer
     from ..sd.tiny import _text_encoder_config
     from ..sd.tiny_tokenizer import EOS, write_tokenizer
     from ..flow_common import tiny_vae_16ch
-    from ..tiny_t5 import t5_vocab_size, write_t5_tokenizer
+    from ..tiny_t5 import write_t5_tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -47,11 +58,7 @@ def build_tiny_flux(out_dir: str | Path, seed: int = 0, schnell: bool = False) -
         text_encoder = CLIPTextModel(CLIPTextConfig(**_text_encoder_config(32, tokenizer.pad_token_id,
                                                                            open_clip=False)))
         torch.manual_seed(seed + 3)
-        text_encoder_2 = T5EncoderModel(T5Config(vocab_size=t5_vocab_size(), d_model=32, d_kv=8, d_ff=64,
-                                                 num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                                                 dense_act_fn="gelu_new", is_gated_act=True,
-                                                 feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
-                                                 decoder_start_token_id=0))
+        text_encoder_2 = tiny_t5_encoder()
     pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(**scheduler_config()), vae=vae,
                         text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2,
                         tokenizer_2=tokenizer_2, transformer=transformer)
