@@ -121,9 +121,12 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
     return updates, now
 
 
-def message_meta(run_dir: Path | None, ttl: float) -> dict:
-    """What an action message belongs to: its run, when it was said, how long it may stay."""
-    return {"run": str(run_dir or ""), "status": None, "at": time.time(), "ttl": ttl}
+def message_meta(run_dir: Path | None, ttl: float, holds: tuple[str, ...] | None = None) -> dict:
+    """What an action message belongs to: its run, when it was said, how long it may stay and,
+    where given, the run statuses it holds for ("stopping, saving state…" goes once the run is no
+    longer running or stopping, even if the run ended before the page looked again)."""
+    return {"run": str(run_dir or ""), "status": None, "at": time.time(), "ttl": ttl,
+            "holds": list(holds) if holds is not None else None}
 
 
 def message_update(meta: dict | None, run_dir: Path | None, status: str, now: float | None = None):
@@ -134,6 +137,8 @@ def message_update(meta: dict | None, run_dir: Path | None, status: str, now: fl
     now = now or time.time()
     if meta["run"] != str(run_dir or "") or now - meta["at"] > meta["ttl"]:
         return "", None
+    if meta.get("holds") is not None:
+        return (gr.skip(), meta) if status in meta["holds"] else ("", None)
     if meta["status"] is None:
         return gr.skip(), {**meta, "status": status}
     if meta["status"] != status:
@@ -224,18 +229,19 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
     tab.select(lambda price_value, said_value: tick(price_value, {}, said_value), inputs=[price, said],
                outputs=outputs, show_progress="hidden", concurrency_limit=1, concurrency_id="run-view")
 
-    def control(action, ttl: float = 30.0):
+    def control(action, ttl: float = 30.0, holds: tuple[str, ...] | None = None):
         def handler(shown_run, *args):
             run_dir = Path(shown_run) if shown_run else None
             if run_dir is None:
                 return "No run to control.", None
             try:
-                return action(run_dir, *args), message_meta(run_dir, ttl)
+                return action(run_dir, *args), message_meta(run_dir, ttl, holds)
             except StartRefused as e:
                 return f"⚠️ {e}", message_meta(run_dir, ttl)
         return handler
 
-    stop.click(control(lambda d: studio.manager.stop(d), ttl=3600), inputs=shown, outputs=[message, said],
+    stop.click(control(lambda d: studio.manager.stop(d), ttl=3600, holds=("starting", "running", "stopping")),
+               inputs=shown, outputs=[message, said],
                concurrency_id="run-control")
     save_now.click(control(lambda d: studio.manager.save_now(d)), inputs=shown, outputs=[message, said],
                    concurrency_id="run-control")

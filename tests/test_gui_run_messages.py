@@ -15,3 +15,13 @@ def test_messages_go_with_another_run_a_status_change_or_their_ttl():
     assert message_update(meta, b, "starting") == ("", None)    # "checkpoint requested" never shows on run b
     assert message_update(meta, a, "stopped") == ("", None)     # "stopping, saving state…" goes when stopped
     assert message_update(meta, a, "running", now=meta["at"] + 31) == ("", None)   # "press again within 10 s"
+
+
+def test_a_stop_message_goes_when_the_run_has_stopped_even_before_the_page_looked():
+    a = Path("/runs/a")
+    meta = message_meta(a, ttl=3600, holds=("starting", "running", "stopping"))
+    shown, kept = message_update(meta, a, "stopping")
+    assert kept == meta                                         # while it saves, the message stays
+    # the demo saves in a second: the first tick after the click may already see it stopped
+    assert message_update(meta, a, "stopped") == ("", None)
+    assert message_update(meta, a, "done") == ("", None)
