@@ -29,6 +29,8 @@ BORROWED = {
             "vae": ("flux/vae", None)},
     # Flux.2 keeps its configs as single files (families/flux2/components.py); the table is Klein 4B's
     "flux2": {"text_encoder": ("flux2/text_encoder-qwen3-4b.json", None), "vae": ("flux2/vae.json", None)},
+    # Z-Image loads its Qwen3 as the bare decoder (model_index.json: Qwen3Model): no logits over the vocabulary
+    "zimage": {"text_encoder": ("zimage/text_encoder", "Qwen3Model")},
     # Qwen-Image-Edit is Qwen-Image's architecture (same transformer, Qwen2.5-VL 7B and VAE configs)
     "qwen_image_edit": {"text_encoder": ("qwen_image/text_encoder", None), "vae": ("qwen_image/vae", None)},
 }
