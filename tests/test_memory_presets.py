@@ -19,8 +19,6 @@ from trainer_backend.launch.memory_plan import plan_memory
 ROOT = Path(__file__).resolve().parents[1]
 STORE = PresetStore(user_dir=ROOT / "presets" / "no-user-presets")
 TIERED = [p for p in STORE.list() if p.builtin and re.search(r"-\d+gb$", p.name)]
-QWEN_TIERS = (16, 24)
-QWEN_EDIT_TIERS = (24,)
 
 
 # the tiers each family ships: all four where the planner says a realistic setup fits; the big
@@ -28,7 +26,7 @@ QWEN_EDIT_TIERS = (24,)
 # (docs/memory.md, "Tiered presets")
 TIERS = {"sd15-lora": (8, 12, 16, 24), "sdxl-lora": (8, 12, 16, 24), "sd35-medium-lora": (8, 12, 16, 24),
          "flux-dev-lora": (8, 12, 16, 24), "zimage-turbo-lora": (12, 16, 24), "flux2-klein-4b-lora": (12, 16, 24),
-         "qwen-image-lora": QWEN_TIERS, "qwen-image-edit-lora": QWEN_EDIT_TIERS}
+         "qwen-image-lora": (16, 24), "qwen-image-edit-lora": (16, 24)}
 
 
 def test_every_family_with_presets_has_its_tiers():
