@@ -133,7 +133,7 @@ def test_activation_estimate_is_within_15_percent_of_the_profiled_peak(gc):
     assert abs(planned - measured) / measured < 0.15, (planned, measured)
 
 
-@pytest.mark.parametrize("arch", ["sd1", "flux"])
+@pytest.mark.parametrize("arch", ["sd1", "flux", "zimage", "flux2", "qwen_image"])
 def test_bundled_table_equals_a_fresh_meta_device_build(arch):
     from trainer_backend.families.registry import get_family
     family = get_family(arch)
@@ -198,3 +198,34 @@ def test_quantized_base_bytes_equal_what_the_libraries_store(kind):
     assert plan.resident["denoiser"] == real
     assert real < plan_memory(config({"type": "lora"}, precision={"mixed": "bf16"}), ARCH,
                               table=tiny_counts()).resident["denoiser"]
+
+
+def test_meta_device_answers_data_dependent_ops_as_all_valid():
+    """What a family's forward asks of a mask's values (transformers' all-ones check, Z-Image's boolean
+    selection of caption tokens, Qwen-Image's count of them) has no answer on the meta device; under
+    AllValid every mask reads as all true, so a step is measured at the full text length."""
+    from trainer_backend.training.meta_values import AllValid
+    mask = torch.ones(2, 7, dtype=torch.bool, device="meta")
+    hidden = torch.empty(2, 7, 5, device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        hidden[0][mask[0]]
+    with AllValid() as answers:
+        assert hidden[0][mask[0]].shape == (7, 5)
+        assert bool(mask.all()) is True
+        assert mask.nonzero().shape == (14, 2)
+        assert hidden[:, :int(mask.long().sum(dim=1).max())].shape == (2, 7, 5)   # a count cuts nothing
+    assert set(answers.asked) == {"index", "_local_scalar_dense", "nonzero"}
+
+
+@pytest.mark.parametrize("arch", ["zimage", "qwen_image_edit"])
+def test_flow_families_with_masked_text_measure_on_the_meta_device(arch):
+    """Z-Image selects its caption tokens by mask and Qwen-Image-Edit counts them and appends the control
+    image's tokens: their tiny models' steps run on the meta device and the table says what it assumed."""
+    overrides = {"model": {"arch": arch}, "network": {"rank": 4}, "precision": {"mixed": "bf16"}}
+    table = mp.measure_table(tiny_loader(arch), overrides, (32, 64), device="meta", networks=("lora",),
+                             log=lambda *_: None)
+    assert "every text token valid" in table["probe"]["assumed"]
+    a, b = table["activations"]["lora"]
+    assert all(a + b * (side // table["vae_scale_factor"]) ** 2 > 0 for side in (32, 64))
+    assert table["text_encode"] > 0
+    assert table["text_every_step"] == (arch == "qwen_image_edit")

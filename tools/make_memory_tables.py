@@ -22,16 +22,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "assets" / "memory_tables.json"
 # families whose bundled configs lack some components: (component -> assets/model_configs/<folder>, class)
+# (a folder holding config.json, or a .json file)
 BORROWED = {
     "sd3": {"text_encoder": ("sd1/text_encoder", "CLIPTextModelWithProjection"),
             "text_encoder_2": ("sdxl/text_encoder_2", None), "text_encoder_3": ("flux/text_encoder_2", None),
             "vae": ("flux/vae", None)},
+    # Flux.2 keeps its configs as single files (families/flux2/components.py); the table is Klein 4B's
+    "flux2": {"text_encoder": ("flux2/text_encoder-qwen3-4b.json", None), "vae": ("flux2/vae.json", None)},
+    # Z-Image loads its Qwen3 as the bare decoder (model_index.json: Qwen3Model): no logits over the vocabulary
+    "zimage": {"text_encoder": ("zimage/text_encoder", "Qwen3Model")},
+    # Qwen-Image-Edit is Qwen-Image's architecture (same transformer, Qwen2.5-VL 7B and VAE configs)
+    "qwen_image_edit": {"text_encoder": ("qwen_image/text_encoder", None), "vae": ("qwen_image/vae", None)},
     "chroma": {"text_encoder": ("flux/text_encoder_2", None), "vae": ("flux/vae", None)},
 }
 NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL and 16-channel VAE from the "
                    "bundled Flux configs",
          "sd3": "Stable Diffusion 3.5 Medium (the bundled transformer config); CLIP-L, CLIP-G and T5-XXL "
-                "text encoders and the 16-channel VAE from the bundled SD1/SDXL/Flux configs"}
+                "text encoders and the 16-channel VAE from the bundled SD1/SDXL/Flux configs",
+         "flux2": "Flux.2 Klein 4B (transformer-klein-4b.json) with Qwen3-4B; Klein 9B (Qwen3-8B) is larger",
+         "qwen_image_edit": "Qwen-Image-Edit: the control image's latents double the transformer's image tokens; "
+                            "the text encoder runs every step (it reads the control image) and its pass here "
+                            "leaves out the control image's vision tokens",
+         "zimage": "Z-Image (Turbo and base share the architecture) with Qwen3-4B",
+         "qwen_image": "Qwen-Image 20B with Qwen2.5-VL 7B"}
 
 
 def build_components(arch: str) -> dict:
@@ -47,13 +60,15 @@ def build_components(arch: str) -> dict:
     with torch.device("meta"):
         for name in (*family.text_encoder_names, "vae"):
             sub, cls_name = BORROWED.get(arch, {}).get(name, (f"{folder}/{name}", None))
-            config = json.loads((ASSETS_CONFIGS / sub / "config.json").read_text())
+            path = ASSETS_CONFIGS / sub
+            config = json.loads((path if path.suffix == ".json" else path / "config.json").read_text())
+            config = {k: v for k, v in config.items() if k != "_note"}
             if "_class_name" in config:
                 cls = getattr(diffusers, cls_name or config["_class_name"])
-                out[name] = cls.from_config(cls.load_config(str(ASSETS_CONFIGS / sub)))
+                out[name] = cls.from_config(config)
             else:
                 cls = getattr(transformers, cls_name or config["architectures"][0])
-                out[name] = cls(cls.config_class.from_pretrained(str(ASSETS_CONFIGS / sub)))
+                out[name] = cls(cls.config_class.from_dict(config))
     return out
 
 

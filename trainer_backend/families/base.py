@@ -132,6 +132,11 @@ class Family:
     def tokenize(self, model: LoadedModel, captions: list[str], max_token_length: int) -> list["torch.Tensor"]:
         raise NotImplementedError
 
+    def probe_tokens(self, model: LoadedModel, captions: list[str]) -> list["torch.Tensor"]:
+        """The text-encoder inputs the memory probe (training/memory_probe.py) runs on the meta device:
+        the captions alone (a family whose text encoder also reads an image says what it can measure)."""
+        return self.tokenize(model, captions, 75)
+
     def tokenize_batch(self, model: LoadedModel, batch: dict, max_token_length: int) -> list["torch.Tensor"]:
         """A training batch's text-encoder inputs: its captions (and, where text_reads_control, its
         control images: `control_pixel_values`, or `control_latents` when latents are cached)."""

@@ -146,7 +146,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     phases: dict[str, float] = {}
     measured = {"float32": 4, "float16": 2, "bfloat16": 2, "bf16": 2, "fp32": 4}[table.get("probe", {}).get("dtype", "bfloat16")]
     act_factor = DTYPE_BYTES[w_dtype] / measured  # measured in bf16: fp32 ("no") doubles activations
-    if not ds.cache_text_encoder_outputs or trained_tes:
+    if not ds.cache_text_encoder_outputs or trained_tes or table.get("text_every_step"):
         phases["text encoders"] = table["text_encode"] * batch + (te_total if "text encoders" not in resident else 0)
     if not ds.cache_latents:
         phases["vae encode"] = _act(table["vae_encode"], pixels) * batch + (vae_w if "vae" not in resident else 0)

@@ -146,13 +146,28 @@ def full_size_model(arch: str, tiny_folder: str | Path, components: dict[str, to
     tiny = load_model(str(tiny_folder), arch=arch)
     names = tiny.family.text_encoder_names
     vae = components["vae"]
-    scale = 2 ** (len(vae.config.block_out_channels) - 1)
+    encoders = [components[n] for n in names]
+    for tokenizer, encoder in zip(tiny.tokenizers, encoders):
+        # the tiny tokenizers stop at a few dozen tokens; the full-size encoder's positions are the limit
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        text_config = encoder.config.get_text_config() if hasattr(encoder.config, "get_text_config") else encoder.config
+        limit = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", 0)
+        tokenizer.model_max_length = max(tokenizer.model_max_length, limit or 0)
+    if hasattr(vae.config, "block_out_channels"):
+        scale = 2 ** (len(vae.config.block_out_channels) - 1)
+    else:  # Qwen-Image's 3D autoencoder: one 2x spatial step per temporal-downsample entry
+        scale = 2 ** len(vae.temperal_downsample)
     return dataclasses.replace(tiny, denoiser=components[tiny.family.denoiser_name], vae=vae,
-                               text_encoders=[components[n] for n in names], vae_scale_factor=scale)
+                               text_encoders=encoders, vae_scale_factor=scale)
+
+
+# a caption longer than any family's text length: every family's tokenizer truncates it to that length,
+# so the probe measures the longest text a step can carry (with meta_values.AllValid: all of it valid)
+LONG_CAPTION = "a photo of a dog on a beach at sunset, " * 200
 
 
 def _tokens(model, batch: int):
-    return model.family.tokenize(model, ["a photo of a dog"] * batch, 75)
+    return model.family.probe_tokens(model, [LONG_CAPTION] * batch)
 
 
 def text_conditioning(model, batch: int, device) -> dict:
@@ -186,6 +201,8 @@ def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dt
               "text": text, "original_size": torch.tensor([[side[1], side[0]]] * batch),
               "crop_top_left": torch.zeros(batch, 2, dtype=torch.long),
               "target_size": torch.tensor([[side[1], side[0]]] * batch)}
+    if model.family.control_images == "required":  # an edit model: the control image's tokens ride along
+        sample["control_latents"] = torch.zeros_like(sample["latents"])
     grads_before = _grad_bytes(model.denoiser)
     with LiveBytes() as tally:
         loss = diffusion_loss(model, model.denoiser, sample, cfg=cfg, epoch=0, device=device,
@@ -223,7 +240,9 @@ def static_table(model) -> dict:
     comps[family.denoiser_name]["blocks"] = [sum(p.numel() for p in b.parameters()) for b in family.blocks(model)]
     return {"denoiser": family.denoiser_name, "text_encoders": list(family.text_encoder_names),
             "trained_text_encoders": list(family.trained_text_encoders or family.text_encoder_names),
-            "components": comps, "vae_scale_factor": model.vae_scale_factor, "activations": {}}
+            "components": comps, "vae_scale_factor": model.vae_scale_factor, "activations": {},
+            # the text encoder reads the control image: it runs every step, whatever the text cache says
+            "text_every_step": bool(family.text_reads_control)}
 
 
 def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", networks=("lora", "full"),
@@ -232,10 +251,22 @@ def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", 
     LoadedModel in fp32 (full-size modules on the meta device, or a tiny model); each network type is set
     up with the project's own code (place_model, setup_method) from a config of `overrides`, and its
     training step measured at two square sizes, with and without gradient checkpointing."""
+    from contextlib import nullcontext
+    from .meta_values import AllValid
+    dev = torch.device(device)
+    answers = AllValid() if dev.type == "meta" else nullcontext()
+    with answers:
+        table = _measure(load, overrides, sides, dev, networks, log)
+    if dev.type == "meta" and answers.asked:
+        table["probe"]["assumed"] = "every text token valid (meta device: " + ", ".join(
+            f"{name} ×{n}" for name, n in sorted(answers.asked.items())) + ")"
+    return table
+
+
+def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log) -> dict:
     from ..config import from_dict
     from ..methods import setup_method
     from .setup import place_model
-    dev = torch.device(device)
 
     def load_on_device():   # place_model moves weights by set_data, which cannot cross into the meta device
         loaded = load()

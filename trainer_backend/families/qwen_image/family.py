@@ -244,6 +244,15 @@ class QwenImageEditFamily(QwenImageFamily):
                               "(dataset.control_path)")
         return qtext.tokenize(model.tokenizers[0], list(captions), True, qtext.to_pil(controls))
 
+    def probe_tokens(self, model, captions):
+        """The caption alone through the edit template's text (no vision tokens): the vision tower's token
+        count comes from the image's values, which the meta device does not have. The memory planner's
+        text-encoder pass for the edit model therefore leaves out the control image's vision tokens."""
+        template, drop = qtext.prompt_template(True)
+        enc = model.tokenizers[0].tokenizer([template.format(c) for c in captions], max_length=1024 + drop,
+                                            padding=True, truncation=True, return_tensors="pt")
+        return [enc.input_ids, enc.attention_mask]
+
     def tokenize_batch(self, model, batch, max_token_length):
         import torch
         controls = batch.get("control_pixel_values")
