@@ -1,7 +1,10 @@
-"""What the rectified-flow transformer families (SD3, Flux) share: loading a diffusers pipeline
-folder, LoRA files in diffusers' layout, the T5-cache dtype and the tiny models' 16-channel VAE."""
+"""What the rectified-flow transformer families (SD3, Flux, Flux.2, Z-Image, Qwen-Image) share:
+loading a diffusers pipeline folder, LoRA files in diffusers' layout and their metadata, full
+fine-tunes written as the transformer's single file plus a diffusers folder, the T5-cache dtype
+and the tiny models' 16-channel VAE."""
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Callable
 
@@ -19,6 +22,11 @@ class FlowFamily(Family):
     # the embeddings before the blocks, the output layers after them
     BASE_AND_END = ((r"^(?:pos_embed|x_embedder|context_embedder|time_text_embed)\.", "BASE"),
                     (r"^(?:norm_out|proj_out)\b", "END"))
+    # the module that writes and reads the family's transformer single file (its export_transformer and
+    # load_transformer_file), relative to this package, e.g. ".flux.single_file"
+    transformer_file_module = ""
+    # appended to modelspec.architecture in LoRA files ("flux-1-dev/lora", as SAI's modelspec names them)
+    lora_architecture_suffix = "/lora"
 
     def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
         import torch
@@ -53,6 +61,31 @@ class FlowFamily(Family):
         state = converted[0] if isinstance(converted, tuple) else converted
         prefix = self.denoiser_name + "."
         return {k[len(prefix):].rsplit(".lora_", 1)[0] for k in state if k.startswith(prefix)}
+
+    def lora_metadata(self) -> dict[str, str]:
+        return {"ss_base_model_version": self.base_model_version,
+                "modelspec.architecture": self.modelspec_architecture + self.lora_architecture_suffix}
+
+    def transformer_file(self):
+        """The family's transformer-file module (transformer_file_module), imported on first use."""
+        return importlib.import_module(self.transformer_file_module, __package__)
+
+    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
+        out = [self.export_single_file(model, single_file, dtype, metadata)]
+        if folder is not None:
+            self.save_pipeline_folder(model, Path(folder))
+            out.append(Path(folder))
+        return out
+
+    def export_single_file(self, model, single_file, dtype, metadata) -> Path:
+        """The full fine-tune's single file: the transformer alone, in the family's file layout."""
+        return self.transformer_file().export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata)
+
+    def save_pipeline_folder(self, model, folder: Path) -> None:
+        self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
+
+    def load_denoiser_file(self, path, like):
+        return self.transformer_file().load_transformer_file(path, like)
 
     def pipeline_call_options(self, model) -> dict:
         return {"max_sequence_length": self.t5_length(model)}

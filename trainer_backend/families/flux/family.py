@@ -27,6 +27,7 @@ class FluxFamily(FlowFamily):
                       (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "flux1"
     modelspec_architecture = "flux-1-dev"
+    transformer_file_module = ".flux.single_file"
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -130,23 +131,6 @@ class FluxFamily(FlowFamily):
             from .kohya_lora import to_kohya_flux
             return to_kohya_flux(adapter_states, alpha, model.denoiser)
         return super().lora_file_state(model, adapter_states, alpha, layout)
-
-    def lora_metadata(self) -> dict[str, str]:
-        return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .single_file import export_transformer
-        out = []
-        if folder is not None:
-            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
-        return out
-
-    def load_denoiser_file(self, path, like):
-        from .single_file import load_transformer_file
-        return load_transformer_file(path, like)
 
 
 FLUX = FluxFamily()

@@ -50,6 +50,7 @@ class Flux2Family(FlowFamily):
                       (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "flux2"
     modelspec_architecture = "flux-2-klein"
+    transformer_file_module = ".flux2.original_keys"
     control_images = "optional"
     control_image_argument = "image"
 
@@ -209,23 +210,6 @@ class Flux2Family(FlowFamily):
             from .kohya_lora import to_kohya_flux2
             return to_kohya_flux2(adapter_states, alpha, model.denoiser)
         return super().lora_file_state(model, adapter_states, alpha, layout)
-
-    def lora_metadata(self) -> dict[str, str]:
-        return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .original_keys import export_transformer
-        out = []
-        if folder is not None:
-            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
-        return out
-
-    def load_denoiser_file(self, path, like):
-        from .original_keys import load_transformer_file
-        return load_transformer_file(path, like)
 
 
 def patchify(latents):

@@ -56,6 +56,7 @@ class QwenImageFamily(FlowFamily):
                       (r"^(?:img_in|txt_in|txt_norm|time_text_embed)\b", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "qwen_image"
     modelspec_architecture = "qwen-image"
+    transformer_file_module = ".qwen_image.single_file"
     edit = False
     pipelines = PIPELINES
 
@@ -197,30 +198,20 @@ class QwenImageFamily(FlowFamily):
             return to_comfy_lora(adapter_states, alpha)
         return super().lora_file_state(model, adapter_states, alpha, layout)
 
-    def lora_metadata(self) -> dict[str, str]:
-        return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .single_file import export_transformer
+    def export_single_file(self, model, single_file, dtype, metadata) -> Path:
         from ..sd.single_file import META_ARCH
         stamped = {**(metadata or {}), META_ARCH: self.name}  # the family, which the keys cannot tell
-        out = [export_transformer(model.denoiser, single_file, dtype=dtype, metadata=stamped)]
-        if folder is not None:
-            pipe = self.build_pipeline(model, "default")
-            if self.edit:  # diffusers cannot save the processor without torchvision: text.py writes it
-                processor = pipe.processor
-                pipe.register_modules(processor=None)
-                pipe.save_pretrained(str(folder), safe_serialization=True)
-                qtext.save_processor(processor, Path(folder) / "processor", Path(folder) / "model_index.json")
-            else:
-                pipe.save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        return out
+        return super().export_single_file(model, single_file, dtype, stamped)
 
-    def load_denoiser_file(self, path, like):
-        from .single_file import load_transformer_file
-        return load_transformer_file(path, like)
+    def save_pipeline_folder(self, model, folder: Path) -> None:
+        if not self.edit:
+            return super().save_pipeline_folder(model, folder)
+        # diffusers cannot save the processor without torchvision: text.py writes it
+        pipe = self.build_pipeline(model, "default")
+        processor = pipe.processor
+        pipe.register_modules(processor=None)
+        pipe.save_pretrained(str(folder), safe_serialization=True)
+        qtext.save_processor(processor, folder / "processor", folder / "model_index.json")
 
 
 class QwenImageEditFamily(QwenImageFamily):

@@ -27,6 +27,8 @@ class SD3Family(FlowFamily):
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "joint_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "sd3"
     modelspec_architecture = "stable-diffusion-v3-medium"
+    lora_architecture_suffix = ""  # SD3 LoRA files have always carried the bare architecture
+    transformer_file_module = ".sd3.single_file"
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -117,23 +119,15 @@ class SD3Family(FlowFamily):
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .single_file import export_checkpoint
-        out = [export_checkpoint(model.denoiser, model.vae, single_file, dtype=dtype, metadata=metadata)]
-        if folder is not None:
-            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        return out
+    def export_single_file(self, model, single_file, dtype, metadata) -> Path:
+        from .single_file import export_checkpoint  # the transformer with the autoencoder, as SD3.5's files
+        return export_checkpoint(model.denoiser, model.vae, single_file, dtype=dtype, metadata=metadata)
 
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":
             from .kohya_lora import to_kohya_sd3
             return to_kohya_sd3(adapter_states, alpha, _unwrap(model.denoiser))
         return super().lora_file_state(model, adapter_states, alpha, layout)
-
-    def load_denoiser_file(self, path, like):
-        from .single_file import load_transformer_file
-        return load_transformer_file(path, like)
 
 
 

@@ -39,6 +39,7 @@ class ZImageFamily(FlowFamily):
                       (r"^all_final_layer\.", "END"))
     base_model_version = "zimage"
     modelspec_architecture = "z-image"
+    transformer_file_module = ".zimage.single_file"
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -148,23 +149,6 @@ class ZImageFamily(FlowFamily):
         if is_kohya_zimage(state):
             return read_kohya_zimage(state, modules)
         return super().read_lora_file(model, state, modules)
-
-    def lora_metadata(self) -> dict[str, str]:
-        return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .single_file import export_transformer
-        out = []
-        if folder is not None:
-            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
-        return out
-
-    def load_denoiser_file(self, path, like):
-        from .single_file import load_transformer_file
-        return load_transformer_file(path, like)
 
 
 ZIMAGE = ZImageFamily()
