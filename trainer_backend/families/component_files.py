@@ -40,9 +40,14 @@ def own_config(metadata: dict[str, str], fallback: dict, key: str = META_CONFIG)
         return fallback
 
 
+def with_article(noun: str) -> str:
+    """"a Flux", "an SD3": the article as the name is spoken (S-D, not "sd")."""
+    return ("an " if noun.startswith(("SD", "A", "E", "I", "O", "U")) else "a ") + noun
+
+
 def check(option: str, path: Path, shapes: dict, expected: dict, what: str) -> None:
     """Every expected weight present with its shape; else one line naming the first that is not."""
-    what = ("an " if what.startswith(("SD", "A", "E", "I", "O", "U")) else "a ") + what
+    what = with_article(what)
     for key, shape in expected.items():
         if key not in shapes:
             raise ConfigError(f"{option}: {path.name} is not {what}: it has no {key}")

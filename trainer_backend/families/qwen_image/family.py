@@ -6,12 +6,11 @@ appends the control image's packed latents to the image tokens (a second entry i
 its text encoder reads the control image too."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..flow_common import FlowFamily, device_of as _device
+from ..flow_common import FlowFamily, dynamic_shift, device_of as _device
 from . import text as qtext
 
 PIPELINES = ("QwenImagePipeline", "QwenImageImg2ImgPipeline", "QwenImageInpaintPipeline")
@@ -149,11 +148,8 @@ class QwenImageFamily(FlowFamily):
     def objective(self, model):
         from ..objectives import FlowMatchObjective
         c = model.scheduler_config
-        dynamic = None
-        if c.get("use_dynamic_shifting"):
-            dynamic = dict(base_seq_len=c.get("base_image_seq_len", 256), max_seq_len=c.get("max_image_seq_len", 8192),
-                           base_shift=c.get("base_shift", 0.5), max_shift=c.get("max_shift", 0.9))
-        return FlowMatchObjective(shift=c.get("shift", 1.0), dynamic_shift=dynamic)
+        return FlowMatchObjective(shift=c.get("shift", 1.0),
+                                  dynamic_shift=dynamic_shift(c, max_seq_len=8192, max_shift=0.9))
 
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
         b, c, h, w = noisy.shape
@@ -176,17 +172,10 @@ class QwenImageFamily(FlowFamily):
         from diffusers import QwenImagePipeline
         return QwenImagePipeline
 
-    def build_pipeline(self, model, scheduler: str = "euler"):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-        if scheduler not in ("default", "euler"):
-            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.label} (use euler or default)")
-        tok = model.tokenizers[0]
+    def pipeline_parts(self, model) -> dict:
+        tok = model.tokenizers[0]  # the edit model's: its processor, which holds the tokenizer
         extra = {"processor": tok, "tokenizer": tok.tokenizer} if self.edit else {"tokenizer": tok}
-        pipe = self.pipeline_class()(scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config),
-                                     vae=model.vae, text_encoder=model.text_encoders[0], transformer=model.denoiser,
-                                     **extra)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
+        return {"text_encoder": model.text_encoders[0], **extra}
 
     def guidance_arguments(self, model, scale):
         # true classifier-free guidance (a second pass with the negative prompt; none without one)
