@@ -15,7 +15,8 @@ from .component_files import with_article
 
 class FlowFamily(Family):
     """A Family whose model is one diffusers pipeline folder with a `transformer` and up to three
-    text encoders (`text_encoder`, `text_encoder_2`, `text_encoder_3`; absent ones are skipped)."""
+    text encoders (`text_encoder`, `text_encoder_2`, `text_encoder_3`; absent ones are skipped), or
+    the separate component files its component_files_loader reads."""
     denoiser_name = "transformer"
     text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
     keep_unquantized = ("time_text_embed", "context_embedder", "x_embedder", "norm_out", "proj_out")
@@ -28,8 +29,7 @@ class FlowFamily(Family):
     transformer_file_module = ""
     # appended to modelspec.architecture in LoRA files ("flux-1-dev/lora", as SAI's modelspec names them)
     lora_architecture_suffix = "/lora"
-
-    # what single-file messages call the family ("Flux", "an SD3 single file"); empty: its label
+    # the family's name in messages ("Flux" in "applies to a Flux single file"); empty: its label
     short_label = ""
     # "module:function" (module relative to this package) loading the separate files ComfyUI users keep:
     # function(family, src, *, vae, tokenizer, files) -> LoadedModel; empty: diffusers folders only
