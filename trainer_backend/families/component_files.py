@@ -40,9 +40,14 @@ def own_config(metadata: dict[str, str], fallback: dict, key: str = META_CONFIG)
         return fallback
 
 
+def with_article(noun: str) -> str:
+    """"a Flux", "an SD3": the article as the name is spoken (S-D, not "sd")."""
+    return ("an " if noun.startswith(("SD", "A", "E", "I", "O", "U")) else "a ") + noun
+
+
 def check(option: str, path: Path, shapes: dict, expected: dict, what: str) -> None:
     """Every expected weight present with its shape; else one line naming the first that is not."""
-    what = ("an " if what.startswith(("SD", "A", "E", "I", "O", "U")) else "a ") + what
+    what = with_article(what)
     for key, shape in expected.items():
         if key not in shapes:
             raise ConfigError(f"{option}: {path.name} is not {what}: it has no {key}")
@@ -59,6 +64,17 @@ def load_into(option: str, path: Path, module, state: dict, skip=()) -> None:
     missing = [k for k in missing if k not in skip]
     if missing:
         raise ConfigError(f"{option}: {path.name} has no {missing[0]}")
+
+
+def load_checked(option: str, path: Path, module, what: str, shapes: dict, expected: dict, convert=None,
+                 skip=(), prefix: str = "", keys=None) -> None:
+    """The common path of a component file: its `shapes` (names as `module` has them) checked against
+    `expected` first (one line naming the first key that does not fit), then its tensors read (those
+    under `prefix`, only `keys` if given: see read_prefixed), renamed by `convert` (the file's state
+    -> the module's; None: as they are) and assigned to `module` (built on the meta device)."""
+    check(option, path, shapes, expected, what)
+    state = read_prefixed(path, prefix, keys)
+    load_into(option, path, module, convert(state) if convert is not None else state, skip)
 
 
 def weights_on_meta():
@@ -96,7 +112,7 @@ def find_tokenizers(folder: str, subs: tuple[str, ...], hf_cache: list[list[tupl
     found = []
     for slot, sub in enumerate(subs):
         candidates = [Path(folder).expanduser() / sub] if folder else []
-        candidates += _hf_cache(hf_cache[slot])
+        candidates += hf_cache_folders(hf_cache[slot])
         tok = None
         for c in candidates:
             if c.is_dir() and any((c / f).is_file() for f in ("tokenizer.json", "vocab.json", "spiece.model")):
@@ -110,7 +126,26 @@ def find_tokenizers(folder: str, subs: tuple[str, ...], hf_cache: list[list[tupl
     return found
 
 
-def _hf_cache(repos: list[tuple[str, str]]) -> list[Path]:
+def find_qwen3_tokenizer(folder: str, hf_cache: list[tuple[str, str]], label: str):
+    """The Qwen3 tokenizer of a single-file model (Flux.2, Z-Image: `label`): from model.tokenizer (the
+    family's diffusers folder with tokenizer/, or a tokenizer folder itself), else the local Hugging Face
+    cache (`hf_cache`: (repo, subfolder) pairs, never fetched)."""
+    from transformers import AutoTokenizer
+    candidates = []
+    if folder:
+        root = Path(folder).expanduser()
+        candidates += [root / "tokenizer", root]
+    candidates += hf_cache_folders(hf_cache)
+    for c in candidates:
+        if c.is_dir() and any((c / f).is_file() for f in ("tokenizer.json", "vocab.json")):
+            return AutoTokenizer.from_pretrained(str(c), local_files_only=True)
+    raise ConfigError(f"model.tokenizer: {label} single files hold no tokenizer; set model.tokenizer to a {label} "
+                      "diffusers folder (with tokenizer/) or a Qwen3 tokenizer folder"
+                      + (f"; none found in {folder}" if folder else " (none in the Hugging Face cache either)"))
+
+
+def hf_cache_folders(repos: list[tuple[str, str]]) -> list[Path]:
+    """The tokenizer folders of (repo, subfolder) pairs present in the local Hugging Face cache (never fetched)."""
     from huggingface_hub import try_to_load_from_cache
     cache_dir = os.environ.get("HF_HUB_CACHE") or (
         os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None)

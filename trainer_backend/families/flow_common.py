@@ -1,17 +1,22 @@
-"""What the rectified-flow transformer families (SD3, Flux) share: loading a diffusers pipeline
-folder, LoRA files in diffusers' layout, the T5-cache dtype and the tiny models' 16-channel VAE."""
+"""What the rectified-flow transformer families (SD3, Flux, Flux.2, Z-Image, Qwen-Image) share:
+loading a diffusers pipeline folder, LoRA files in diffusers' layout and their metadata, full
+fine-tunes written as the transformer's single file plus a diffusers folder, the T5-cache dtype
+and the tiny models' 16-channel VAE."""
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError
 from .base import Family, LoadedModel
+from .component_files import with_article
 
 
 class FlowFamily(Family):
     """A Family whose model is one diffusers pipeline folder with a `transformer` and up to three
-    text encoders (`text_encoder`, `text_encoder_2`, `text_encoder_3`; absent ones are skipped)."""
+    text encoders (`text_encoder`, `text_encoder_2`, `text_encoder_3`; absent ones are skipped), or
+    the separate component files its component_files_loader reads."""
     denoiser_name = "transformer"
     text_cache_dtype = "float16"  # T5 hidden states: 4096 wide, up to 512 tokens per caption
     keep_unquantized = ("time_text_embed", "context_embedder", "x_embedder", "norm_out", "proj_out")
@@ -19,13 +24,41 @@ class FlowFamily(Family):
     # the embeddings before the blocks, the output layers after them
     BASE_AND_END = ((r"^(?:pos_embed|x_embedder|context_embedder|time_text_embed)\.", "BASE"),
                     (r"^(?:norm_out|proj_out)\b", "END"))
+    # the module that writes and reads the family's transformer single file (its export_transformer and
+    # load_transformer_file), relative to this package, e.g. ".flux.single_file"
+    transformer_file_module = ""
+    # appended to modelspec.architecture in LoRA files ("flux-1-dev/lora", as SAI's modelspec names them)
+    lora_architecture_suffix = "/lora"
+    # the family's name in messages ("Flux" in "applies to a Flux single file"); empty: its label
+    short_label = ""
+    # "module:function" (module relative to this package) loading the separate files ComfyUI users keep:
+    # function(family, src, *, vae, tokenizer, files) -> LoadedModel; empty: diffusers folders only
+    component_files_loader = ""
 
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "") -> LoadedModel:
-        import torch
-        from .sd.loader import _first_line, _load_vae
-        if not src.is_dir():
+    @property
+    def short_name(self) -> str:
+        return self.short_label or self.label
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
+             text_encoder_files: dict[str, str] | None = None) -> LoadedModel:
+        if src.is_dir():
+            if text_encoder_files:
+                encoders = "text encoders" if len(self.text_encoder_names) > 1 else "text encoder"
+                raise ConfigError(f"model.{next(iter(text_encoder_files))}: applies to {with_article(self.short_name)} "
+                                  f"single file; {src} is a diffusers folder with its own {encoders}")
+            return self.load_folder(src, vae=vae, prediction_type=prediction_type)
+        if not self.component_files_loader:
             raise ConfigError(f"model.path: {src} is a {self.label} single file; this family loads from a diffusers "
                               "folder (single files are not supported yet)")
+        if prediction_type not in ("auto", "flow"):
+            raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
+        module, function = self.component_files_loader.split(":")
+        load_files = getattr(importlib.import_module(module, __package__), function)
+        return load_files(self, src, vae=vae, tokenizer=tokenizer, files=text_encoder_files or {})
+
+    def load_folder(self, src: Path, *, vae: str = "", prediction_type: str = "auto") -> LoadedModel:
+        import torch
+        from .sd.loader import _first_line, _load_vae
         if prediction_type not in ("auto", "flow"):
             raise ConfigError(f"model.prediction_type: {self.label} predicts the flow (noise − image); "
                               f"{prediction_type!r} does not apply (use \"auto\")")
@@ -44,6 +77,28 @@ class FlowFamily(Family):
                            vae_scale_factor=2 ** (len(pipe.vae.config.block_out_channels) - 1),
                            scheduler_config=dict(pipe.scheduler.config))
 
+    def build_pipeline(self, model, scheduler: str = "euler"):
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        if scheduler not in ("default", "euler"):
+            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.short_name} "
+                              "(use euler or default)")
+        pipe = self.pipeline_class()(
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
+            transformer=model.denoiser, **self.pipeline_parts(model))
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def pipeline_parts(self, model) -> dict:
+        """The pipeline's components besides scheduler, vae and transformer: its text encoders and
+        tokenizers by slot name (text_encoder, tokenizer, text_encoder_2, ...; a slot the model lacks,
+        SD3 without T5, is None)."""
+        parts = {}
+        for i, name in enumerate(self.text_encoder_names):
+            parts[name] = model.text_encoders[i] if i < len(model.text_encoders) else None
+            tokenizer = model.tokenizers[i] if i < len(model.tokenizers) else None
+            parts[name.replace("text_encoder", "tokenizer")] = tokenizer
+        return parts
+
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         self.lora_layout(layout)  # diffusers unless the family overrides this (Flux: kohya too)
         return to_diffusers_lora(adapter_states, alpha)
@@ -54,11 +109,46 @@ class FlowFamily(Family):
         prefix = self.denoiser_name + "."
         return {k[len(prefix):].rsplit(".lora_", 1)[0] for k in state if k.startswith(prefix)}
 
+    def lora_metadata(self) -> dict[str, str]:
+        return {"ss_base_model_version": self.base_model_version,
+                "modelspec.architecture": self.modelspec_architecture + self.lora_architecture_suffix}
+
+    def transformer_file(self):
+        """The family's transformer-file module (transformer_file_module), imported on first use."""
+        return importlib.import_module(self.transformer_file_module, __package__)
+
+    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
+        out = [self.export_single_file(model, single_file, dtype, metadata)]
+        if folder is not None:
+            self.save_pipeline_folder(model, Path(folder))
+            out.append(Path(folder))
+        return out
+
+    def export_single_file(self, model, single_file, dtype, metadata) -> Path:
+        """The full fine-tune's single file: the transformer alone, in the family's file layout."""
+        return self.transformer_file().export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata)
+
+    def save_pipeline_folder(self, model, folder: Path) -> None:
+        self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
+
+    def load_denoiser_file(self, path, like):
+        return self.transformer_file().load_transformer_file(path, like)
+
     def pipeline_call_options(self, model) -> dict:
         return {"max_sequence_length": self.t5_length(model)}
 
     def t5_length(self, model) -> int:
         raise NotImplementedError
+
+
+def dynamic_shift(scheduler_config: dict, max_seq_len: int = 4096, max_shift: float = 1.15) -> dict | None:
+    """The resolution-dependent shift of a scheduler config that uses one (Flux's defaults; Qwen-Image's
+    are 8192 tokens and 0.9), as FlowMatchObjective's dynamic_shift; None when it does not."""
+    c = scheduler_config
+    if not c.get("use_dynamic_shifting"):
+        return None
+    return dict(base_seq_len=c.get("base_image_seq_len", 256), max_seq_len=c.get("max_image_seq_len", max_seq_len),
+                base_shift=c.get("base_shift", 0.5), max_shift=c.get("max_shift", max_shift))
 
 
 def tiny_vae_16ch(scaling_factor: float, shift_factor: float):

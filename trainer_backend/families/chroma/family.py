@@ -28,6 +28,7 @@ class ChromaFamily(FluxFamily):
                       FlowFamily.BASE_AND_END[1])
     base_model_version = "chroma"
     modelspec_architecture = "chroma"
+    short_label = "Chroma"
     pipelines = ("ChromaPipeline", "ChromaImg2ImgPipeline", "ChromaInpaintPipeline")
     transformer_class = "ChromaTransformer2DModel"
     configs = "chroma"

@@ -20,9 +20,8 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..component_files import (META_CONFIG, bundled, embedded_vae_prefix, find_tokenizers, load_original_vae,
-                               read_prefixed)
-from ..component_files import check as _check, header as _header, load_into as _load, own_config as _own_config
+from ..component_files import META_CONFIG, bundled, embedded_vae_prefix, find_tokenizers, load_original_vae
+from ..component_files import header as _header, load_checked, own_config as _own_config
 from ..component_files import strip as _strip, weights_on_meta as _weights_on_meta
 
 # where the CLIP-L weights sit (transformers 4 names under text_model.): ComfyUI checkpoints, SD checkpoints, files
@@ -64,9 +63,8 @@ def load_transformer(path: Path, src_header: tuple | None = None):
         model = FluxTransformer2DModel.from_config(config)
     like = model.state_dict()
     expected = {k: v.shape for k, v in to_original(like, config).items()}
-    _check("model.path", path, shapes, expected, "Flux transformer of this size")
-    state = from_original(read_prefixed(path, prefix, keys=set(expected)), like, config)
-    _load("model.path", path, model, state)
+    load_checked("model.path", path, model, "Flux transformer of this size", shapes, expected,
+                 lambda state: from_original(state, like, config), prefix=prefix, keys=set(expected))
     return model
 
 
@@ -82,8 +80,8 @@ def load_clip_l(path_str: str, src: Path | None = None, src_header: tuple = ({},
         model = CLIPTextModel(config)
     expected = {k: v.shape for k, v in model.state_dict().items() if not k.endswith("position_ids")}
     prefix = next((p for p in CLIP_PREFIXES if any(k.startswith(p) for k in shapes)), "")
-    _check("model.clip_l", path, _strip(shapes, (prefix,)), expected, "CLIP-L text encoder")
-    _load("model.clip_l", path, model, read_prefixed(path, prefix, keys=set(expected)))
+    load_checked("model.clip_l", path, model, "CLIP-L text encoder", _strip(shapes, (prefix,)), expected,
+                 prefix=prefix, keys=set(expected))
     return model
 
 
@@ -100,8 +98,8 @@ def load_t5(path_str: str, src: Path | None = None, src_header: tuple = ({}, {})
     tied = "encoder.embed_tokens.weight"  # the same tensor as shared.weight
     expected = {k: v.shape for k, v in model.state_dict().items() if k != tied}
     prefix = next((p for p in T5_PREFIXES if any(k.startswith(p) for k in shapes)), "")
-    _check("model.t5", path, _strip(shapes, (prefix,)), expected, "T5-XXL encoder")
-    _load("model.t5", path, model, read_prefixed(path, prefix, keys=set(expected)), skip=(tied,))
+    load_checked("model.t5", path, model, "T5-XXL encoder", _strip(shapes, (prefix,)), expected, skip=(tied,),
+                 prefix=prefix, keys=set(expected))
     model.encoder.embed_tokens = model.shared
     return model
 

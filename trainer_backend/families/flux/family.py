@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...errors import ConfigError
-from ..flow_common import FlowFamily, device_of as _device, unwrap as _unwrap
+from ..flow_common import FlowFamily, dynamic_shift, device_of as _device, unwrap as _unwrap
 
 PIPELINES = ("FluxPipeline", "FluxImg2ImgPipeline", "FluxInpaintPipeline")
 CLIP_MAX_LENGTH = 77
@@ -25,6 +24,8 @@ class FluxFamily(FlowFamily):
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "proj_mlp")
     text_encoder_file_options = ("clip_l", "t5")
+    short_label = "Flux"
+    component_files_loader = ".flux.components:load_flux_files"
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
                       (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "flux1"
@@ -33,6 +34,7 @@ class FluxFamily(FlowFamily):
     pipelines: tuple[str, ...] = PIPELINES
     transformer_class = "FluxTransformer2DModel"
     configs = "flux"
+    transformer_file_module = ".flux.single_file"
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -42,18 +44,6 @@ class FluxFamily(FlowFamily):
         return (any(k.endswith("double_blocks.0.img_attn.qkv.weight") for k in shapes)
                 and not any(k.endswith(("single_stream_modulation.lin.weight",  # Flux.2
                                         "distilled_guidance_layer.in_proj.weight")) for k in shapes))  # Chroma
-
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
-             text_encoder_files: dict[str, str] | None = None):
-        if src.is_dir():
-            if text_encoder_files:
-                raise ConfigError(f"model.{next(iter(text_encoder_files))}: applies to a Flux single file; "
-                                  f"{src} is a diffusers folder with its own text encoders")
-            return super().load(src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
-        if prediction_type not in ("auto", "flow"):
-            raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
-        from .components import load_flux_files
-        return load_flux_files(self, src, vae=vae, tokenizer=tokenizer, files=text_encoder_files or {})
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_flux
@@ -91,11 +81,7 @@ class FluxFamily(FlowFamily):
     def objective(self, model):
         from ..objectives import FlowMatchObjective
         c = model.scheduler_config
-        dynamic = None
-        if c.get("use_dynamic_shifting"):
-            dynamic = dict(base_seq_len=c.get("base_image_seq_len", 256), max_seq_len=c.get("max_image_seq_len", 4096),
-                           base_shift=c.get("base_shift", 0.5), max_shift=c.get("max_shift", 1.15))
-        return FlowMatchObjective(shift=c.get("shift", 1.0), dynamic_shift=dynamic)
+        return FlowMatchObjective(shift=c.get("shift", 1.0), dynamic_shift=dynamic_shift(c))
 
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
         import torch
@@ -127,19 +113,6 @@ class FluxFamily(FlowFamily):
     def pipeline_class(self):
         import diffusers
         return getattr(diffusers, self.pipelines[0])
-
-    def build_pipeline(self, model, scheduler: str = "euler"):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-        if scheduler not in ("default", "euler"):
-            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.label} (use euler or default)")
-        text = {}
-        for name, encoder, tokenizer in zip(self.text_encoder_names, model.text_encoders, model.tokenizers):
-            text.update({name: encoder, name.replace("text_encoder", "tokenizer"): tokenizer})
-        pipe = self.pipeline_class()(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
-            transformer=model.denoiser, **text)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
 
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":
@@ -176,5 +149,6 @@ class FluxFamily(FlowFamily):
         from .single_file import load_transformer_file
         return load_transformer_file(path, like)
 
+    transformer_file_module = ".flux.single_file"
 
 FLUX = FluxFamily()

@@ -12,15 +12,14 @@ naming the option, the file and the first key that does not fit. Tokenizers come
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..component_files import check as _check, header as _header, load_into as _load
-from ..component_files import own_config as _own_config, strip as _strip, weights_on_meta as _weights_on_meta
+from ..component_files import bundled as _bundled, check as _check, find_qwen3_tokenizer, header as _header
+from ..component_files import load_checked, own_config as _own_config, strip as _strip
+from ..component_files import weights_on_meta as _weights_on_meta
 from .original_keys import (from_original, normalise_vae_keys, strip_prefix, to_original, vae_from_original,
                             vae_to_original)
 
@@ -38,8 +37,7 @@ def _own(metadata: dict[str, str], fallback: dict, marker: str) -> dict:
 
 
 def bundled(name: str) -> dict:
-    from ..sd.loader import ASSETS_CONFIGS
-    return {k: v for k, v in json.loads((ASSETS_CONFIGS / "flux2" / name).read_text()).items() if k != "_note"}
+    return _bundled("flux2", name)
 
 
 def transformer_config(shapes: dict[str, tuple], metadata: dict[str, str]) -> dict:
@@ -63,7 +61,6 @@ def transformer_config(shapes: dict[str, tuple], metadata: dict[str, str]) -> di
 
 def load_transformer(path: Path):
     from diffusers import Flux2Transformer2DModel
-    from safetensors.torch import load_file
     shapes, metadata = _header("model.path", path)
     shapes = strip_prefix(shapes)
     config = transformer_config(shapes, metadata)
@@ -73,14 +70,13 @@ def load_transformer(path: Path):
     with _weights_on_meta():
         model = Flux2Transformer2DModel.from_config(config)
     like = model.state_dict()
-    _check("model.path", path, shapes, {k: v.shape for k, v in to_original(like, config).items()},
-           "Flux.2 transformer of this size")
-    _load("model.path", path, model, from_original(load_file(str(path)), like, config))
+    load_checked("model.path", path, model, "Flux.2 transformer of this size", shapes,
+                 {k: v.shape for k, v in to_original(like, config).items()},
+                 lambda state: from_original(state, like, config))
     return model
 
 
 def load_text_encoder(path_str: str):
-    from safetensors.torch import load_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
     if not path_str:
         raise ConfigError("model.text_encoder: a Flux.2 single file holds no text encoder; give the Qwen3 file "
@@ -98,10 +94,10 @@ def load_text_encoder(path_str: str):
         model = Qwen3ForCausalLM(config)
     head = "lm_head.weight"  # only for logits, which the encoding never computes: tied when the file has none
     expected = {k: v.shape for k, v in model.state_dict().items() if k != head}
-    _check("model.text_encoder", path, shapes, expected, "Qwen3 text encoder of this size")
-    state = {k: v for k, v in _strip(load_file(str(path)), QWEN_PREFIXES).items() if k in expected or k == head}
-    _load("model.text_encoder", path, model, state, skip=(head,))
-    if head not in state:
+    load_checked("model.text_encoder", path, model, "Qwen3 text encoder of this size", shapes, expected,
+                 lambda state: {k: v for k, v in _strip(state, QWEN_PREFIXES).items() if k in expected or k == head},
+                 skip=(head,))
+    if head not in shapes:  # shapes: the file's names as stripped for loading
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
 
@@ -146,31 +142,7 @@ def load_vae(path_str: str):
 def load_tokenizer(folder: str):
     """The Qwen tokenizer from model.tokenizer (a Flux.2 folder with tokenizer/, or the tokenizer folder
     itself) or the local Hugging Face cache."""
-    from transformers import AutoTokenizer
-    candidates = []
-    if folder:
-        base = Path(folder).expanduser()
-        candidates += [base / "tokenizer", base]
-    candidates += _hf_cache()
-    for c in candidates:
-        if c.is_dir() and any((c / f).is_file() for f in ("tokenizer.json", "vocab.json")):
-            return AutoTokenizer.from_pretrained(str(c), local_files_only=True)
-    raise ConfigError("model.tokenizer: Flux.2 single files hold no tokenizer; set model.tokenizer to a Flux.2 "
-                      "diffusers folder (with tokenizer/) or a Qwen3 tokenizer folder"
-                      + (f"; none found in {folder}" if folder else " (none in the Hugging Face cache either)"))
-
-
-def _hf_cache() -> list[Path]:
-    from huggingface_hub import try_to_load_from_cache
-    cache_dir = os.environ.get("HF_HUB_CACHE") or (
-        os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None)
-    out = []
-    for repo, sub in HF_CACHE:
-        hit = try_to_load_from_cache(repo, f"{sub}/tokenizer_config.json" if sub else "tokenizer_config.json",
-                                     cache_dir=cache_dir)
-        if isinstance(hit, str):
-            out.append(Path(hit).parent)
-    return out
+    return find_qwen3_tokenizer(folder, HF_CACHE, "Flux.2")
 
 
 def load_flux2_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[str, str]) -> LoadedModel:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...errors import ConfigError
-from ..flow_common import FlowFamily, device_of as _device, unwrap as _unwrap
+from ..flow_common import FlowFamily, dynamic_shift, device_of as _device, unwrap as _unwrap
 from ..objectives import FlowMatchObjective, resolution_shift
 
 PIPELINES = ("Flux2KleinPipeline", "Flux2KleinKVPipeline")
@@ -41,6 +40,8 @@ class Flux2Family(FlowFamily):
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
                        "to_qkv_mlp_proj")
     text_encoder_file_options = ("text_encoder",)
+    short_label = "Flux.2"
+    component_files_loader = ".flux2.components:load_flux2_files"
     # Qwen3's residual stream has outlier activations in the thousands: cached in bf16 (fp16's range is narrow)
     text_cache_dtype = "bfloat16"
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
@@ -50,6 +51,7 @@ class Flux2Family(FlowFamily):
                       (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "flux2"
     modelspec_architecture = "flux-2-klein"
+    transformer_file_module = ".flux2.original_keys"
     control_images = "optional"
     control_image_argument = "image"
 
@@ -59,21 +61,6 @@ class Flux2Family(FlowFamily):
 
     def detect_file(self, shapes, metadata) -> bool:
         return any(k.endswith("single_stream_modulation.lin.weight") for k in shapes)
-
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
-             text_encoder_files: dict[str, str] | None = None):
-        if src.is_dir():
-            if text_encoder_files:
-                raise ConfigError(f"model.{next(iter(text_encoder_files))}: applies to a Flux.2 single file; "
-                                  f"{src} is a diffusers folder with its own text encoder")
-            model = super().load(src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
-        else:
-            if prediction_type not in ("auto", "flow"):
-                raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
-            from .components import load_flux2_files
-            model = load_flux2_files(self, src, vae=vae, tokenizer=tokenizer, files=text_encoder_files or {})
-        model.vae_scale_factor = 2 ** (len(model.vae.config.block_out_channels) - 1)
-        return model
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_flux2
@@ -147,11 +134,7 @@ class Flux2Family(FlowFamily):
     # ---- objective and forward
     def objective(self, model):
         c = model.scheduler_config
-        dynamic = None
-        if c.get("use_dynamic_shifting"):
-            dynamic = dict(base_seq_len=c.get("base_image_seq_len", 256), max_seq_len=c.get("max_image_seq_len", 4096),
-                           base_shift=c.get("base_shift", 0.5), max_shift=c.get("max_shift", 1.15))
-        return Flux2Objective(shift=c.get("shift", 1.0), dynamic_shift=dynamic)
+        return Flux2Objective(shift=c.get("shift", 1.0), dynamic_shift=dynamic_shift(c))
 
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
         import torch
@@ -193,39 +176,14 @@ class Flux2Family(FlowFamily):
         return {"max_sequence_length": self.text_length(model),
                 "text_encoder_out_layers": self.hidden_layers(model.text_encoders[0])}
 
-    def build_pipeline(self, model, scheduler: str = "euler"):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-        if scheduler not in ("default", "euler"):
-            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to Flux.2 (use euler or default)")
-        pipe = self.pipeline_class()(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
-            text_encoder=model.text_encoders[0], tokenizer=model.tokenizers[0], transformer=model.denoiser,
-            is_distilled=_is_distilled(model.source))
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
+    def pipeline_parts(self, model) -> dict:
+        return {**super().pipeline_parts(model), "is_distilled": _is_distilled(model.source)}
 
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":
             from .kohya_lora import to_kohya_flux2
             return to_kohya_flux2(adapter_states, alpha, model.denoiser)
         return super().lora_file_state(model, adapter_states, alpha, layout)
-
-    def lora_metadata(self) -> dict[str, str]:
-        return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .original_keys import export_transformer
-        out = []
-        if folder is not None:
-            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
-        return out
-
-    def load_denoiser_file(self, path, like):
-        from .original_keys import load_transformer_file
-        return load_transformer_file(path, like)
 
 
 def patchify(latents):

@@ -6,12 +6,11 @@ appends the control image's packed latents to the image tokens (a second entry i
 its text encoder reads the control image too."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..flow_common import FlowFamily, device_of as _device
+from ..flow_common import FlowFamily, dynamic_shift, device_of as _device
 from . import text as qtext
 
 PIPELINES = ("QwenImagePipeline", "QwenImageImg2ImgPipeline", "QwenImageInpaintPipeline")
@@ -56,6 +55,7 @@ class QwenImageFamily(FlowFamily):
                       (r"^(?:img_in|txt_in|txt_norm|time_text_embed)\b", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "qwen_image"
     modelspec_architecture = "qwen-image"
+    transformer_file_module = ".qwen_image.single_file"
     edit = False
     pipelines = PIPELINES
 
@@ -148,11 +148,8 @@ class QwenImageFamily(FlowFamily):
     def objective(self, model):
         from ..objectives import FlowMatchObjective
         c = model.scheduler_config
-        dynamic = None
-        if c.get("use_dynamic_shifting"):
-            dynamic = dict(base_seq_len=c.get("base_image_seq_len", 256), max_seq_len=c.get("max_image_seq_len", 8192),
-                           base_shift=c.get("base_shift", 0.5), max_shift=c.get("max_shift", 0.9))
-        return FlowMatchObjective(shift=c.get("shift", 1.0), dynamic_shift=dynamic)
+        return FlowMatchObjective(shift=c.get("shift", 1.0),
+                                  dynamic_shift=dynamic_shift(c, max_seq_len=8192, max_shift=0.9))
 
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
         b, c, h, w = noisy.shape
@@ -175,17 +172,10 @@ class QwenImageFamily(FlowFamily):
         from diffusers import QwenImagePipeline
         return QwenImagePipeline
 
-    def build_pipeline(self, model, scheduler: str = "euler"):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-        if scheduler not in ("default", "euler"):
-            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.label} (use euler or default)")
-        tok = model.tokenizers[0]
+    def pipeline_parts(self, model) -> dict:
+        tok = model.tokenizers[0]  # the edit model's: its processor, which holds the tokenizer
         extra = {"processor": tok, "tokenizer": tok.tokenizer} if self.edit else {"tokenizer": tok}
-        pipe = self.pipeline_class()(scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config),
-                                     vae=model.vae, text_encoder=model.text_encoders[0], transformer=model.denoiser,
-                                     **extra)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
+        return {"text_encoder": model.text_encoders[0], **extra}
 
     def guidance_arguments(self, model, scale):
         # true classifier-free guidance (a second pass with the negative prompt; none without one)
@@ -197,30 +187,20 @@ class QwenImageFamily(FlowFamily):
             return to_comfy_lora(adapter_states, alpha)
         return super().lora_file_state(model, adapter_states, alpha, layout)
 
-    def lora_metadata(self) -> dict[str, str]:
-        return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .single_file import export_transformer
+    def export_single_file(self, model, single_file, dtype, metadata) -> Path:
         from ..sd.single_file import META_ARCH
         stamped = {**(metadata or {}), META_ARCH: self.name}  # the family, which the keys cannot tell
-        out = [export_transformer(model.denoiser, single_file, dtype=dtype, metadata=stamped)]
-        if folder is not None:
-            pipe = self.build_pipeline(model, "default")
-            if self.edit:  # diffusers cannot save the processor without torchvision: text.py writes it
-                processor = pipe.processor
-                pipe.register_modules(processor=None)
-                pipe.save_pretrained(str(folder), safe_serialization=True)
-                qtext.save_processor(processor, Path(folder) / "processor", Path(folder) / "model_index.json")
-            else:
-                pipe.save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        return out
+        return super().export_single_file(model, single_file, dtype, stamped)
 
-    def load_denoiser_file(self, path, like):
-        from .single_file import load_transformer_file
-        return load_transformer_file(path, like)
+    def save_pipeline_folder(self, model, folder: Path) -> None:
+        if not self.edit:
+            return super().save_pipeline_folder(model, folder)
+        # diffusers cannot save the processor without torchvision: text.py writes it
+        pipe = self.build_pipeline(model, "default")
+        processor = pipe.processor
+        pipe.register_modules(processor=None)
+        pipe.save_pretrained(str(folder), safe_serialization=True)
+        qtext.save_processor(processor, folder / "processor", folder / "model_index.json")
 
 
 class QwenImageEditFamily(QwenImageFamily):

@@ -13,64 +13,24 @@ diffusers folder that has them.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ...errors import ConfigError
+from ..component_files import bundled as _bundled, check as _check, header as _header, load_checked, load_into
+from ..component_files import own_config as _own_config, strip as _strip, weights_on_meta as _on_meta
 
-META_CONFIG = "sd_studio.config"
 TRANSFORMER_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 TEXT_ENCODER_PREFIXES = ("text_encoders.qwen25_7b.transformer.",)
 _MARKERS = ("transformer_blocks.0.img_mod.1.weight", "txt_norm.weight", "img_in.weight")
 
 
 def bundled(name: str) -> dict:
-    from ..sd.loader import ASSETS_CONFIGS
-    path = ASSETS_CONFIGS / "qwen_image" / name
-    return {k: v for k, v in json.loads(path.read_text()).items() if k != "_note"}
-
-
-def _strip(keys_or_state: dict, prefixes: tuple[str, ...]) -> dict:
-    for p in prefixes:
-        if any(k.startswith(p) for k in keys_or_state):
-            return {k[len(p):]: v for k, v in keys_or_state.items() if k.startswith(p)}
-    return keys_or_state
+    return _bundled("qwen_image", name)
 
 
 def is_transformer_file(shapes: dict) -> bool:
     keys = _strip(shapes, TRANSFORMER_PREFIXES)
     return all(m in keys for m in _MARKERS)
-
-
-def _header(option: str, path: Path):
-    from ..sd.single_file import read_keys_and_metadata
-    if not path.is_file():
-        raise ConfigError(f"{option}: {path} does not exist")
-    try:
-        return read_keys_and_metadata(path)
-    except ConfigError as e:
-        raise ConfigError(f"{option}: {str(e).split(': ', 1)[1]}") from None
-
-
-def _own_config(metadata: dict, fallback: dict) -> dict:
-    try:
-        return json.loads(metadata[META_CONFIG]) if META_CONFIG in metadata else fallback
-    except json.JSONDecodeError:
-        return fallback
-
-
-def _check(option: str, path: Path, shapes: dict, expected: dict, what: str) -> None:
-    for key, shape in expected.items():
-        if key not in shapes:
-            raise ConfigError(f"{option}: {path.name} is not a {what}: it has no {key}")
-        if tuple(shapes[key]) != tuple(shape):
-            raise ConfigError(f"{option}: {path.name} is not a {what}: {key} is {list(shapes[key])}, "
-                              f"expected {list(shape)}")
-
-
-def _assign(module, state: dict) -> None:
-    import torch
-    module.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True, assign=True)
 
 
 def export_transformer(transformer, out_file, dtype=None, metadata: dict[str, str] | None = None) -> Path:
@@ -88,21 +48,15 @@ def load_transformer_file(path, like):
     return model
 
 
-def _on_meta():
-    from accelerate import init_empty_weights
-    return init_empty_weights(include_buffers=False)
-
-
 def load_transformer(path: Path):
     from diffusers import QwenImageTransformer2DModel
-    from safetensors.torch import load_file
     shapes, metadata = _header("model.path", path)
     config = _own_config(metadata, bundled("transformer/config.json"))
     with _on_meta():
         model = QwenImageTransformer2DModel.from_config(config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
-    _check("model.path", path, _strip(shapes, TRANSFORMER_PREFIXES), expected, "Qwen-Image transformer of this size")
-    _assign(model, _strip(load_file(str(path)), TRANSFORMER_PREFIXES))
+    load_checked("model.path", path, model, "Qwen-Image transformer of this size", _strip(shapes, TRANSFORMER_PREFIXES),
+                 expected, lambda state: _strip(state, TRANSFORMER_PREFIXES))
     return model
 
 
@@ -120,7 +74,6 @@ def text_encoder_state(state: dict) -> dict:
 
 
 def load_text_encoder(path_str: str):
-    from safetensors.torch import load_file
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     if not path_str:
         raise ConfigError("model.text_encoder: a Qwen-Image single file holds no text encoder; give the Qwen2.5-VL file "
@@ -132,13 +85,15 @@ def load_text_encoder(path_str: str):
         model = Qwen2_5_VLForConditionalGeneration(config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     optional = {"lm_head.weight"}  # text-encoder files often leave the language-model head out
-    _check("model.text_encoder", path, text_encoder_state(shapes),
-           {k: v for k, v in expected.items() if k not in optional}, "Qwen2.5-VL text encoder")
-    state = text_encoder_state(load_file(str(path)))
-    if "lm_head.weight" not in state:
-        import torch
-        state["lm_head.weight"] = torch.zeros(expected["lm_head.weight"])
-    _assign(model, {k: v for k, v in state.items() if k in expected})
+
+    def convert(state: dict) -> dict:
+        state = text_encoder_state(state)
+        if "lm_head.weight" not in state:
+            import torch
+            state["lm_head.weight"] = torch.zeros(expected["lm_head.weight"])
+        return {k: v for k, v in state.items() if k in expected}
+    load_checked("model.text_encoder", path, model, "Qwen2.5-VL text encoder", text_encoder_state(shapes),
+                 {k: v for k, v in expected.items() if k not in optional}, convert)
     return model
 
 
@@ -171,7 +126,7 @@ def load_vae(path_str: str):
     expected = {k: v.shape for k, v in vae.state_dict().items()}
     state = vae_state(load_file(str(path)))
     _check("model.vae", path, {k: tuple(v.shape) for k, v in state.items()}, expected, "Qwen-Image autoencoder")
-    _assign(vae, {k: v for k, v in state.items() if k in expected})
+    load_into("model.vae", path, vae, {k: v for k, v in state.items() if k in expected})
     return vae
 
 

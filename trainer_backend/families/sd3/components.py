@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..component_files import (META_CONFIG, bundled, check, embedded_vae_prefix, find_tokenizers, header, load_into,
-                               load_original_vae, own_config, read_prefixed, weights_on_meta)
+from ..component_files import (META_CONFIG, bundled, check, embedded_vae_prefix, find_tokenizers, header, load_checked,
+                               load_into, load_original_vae, own_config, read_prefixed, weights_on_meta)
 from .single_file import PREFIX, from_original, to_original
 
 VAE_PREFIX = "first_stage_model."
@@ -145,12 +145,13 @@ def load_text_encoder(option: str, given: str, path: Path, shapes: dict, metadat
     names = {k[len(prefix):]: v for k, v in shapes.items() if k.startswith(prefix)}
     if not is_t5:
         names = _clip_state_names(names)
-    check(f"model.{option}", source, names, expected, what)
-    state = read_prefixed(source, prefix)
-    state = {k: v for k, v in (state if is_t5 else _clip_state_names(state)).items() if k in expected}
-    if option == "clip_l" and not own:  # SD3 uses CLIP-L's pooled output unprojected
-        state[projection] = torch.eye(config["hidden_size"])
-    load_into(f"model.{option}", source, model, state, skip=skip)
+
+    def convert(state: dict) -> dict:
+        state = {k: v for k, v in (state if is_t5 else _clip_state_names(state)).items() if k in expected}
+        if option == "clip_l" and not own:  # SD3 uses CLIP-L's pooled output unprojected
+            state[projection] = torch.eye(config["hidden_size"])
+        return state
+    load_checked(f"model.{option}", source, model, what, names, expected, convert, skip=skip, prefix=prefix)
     if is_t5:
         model.encoder.embed_tokens = model.shared
     return model

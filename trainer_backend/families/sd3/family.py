@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...errors import ConfigError
 from ..flow_common import FlowFamily, device_of as _device, unwrap as _unwrap
 
 CLIP_MAX_LENGTH = 77
@@ -32,10 +31,13 @@ class SD3Family(FlowFamily):
     # full fine-tunes: also the transformer in the original layout (with the autoencoder, as the SD3.5 release files)
     full_single_file = "denoiser"
     text_encoder_file_options = ("clip_l", "clip_g", "t5")
+    short_label = "SD3"
+    component_files_loader = ".sd3.components:load_sd3_files"
     # the joint blocks' attention on both streams, and their MLPs' projections
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "joint_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "sd3"
+    transformer_file_module = ".sd3.single_file"
     modelspec_architecture = "stable-diffusion-3"  # the variant's name follows (architecture())
 
     def architecture(self, model) -> str:
@@ -47,18 +49,6 @@ class SD3Family(FlowFamily):
 
     def detect_file(self, shapes, metadata) -> bool:
         return any(k.endswith("joint_blocks.0.x_block.attn.qkv.weight") for k in shapes)
-
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
-             text_encoder_files: dict[str, str] | None = None):
-        if src.is_dir():
-            if text_encoder_files:
-                raise ConfigError(f"model.{next(iter(text_encoder_files))}: applies to an SD3 single file; "
-                                  f"{src} is a diffusers folder with its own text encoders")
-            return super().load(src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
-        if prediction_type not in ("auto", "flow"):
-            raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
-        from .components import load_sd3_files
-        return load_sd3_files(self, src, vae=vae, tokenizer=tokenizer, files=text_encoder_files or {})
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_sd3
@@ -117,26 +107,9 @@ class SD3Family(FlowFamily):
         from diffusers import StableDiffusion3Pipeline
         return StableDiffusion3Pipeline
 
-    def build_pipeline(self, model, scheduler: str = "euler"):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-        if scheduler not in ("default", "euler"):
-            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to SD3 (use euler or default)")
-        encoders = list(model.text_encoders) + [None] * (3 - len(model.text_encoders))
-        tokenizers = list(model.tokenizers) + [None] * (3 - len(model.tokenizers))
-        pipe = self.pipeline_class()(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
-            text_encoder=encoders[0], tokenizer=tokenizers[0], text_encoder_2=encoders[1], tokenizer_2=tokenizers[1],
-            text_encoder_3=encoders[2], tokenizer_3=tokenizers[2], transformer=model.denoiser)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .single_file import export_checkpoint
-        out = [export_checkpoint(model.denoiser, model.vae, single_file, dtype=dtype, metadata=metadata)]
-        if folder is not None:
-            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        return out
+    def export_single_file(self, model, single_file, dtype, metadata) -> Path:
+        from .single_file import export_checkpoint  # the transformer with the autoencoder, as SD3.5's files
+        return export_checkpoint(model.denoiser, model.vae, single_file, dtype=dtype, metadata=metadata)
 
     def save_text_encoder_files(self, model, single_file, dtype=None) -> list[Path]:
         """`<name>_clip_l.safetensors`, `<name>_clip_g.safetensors` beside the single file, in ComfyUI's
@@ -159,10 +132,6 @@ class SD3Family(FlowFamily):
             from .kohya_lora import read_kohya_sd3
             return read_kohya_sd3(state, modules)
         return super().read_lora_file(model, state, modules)
-
-    def load_denoiser_file(self, path, like):
-        from .single_file import load_transformer_file
-        return load_transformer_file(path, like)
 
 
 

@@ -6,7 +6,7 @@ and the autoencoder (`model.vae`, FLUX.1's models/vae/ae.safetensors).
 Each file's architecture comes from the bundled full-size configs (assets/model_configs/zimage/), or from
 the config a file written by this project carries in its metadata (tiny and custom sizes), and every file
 is checked key by key before anything loads (one line naming the option, the file and the first key that
-does not fit; families/flux/components.py has the helpers). The tokenizer is not in these files: it comes
+does not fit; families/component_files.py has the helpers). The tokenizer is not in these files: it comes
 from `model.tokenizer` (a Z-Image diffusers folder with tokenizer/, or a Qwen3 tokenizer folder) or the
 local Hugging Face cache.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..flux.components import _check, _header, _load, _own_config, _strip, _weights_on_meta
+from ..component_files import bundled as _bundled, find_qwen3_tokenizer, header as _header, load_checked
+from ..component_files import own_config as _own_config, strip as _strip, weights_on_meta as _weights_on_meta
 from .single_file import from_original, to_original
 
 QWEN3_PREFIXES = ("text_encoders.qwen3_4b.transformer.model.", "qwen3_4b.transformer.model.", "model.")
@@ -25,9 +26,7 @@ HF_CACHE = [("Tongyi-MAI/Z-Image-Turbo", "tokenizer"), ("Tongyi-MAI/Z-Image", "t
 
 
 def bundled(name: str) -> dict:
-    from ..sd.loader import ASSETS_CONFIGS
-    path = ASSETS_CONFIGS / "zimage" / name
-    return {k: v for k, v in json.loads(path.read_text()).items() if k != "_note"}
+    return _bundled("zimage", name)
 
 
 def is_zimage_transformer(shapes: dict) -> bool:
@@ -39,7 +38,6 @@ def is_zimage_transformer(shapes: dict) -> bool:
 
 def load_transformer(path: Path):
     from diffusers import ZImageTransformer2DModel
-    from safetensors.torch import load_file
     shapes, metadata = _header("model.path", path)
     shapes = {k.removeprefix("model.diffusion_model."): v for k, v in shapes.items()}
     config = _own_config(metadata, bundled("transformer/config.json"))
@@ -48,15 +46,15 @@ def load_transformer(path: Path):
     like = model.state_dict()
     diffusers_names = "noise_refiner.0.attention.to_q.weight" in shapes
     expected = {k: v.shape for k, v in (like if diffusers_names else to_original(like)).items()}
-    _check("model.path", path, shapes, expected, "Z-Image transformer of this size")
-    state = load_file(str(path))
-    state = {k.removeprefix("model.diffusion_model."): v for k, v in state.items()}
-    _load("model.path", path, model, state if diffusers_names else from_original(state))
+
+    def convert(state: dict) -> dict:
+        state = {k.removeprefix("model.diffusion_model."): v for k, v in state.items()}
+        return state if diffusers_names else from_original(state)
+    load_checked("model.path", path, model, "Z-Image transformer of this size", shapes, expected, convert)
     return model
 
 
 def load_qwen3(path_str: str):
-    from safetensors.torch import load_file
     from transformers import Qwen3Config, Qwen3Model
     if not path_str:
         raise ConfigError("model.text_encoder: a Z-Image transformer file holds no text encoder; give the Qwen3-4B file "
@@ -68,9 +66,8 @@ def load_qwen3(path_str: str):
         model = Qwen3Model(config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     shapes = _strip(shapes, QWEN3_PREFIXES)
-    _check("model.text_encoder", path, shapes, expected, "Qwen3 text encoder of Z-Image's size")
-    _load("model.text_encoder", path, model, {k: v for k, v in _strip(load_file(str(path)), QWEN3_PREFIXES).items()
-                                       if k in expected})
+    load_checked("model.text_encoder", path, model, "Qwen3 text encoder of Z-Image's size", shapes, expected,
+                 lambda state: {k: v for k, v in _strip(state, QWEN3_PREFIXES).items() if k in expected})
     return model
 
 
@@ -105,33 +102,7 @@ def load_vae(path_str: str):
 def load_tokenizer(folder: str):
     """The Qwen tokenizer from model.tokenizer (a Z-Image folder's tokenizer/, or the folder itself) or the
     local Hugging Face cache."""
-    from transformers import AutoTokenizer
-    candidates = []
-    if folder:
-        root = Path(folder).expanduser()
-        candidates += [root / "tokenizer", root]
-    candidates += _hf_cache()
-    for c in candidates:
-        if c.is_dir() and any((c / f).is_file() for f in ("tokenizer.json", "vocab.json")):
-            return AutoTokenizer.from_pretrained(str(c), local_files_only=True)
-    raise ConfigError("model.tokenizer: Z-Image single files hold no tokenizer; set model.tokenizer to a Z-Image "
-                      "diffusers folder (with tokenizer/) or a Qwen3 tokenizer folder"
-                      + (f"; none found in {folder}" if folder else " (none in the Hugging Face cache either)"))
-
-
-def _hf_cache() -> list[Path]:
-    import os
-
-    from huggingface_hub import try_to_load_from_cache
-    cache_dir = os.environ.get("HF_HUB_CACHE") or (
-        os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else None)
-    out = []
-    for repo, sub in HF_CACHE:
-        hit = try_to_load_from_cache(repo, f"{sub}/tokenizer_config.json" if sub else "tokenizer_config.json",
-                                     cache_dir=cache_dir)
-        if isinstance(hit, str):
-            out.append(Path(hit).parent)
-    return out
+    return find_qwen3_tokenizer(folder, HF_CACHE, "Z-Image")
 
 
 def load_zimage_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[str, str]) -> LoadedModel:

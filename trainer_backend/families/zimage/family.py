@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...errors import ConfigError
 from ..flow_common import FlowFamily, device_of as _device
 
 PIPELINES = ("ZImagePipeline", "ZImageImg2ImgPipeline", "ZImageInpaintPipeline")
@@ -32,6 +31,8 @@ class ZImageFamily(FlowFamily):
     # attention (q, k, v, out) and the SwiGLU feed-forward of every block (main layers and refiners)
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "w1", "w2", "w3")
     text_encoder_file_options = ("text_encoder",)
+    short_label = "Z-Image"
+    component_files_loader = ".zimage.components:load_zimage_files"
     block_patterns = ((r"^layers\.(\d+)\.", "layer_{0:02d}"),
                       (r"^noise_refiner\.(\d+)\.", "noise_refiner_{0}"),
                       (r"^context_refiner\.(\d+)\.", "context_refiner_{0}"),
@@ -39,6 +40,7 @@ class ZImageFamily(FlowFamily):
                       (r"^all_final_layer\.", "END"))
     base_model_version = "zimage"
     modelspec_architecture = "z-image"
+    transformer_file_module = ".zimage.single_file"
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -47,18 +49,6 @@ class ZImageFamily(FlowFamily):
     def detect_file(self, shapes, metadata) -> bool:
         from .components import is_zimage_transformer
         return is_zimage_transformer(shapes)
-
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
-             text_encoder_files: dict[str, str] | None = None):
-        if src.is_dir():
-            if text_encoder_files:
-                raise ConfigError(f"model.{next(iter(text_encoder_files))}: applies to a Z-Image single file; "
-                                  f"{src} is a diffusers folder with its own text encoder")
-            return super().load(src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer)
-        if prediction_type not in ("auto", "flow"):
-            raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
-        from .components import load_zimage_files
-        return load_zimage_files(self, src, vae=vae, tokenizer=tokenizer, files=text_encoder_files or {})
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_zimage
@@ -127,16 +117,6 @@ class ZImageFamily(FlowFamily):
         guidance_scale g, which computes pos + g·(pos − neg): g = s − 1, and none at all for s ≤ 1 (Turbo)."""
         return {"guidance_scale": max(float(scale) - 1.0, 0.0)}
 
-    def build_pipeline(self, model, scheduler: str = "euler"):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-        if scheduler not in ("default", "euler"):
-            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to Z-Image (use euler or default)")
-        pipe = self.pipeline_class()(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
-            text_encoder=model.text_encoders[0], tokenizer=model.tokenizers[0], transformer=model.denoiser)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
-
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":
             from .kohya_lora import to_kohya_zimage
@@ -148,23 +128,6 @@ class ZImageFamily(FlowFamily):
         if is_kohya_zimage(state):
             return read_kohya_zimage(state, modules)
         return super().read_lora_file(model, state, modules)
-
-    def lora_metadata(self) -> dict[str, str]:
-        return {"ss_base_model_version": self.base_model_version,
-                "modelspec.architecture": f"{self.modelspec_architecture}/lora"}
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        from .single_file import export_transformer
-        out = []
-        if folder is not None:
-            self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-            out.append(Path(folder))
-        out.insert(0, export_transformer(model.denoiser, single_file, dtype=dtype, metadata=metadata))
-        return out
-
-    def load_denoiser_file(self, path, like):
-        from .single_file import load_transformer_file
-        return load_transformer_file(path, like)
 
 
 ZIMAGE = ZImageFamily()
