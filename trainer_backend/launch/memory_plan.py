@@ -3,7 +3,8 @@ that would make it fit. Pure (no torch): the studio, the CLI `plan` and the test
 
 Two kinds of phase, and the peak is the largest of them:
 - the cache pass, before the denoiser is on the GPU (training/setup.py places it only after the
-  caches are built): the encoders and one cache batch of 16 captions (text) or 4 images (latents);
+  caches are built): the encoders and one cache batch of dataset.text_cache_batch_size captions
+  or dataset.latent_cache_batch_size images (latents);
 - each phase of a training step: what stays on the GPU (weights, trainable parameters, optimizer
   state, EMA) plus what the phase adds: the text encoders' forward, the VAE's encode, the denoiser's
   forward and backward (activations measured on the full-size model, launch/memory_tables.py), and
@@ -24,9 +25,6 @@ OVERHEAD_GIB = 0.6     # CUDA context, cuBLAS/cuDNN handles: outside max_memory_
 FRAGMENTATION = 0.05   # the caching allocator reserves more than it hands out
 TIGHT = 0.92           # above this share of a card: "tight" (a desktop or a sample pass may tip it)
 MIXED_DTYPE = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}
-# one cache batch (data/dataset.py: TrainDataset.cache_text and cache_latents, their batch_size defaults)
-TEXT_CACHE_BATCH = 16
-LATENT_CACHE_BATCH = 4
 
 
 def opt(cfg, dotted: str, default: Any = None) -> Any:
@@ -207,12 +205,12 @@ def cache_phases(table: dict, cfg, te_weights: dict[str, float], vae_w: float, t
         parts = dict(on_gpu)
         if offload:  # the largest frozen encoder, in for its call
             parts["text encoders"] += max((w for n, w in te_weights.items() if n not in trained_tes), default=0.0)
-        parts["text cache batch"] = table["text_encode"] * TEXT_CACHE_BATCH
+        parts["text cache batch"] = table["text_encode"] * opt(cfg, "dataset.text_cache_batch_size", 16)
         out["text cache"] = parts
     if ds.cache_latents:
         parts = dict(on_gpu)
         if offload:
             parts["vae"] = vae_w
-        parts["latent cache batch"] = _act(table["vae_encode"], pixels) * LATENT_CACHE_BATCH
+        parts["latent cache batch"] = _act(table["vae_encode"], pixels) * opt(cfg, "dataset.latent_cache_batch_size", 4)
         out["latent cache"] = parts
     return out

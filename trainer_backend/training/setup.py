@@ -184,7 +184,8 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
         vae_id = (weights_identity(cfg.model.vae) if cfg.model.vae
                   else weights_identity(model.source, subfolder="vae"))
         with accelerator.main_process_first():
-            dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id)
+            dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id,
+                                  batch_size=cfg.dataset.latent_cache_batch_size)
     return dataset
 
 
@@ -207,7 +208,7 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
     key = f"{model.source}|{cfg.dataset.max_token_length}|{model.text_max_length}|{family.text_cache_dtype}"
     if model.clip_skip > 1:
         key += f"|clip_skip={model.clip_skip}"
-    if dataset.cache_text(encode, key=key):
+    if dataset.cache_text(encode, key=key, batch_size=cfg.dataset.text_cache_batch_size):
         LOG.info("cached text-encoder outputs for the dataset's captions")
 
 
