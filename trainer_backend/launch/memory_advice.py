@@ -153,8 +153,13 @@ def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | No
 def phase_lines(plan: MemoryPlan) -> list[str]:
     """The breakdown: the cache pass (before the denoiser is placed), then the training step's phases
     on top of what stays on the GPU while training. The peak is the largest total (marked)."""
-    gib = lambda v: f"{v / 2 ** 30:.2f}"  # noqa: E731
-    totals, mark = plan.phase_totals(), lambda k: " ◀ peak" if k == plan.peak_phase else ""
+    def gib(value: float) -> str:
+        return f"{value / 2 ** 30:.2f}"
+
+    def mark(phase: str) -> str:
+        return " ◀ peak" if phase == plan.peak_phase else ""
+
+    totals = plan.phase_totals()
     lines = []
     for name, parts in plan.cache_phases.items():
         held = ", ".join(f"{k} {gib(v)}" for k, v in parts.items() if v)
