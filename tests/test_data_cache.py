@@ -187,3 +187,54 @@ def test_latent_cache_key_follows_the_vae_weights_not_their_path(tmp_path, sd1, 
     assert cached(cfg, vae, cache, vae_id=before)[1] == 3
     assert cached(cfg, vae, cache, vae_id=before)[1] == 0
     assert cached(cfg, vae, cache, vae_id=after)[1] == 3
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_caches_are_built_before_the_denoiser_is_placed(tmp_path, sd1, monkeypatch, offload):
+    """A real training run with both caches: the tiny SD1 UNet is moved to the device only after the
+    text and latent caches are complete (docs/memory.md, "The cache pass"), so the cache pass never
+    shares the GPU with the denoiser; with memory.offload_encoders the encoders' parts came in for the
+    cache pass and were home again by then."""
+    from conftest import make_dataset
+    from method_runs import train_run
+    from trainer_backend.training import block_swap, loop
+    order, seen = [], {}
+    real_load, real_to = loop.load_base_model, torch.nn.Module.to
+
+    def load(cfg, accelerator):
+        seen["model"] = model = real_load(cfg, accelerator)
+        return model
+
+    def to(self, *args, **kwargs):
+        model = seen.get("model")
+        if model is not None and self is model.denoiser and "denoiser placed" not in order:
+            order.append("denoiser placed")
+            swaps = seen.get("swaps", [])
+            seen["encoders home"] = all(not s.resident for s in swaps) and all(s.moves for s in swaps)
+        return real_to(self, *args, **kwargs)
+
+    def after(name, real):
+        def run(self, *args, **kwargs):
+            out = real(self, *args, **kwargs)
+            order.append(name)
+            return out
+        return run
+
+    real_offload = block_swap.offload_frozen
+
+    def offload_frozen(modules, device):
+        seen["swaps"] = swaps = real_offload(modules, device)
+        return swaps
+
+    monkeypatch.setattr(loop, "load_base_model", load)
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    monkeypatch.setattr(TrainDataset, "cache_text", after("text cached", TrainDataset.cache_text))
+    monkeypatch.setattr(TrainDataset, "cache_latents", after("latents cached", TrainDataset.cache_latents))
+    from trainer_backend.training import memory_setup
+    monkeypatch.setattr(memory_setup, "offload_frozen", offload_frozen)
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    train_run(tmp_path, sd1, data, "order", "schedule.max_steps=1", "dataset.cache_latents=true",
+              "dataset.cache_text_encoder_outputs=true", f"memory.offload_encoders={str(offload).lower()}")
+    assert order == ["text cached", "latents cached", "denoiser placed"], order
+    if offload:
+        assert len(seen["swaps"]) >= 2 and seen["encoders home"]  # the VAE and the text encoder

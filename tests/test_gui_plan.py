@@ -67,3 +67,22 @@ def test_inspector_errors_name_the_dataset_field(tmp_path):
         dv.inspect_dataset(bad, cwd=ROOT)
     with pytest.raises(ConfigError, match=r"^dataset\.path"):
         dv.inspect_dataset(from_dict({}), cwd=ROOT)
+
+
+def test_plan_shows_the_cache_pass_and_names_it_when_it_is_the_peak(inspection):
+    """Flux on an nf4 base with offloaded encoders: training keeps T5-XXL off the GPU, but the text cache
+    pass (before the transformer is placed) brings it in whole; the GPU memory section shows that pass
+    with its total and marks it as the peak, and the headline names it."""
+    from trainer_backend.launch.memory_plan import plan_memory
+    cfg = from_dict({"model": {"path": "builtin:tiny-sd1", "arch": "flux", "quantize": "nf4"},
+                     "memory": {"offload_encoders": True},
+                     "dataset": {"path": str(DEMO), "resolution": 64, "cache_latents": True,
+                                 "cache_text_encoder_outputs": True}})
+    text = dv.plan_markdown(cfg, inspection.counts)
+    plan = plan_memory(cfg)
+    assert plan.peak_phase == "text cache"
+    total = plan.phase_totals()["text cache"] / 2 ** 30
+    line = next(x for x in text.splitlines() if x.startswith("Cache pass, text cache"))
+    assert f"total {total:.2f} ◀ peak" in line and "text encoders" in line
+    assert f"**Peak GPU memory: {plan.peak_gib:.1f} GiB** allocated (text cache," in text
+    assert "Cache pass, latent cache" in text and "Training step phases" in text

@@ -229,3 +229,72 @@ def test_flow_families_with_masked_text_measure_on_the_meta_device(arch):
     assert all(a + b * (side // table["vae_scale_factor"]) ** 2 > 0 for side in (32, 64))
     assert table["text_encode"] > 0
     assert table["text_every_step"] == (arch == "qwen_image_edit")
+
+
+def _plan_of(arch, network, offload, cache_text, cache_latents, batch, text_batch, latent_batch, quantize_te, res):
+    from trainer_backend.config import ConfigError
+    try:
+        cfg = from_dict({"model": {"arch": arch, "quantize_text_encoders": "none" if offload else quantize_te},
+                         "network": {"type": network}, "schedule": {"batch_size": batch},
+                         "memory": {"offload_encoders": offload},
+                         "dataset": {"resolution": res, "cache_text_encoder_outputs": cache_text,
+                                     "cache_latents": cache_latents, "text_cache_batch_size": text_batch,
+                                     "latent_cache_batch_size": latent_batch}})
+    except ConfigError:
+        return None
+    return plan_memory(cfg)
+
+
+def test_the_peak_is_the_largest_phase_cache_pass_included():
+    """Property: whatever the options, the planned peak is at least every phase's total (each cache
+    phase on its own, each step phase on top of what stays resident) and equals the largest; the peak
+    phase names it; the cache phases hold no denoiser."""
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(st.sampled_from(_tables()), st.sampled_from(["lora", "full"]), st.booleans(), st.booleans(),
+           st.booleans(), st.integers(1, 4), st.integers(1, 32), st.integers(1, 8),
+           st.sampled_from(["none", "int8", "nf4"]), st.sampled_from([512, 768, 1024]))
+    def check(arch, network, offload, cache_text, cache_latents, batch, text_batch, latent_batch, quantize_te, res):
+        case = (arch, network, offload, cache_text, cache_latents, batch, text_batch, latent_batch, quantize_te, res)
+        plan = _plan_of(*case)
+        if plan is None:
+            return
+        totals = plan.phase_totals()
+        assert all(plan.peak_bytes >= v for v in totals.values()), case
+        assert plan.peak_bytes == max(totals.values()) == totals[plan.peak_phase], case
+        assert all("denoiser" not in parts for parts in plan.cache_phases.values()), case
+        assert ("latent cache" in plan.cache_phases) == cache_latents, case
+        if not cache_text:
+            assert "text cache" not in plan.cache_phases, case
+    check()
+
+
+def test_offloaded_t5_comes_in_whole_while_the_text_cache_is_built():
+    """Flux with memory.offload_encoders: the encoders are off the GPU while training, but the text cache
+    pass holds T5-XXL whole (its layer stack is one offloaded part, 8.9 GiB in bf16) and one batch of
+    captions, and the peak counts it (more than the whole training step holds besides)."""
+    from trainer_backend.launch.memory_tables import GiB
+    cfg = from_dict({"model": {"arch": "flux", "quantize": "nf4"}, "memory": {"offload_encoders": True},
+                     "precision": {"gradient_checkpointing": True},
+                     "dataset": {"resolution": 512, "cache_text_encoder_outputs": True, "cache_latents": True}})
+    plan = plan_memory(cfg)
+    t5 = family_table("flux")["components"]["text_encoder_2"]["params"] * 2
+    assert "text encoders" not in plan.resident
+    text = plan.cache_phases["text cache"]
+    assert text["text encoders"] == t5 and text["text encoders"] > 8.8 * GiB
+    assert plan.peak_bytes >= sum(text.values()) > t5
+    assert sum(plan.resident.values()) < t5  # without the cache pass, T5 would not count at all
+    fewer = from_dict({**cfg.model_dump(), "dataset": {**cfg.dataset.model_dump(), "text_cache_batch_size": 1}})
+    assert plan_memory(fewer).cache_phases["text cache"]["text cache batch"] * 16 == pytest.approx(
+        text["text cache batch"])
+
+
+def test_cache_batch_sizes_are_what_the_dataset_uses_by_default():
+    """The planner reads dataset.*_cache_batch_size; their defaults are the dataset's own."""
+    import inspect
+    from trainer_backend.data import TrainDataset
+    ds = from_dict({}).dataset
+    assert inspect.signature(TrainDataset.cache_text).parameters["batch_size"].default == ds.text_cache_batch_size
+    assert inspect.signature(TrainDataset.cache_latents).parameters["batch_size"].default == \
+        ds.latent_cache_batch_size

@@ -260,6 +260,13 @@ class Dataset(Section):
     cache_text_encoder_outputs: bool = F(False, "Encode each caption once when the text encoders are frozen and "
                                                 "captions are static (no shuffle/dropout).", advanced=True,
                                                 resume="safe")
+    # the cache pass runs before the denoiser is on the GPU; these set its peak (docs/memory.md, "The cache pass")
+    latent_cache_batch_size: int = F(4, "Images the VAE encodes at once while latents are cached (same bucket). "
+                                        "A 1024² image takes ~2.5 GiB in the fp32 VAE: 1 for 8–12 GB cards.",
+                                     ge=1, le=64, advanced=True, resume="safe")
+    text_cache_batch_size: int = F(16, "Captions the text encoders read at once while their outputs are cached. "
+                                       "Large encoders (Qwen, T5-XXL) take 0.3–0.4 GiB a caption: lower it for "
+                                       "small cards.", ge=1, le=256, advanced=True, resume="safe")
     num_workers: int = F(-1, "DataLoader worker processes; -1 = automatic: on a GPU, when images are decoded every "
                              "step (latents not cached), up to 4 per process, so decoding and resizing run beside "
                              "the GPU's work (a 1024² image costs ~40 ms a step in the training process); 0 "

@@ -35,6 +35,7 @@ class LoadedModel:
     scheduler_config: dict = field(default_factory=dict)  # the model's own (inference) scheduler config
     text_max_length: int = 0  # model.t5_max_length: tokens per caption for T5-style encoders; 0 = the model's own
     clip_skip: int = 1        # model.clip_skip: the CLIP layer counted from the end (families that apply it)
+    denoiser_placed: bool = False  # training/setup.place_denoiser ran (after the cache pass)
 
     @property
     def arch(self) -> str:

@@ -134,9 +134,7 @@ def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | No
     lines = [f"{b}Peak GPU memory: {plan.peak_gib:.1f} GiB{b} allocated ({plan.peak_phase}, batch "
              f"{cfg.schedule.batch_size} at {w}×{h}); a card needs about {plan.needed_gib():.1f} GiB "
              f"with the CUDA context and allocator slack."]
-    parts = ", ".join(f"{k} {v / 2 ** 30:.2f}" for k, v in plan.resident.items() if v)
-    lines.append(f"Always on the GPU (GiB): {parts}. Added by {plan.peak_phase}: "
-                 f"{plan.phases[plan.peak_phase] / 2 ** 30:.2f}.")
+    lines += phase_lines(plan)
     verdicts = card_lines(plan, card)
     label = "this card" if card else "cards"
     lines.append(f"{label.capitalize()}: " + "; ".join(f"{c:g} GB {VERDICT_MARK[v]}" for c, v in verdicts))
@@ -149,6 +147,28 @@ def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | No
         else:
             lines.append(f"No option here makes it fit {target:g} GB.")
     lines += [f"Note: {n}." for n in plan.notes]
+    return lines
+
+
+def phase_lines(plan: MemoryPlan) -> list[str]:
+    """The breakdown: the cache pass (before the denoiser is placed), then the training step's phases
+    on top of what stays on the GPU while training. The peak is the largest total (marked)."""
+    def gib(value: float) -> str:
+        return f"{value / 2 ** 30:.2f}"
+
+    def mark(phase: str) -> str:
+        return " ◀ peak" if phase == plan.peak_phase else ""
+
+    totals = plan.phase_totals()
+    lines = []
+    for name, parts in plan.cache_phases.items():
+        held = ", ".join(f"{k} {gib(v)}" for k, v in parts.items() if v)
+        lines.append(f"Cache pass, {name} (GiB, before the denoiser is on the GPU): {held}; "
+                     f"total {gib(totals[name])}{mark(name)}.")
+    held = ", ".join(f"{k} {gib(v)}" for k, v in plan.resident.items() if v)
+    lines.append(f"Training, always on the GPU (GiB): {held}.")
+    steps = "; ".join(f"{k} +{gib(v)} = {gib(totals[k])}{mark(k)}" for k, v in plan.phases.items())
+    lines.append(f"Training step phases (GiB): {steps}.")
     return lines
 
 

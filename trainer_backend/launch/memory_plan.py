@@ -1,11 +1,16 @@
 """The memory planner: a config's peak GPU memory before launch, a verdict per card, and the options
 that would make it fit. Pure (no torch): the studio, the CLI `plan` and the tests call it.
 
-Peak = what stays on the GPU (weights, trainable parameters, optimizer state, EMA) plus the largest
-of what each phase of a step adds: the text encoders' forward, the VAE's encode, the denoiser's
-forward and backward (activations measured on the full-size model, launch/memory_tables.py), and the
-optimizer step (gradients and the optimizer's temporaries). This is the allocator's `max_memory_allocated` peak;
-a card also holds the CUDA context and the allocator's slack (OVERHEAD_GIB, FRAGMENTATION).
+Two kinds of phase, and the peak is the largest of them:
+- the cache pass, before the denoiser is on the GPU (training/setup.py places it only after the
+  caches are built): the encoders and one cache batch of dataset.text_cache_batch_size captions
+  or dataset.latent_cache_batch_size images (latents);
+- each phase of a training step: what stays on the GPU (weights, trainable parameters, optimizer
+  state, EMA) plus what the phase adds: the text encoders' forward, the VAE's encode, the denoiser's
+  forward and backward (activations measured on the full-size model, launch/memory_tables.py), and
+  the optimizer step (gradients and the optimizer's temporaries).
+This is the allocator's `max_memory_allocated` peak; a card also holds the CUDA context and the
+allocator's slack (OVERHEAD_GIB, FRAGMENTATION).
 """
 from __future__ import annotations
 
@@ -42,10 +47,19 @@ class MemoryPlan:
     counts: dict[str, int]                # parameter counts
     notes: list[str] = field(default_factory=list)
     grads: float = 0.0                    # gradient bytes after a backward pass (fused backward: 0)
+    # the cache pass, before the denoiser is placed: phase -> {part: bytes on the GPU}, the whole of it
+    cache_phases: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def phase_totals(self) -> dict[str, float]:
+        """Bytes on the GPU at each phase's peak: a cache phase's parts, or a step phase on top of
+        what stays resident during training."""
+        base = sum(self.resident.values())
+        return {**{k: sum(parts.values()) for k, parts in self.cache_phases.items()},
+                **{k: base + v for k, v in self.phases.items()}}
 
     @property
     def peak_bytes(self) -> float:
-        return sum(self.resident.values()) + max(self.phases.values(), default=0.0)
+        return max(self.phase_totals().values(), default=sum(self.resident.values()))
 
     @property
     def peak_gib(self) -> float:
@@ -53,7 +67,8 @@ class MemoryPlan:
 
     @property
     def peak_phase(self) -> str:
-        return max(self.phases, key=self.phases.get) if self.phases else ""
+        totals = self.phase_totals()
+        return max(totals, key=totals.get) if totals else ""
 
     def needed_gib(self) -> float:
         """What the card must hold: the peak plus the allocator's slack and the CUDA context."""
@@ -68,6 +83,9 @@ class MemoryPlan:
                 "needed_gib": round(self.needed_gib(), 3), "peak_phase": self.peak_phase,
                 "resident_gib": {k: round(v / GiB, 3) for k, v in self.resident.items()},
                 "phases_gib": {k: round(v / GiB, 3) for k, v in self.phases.items()},
+                "cache_phases_gib": {k: {p: round(v / GiB, 3) for p, v in parts.items()}
+                                     for k, parts in self.cache_phases.items()},
+                "phase_totals_gib": {k: round(v / GiB, 3) for k, v in self.phase_totals().items()},
                 "counts": self.counts, "notes": self.notes}
 
 
@@ -120,10 +138,12 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
         notes.append(f"block swap: {len(blocks)} of {len(den['blocks'])} denoiser blocks in CPU memory")
     resident["denoiser"] = denoiser_w * (1 - swapped_share)
     trained_tes = set(table["trained_text_encoders"]) if net.train_text_encoder else set()
-    te_total = 0.0
+    te_weights: dict[str, float] = {}
     for name in table["text_encoders"]:
         te_dtype = "fp32" if (full and name in trained_tes and not half_weights) else w_dtype
-        te_total += weight_bytes(comps[name], te_dtype, te_quant if name not in trained_tes or not full else "none")
+        te_weights[name] = weight_bytes(comps[name], te_dtype,
+                                        te_quant if name not in trained_tes or not full else "none")
+    te_total = sum(te_weights.values())
     vae_w = comps["vae"]["params"] * 4  # the VAE stays fp32 (fp16 VAEs give NaN)
     if offload and not (trained_tes and not ds.cache_text_encoder_outputs):
         notes.append("text encoders and VAE in CPU memory, moved in only for their pass")
@@ -159,8 +179,38 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     phases["forward/backward"] = act + (0 if fused_bw else grads)
     temp = optimizer_temp_bytes(name, tensors, train_bytes, fused_bw or half_weights, cfg.optimizer.weight_decay)
     phases["optimizer step"] = (0 if fused_bw else grads) + temp
+    cache = cache_phases(table, cfg, te_weights, vae_w, trained_tes, offload, pixels)
     counts = {"denoiser": den["params"], "text_encoders": sum(comps[n]["params"] for n in table["text_encoders"]),
               "vae": comps["vae"]["params"], "trainable": n_trained}
     if table.get("note"):
         notes.append(table["note"])
-    return MemoryPlan(arch, side, resident, phases, counts, notes, grads=0.0 if fused_bw else grads)
+    return MemoryPlan(arch, side, resident, phases, counts, notes, grads=0.0 if fused_bw else grads,
+                      cache_phases=cache)
+
+
+def cache_phases(table: dict, cfg, te_weights: dict[str, float], vae_w: float, trained_tes: set, offload: bool,
+                 pixels: int) -> dict[str, dict[str, float]]:
+    """The cache pass (dataset.cache_text_encoder_outputs, dataset.cache_latents), before the denoiser is
+    on the GPU. Without memory.offload_encoders every encoder and the VAE are on the GPU for both
+    caches. With it each encoder comes in for its own call nearly whole (its top-level parts move as
+    units: a T5 or Qwen2.5-VL encoder's layer stack is one part), so the largest encoder is counted
+    whole; trained encoders never leave (their outputs are not cached then, but they are resident)."""
+    ds = cfg.dataset
+    text_cached = ds.cache_text_encoder_outputs and not trained_tes and not table.get("text_every_step")
+    on_gpu = {"text encoders": sum(te_weights.values()), "vae": vae_w}
+    if offload:
+        on_gpu = {"text encoders": sum(w for n, w in te_weights.items() if n in trained_tes), "vae": 0.0}
+    out: dict[str, dict[str, float]] = {}
+    if text_cached:
+        parts = dict(on_gpu)
+        if offload:  # the largest frozen encoder, in for its call
+            parts["text encoders"] += max((w for n, w in te_weights.items() if n not in trained_tes), default=0.0)
+        parts["text cache batch"] = table["text_encode"] * opt(cfg, "dataset.text_cache_batch_size", 16)
+        out["text cache"] = parts
+    if ds.cache_latents:
+        parts = dict(on_gpu)
+        if offload:
+            parts["vae"] = vae_w
+        parts["latent cache batch"] = _act(table["vae_encode"], pixels) * opt(cfg, "dataset.latent_cache_batch_size", 4)
+        out["latent cache"] = parts
+    return out

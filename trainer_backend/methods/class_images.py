@@ -109,9 +109,11 @@ def _dataset_roots(cfg: TrainConfig) -> list[Path]:
     return [Path(p).expanduser() for p in paths if p and Path(p).expanduser().exists()]
 
 
-def prepare_class_images(cfg: TrainConfig, model, accelerator, run, weight_dtype: torch.dtype) -> TrainConfig:
+def prepare_class_images(cfg: TrainConfig, model, accelerator, run, weight_dtype: torch.dtype,
+                         place_denoiser=None) -> TrainConfig:
     """Make sure num_class_images class images exist; returns the config to train with (its
-    dataset.class_path points at the run's class-image folder when images were added)."""
+    dataset.class_path points at the run's class-image folder when images were added).
+    place_denoiser: called before generating (the loop places the denoiser only after the caches)."""
     from ..data.cache import check_outside
     ds = cfg.dataset
     if ds.num_class_images == 0:
@@ -134,6 +136,8 @@ def prepare_class_images(cfg: TrainConfig, model, accelerator, run, weight_dtype
         LOG.info("class images: %d wanted, %d in dataset.class_path, %d cached in %s, %d to generate", wanted,
                  len(user), count - len(todo), cache, len(todo))
         if todo:
+            if place_denoiser is not None:
+                place_denoiser()
             generate_class_images(model, todo, cache, cfg, accelerator.device, weight_dtype, progress=True)
             (cache / "settings.json").write_text(json.dumps(
                 {"prompt": ds.class_prompt, "negative_prompt": ds.class_negative_prompt, "model": model.source,

@@ -35,8 +35,8 @@ from .full_half_precision import keep_half_weights
 from .memory_setup import install_after_prepare
 from .optimizers import build_lr_scheduler, build_optimizer
 from .sampling import SampleImages
-from .setup import (build_dataset, load_base_model, make_accelerator, open_run, place_model, register_adapter_hooks,
-                    scan_data)
+from .setup import (build_dataset, load_base_model, make_accelerator, open_run, place_denoiser, place_encoders,
+                    register_adapter_hooks, release_cache_memory, scan_data)
 
 LOG = logging.getLogger("trainer")
 
@@ -55,11 +55,14 @@ def train(cfg: TrainConfig) -> int:
     run = open_run(cfg, accelerator)
     start_tracking(cfg, accelerator, run)  # W&B (logging.tracker): follows the run's events
     model = load_base_model(cfg, accelerator)  # LoadedModel: model.family knows what its parts mean
-    weight_dtype = place_model(model, cfg, accelerator)
-    cfg = prepare_class_images(cfg, model, accelerator, run, weight_dtype)  # DreamBooth: generate missing ones
+    weight_dtype = place_encoders(model, cfg, accelerator)  # the denoiser waits for the cache pass
+    cfg = prepare_class_images(cfg, model, accelerator, run, weight_dtype,  # DreamBooth: generate missing ones
+                               place_denoiser=lambda: place_denoiser(model, cfg, accelerator))
     scan = scan_data(cfg)
     plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
-    dataset = build_dataset(cfg, scan, plan.multi_counts, model, accelerator, run)
+    dataset = build_dataset(cfg, scan, plan.multi_counts, model, accelerator, run)  # the cache pass
+    release_cache_memory(accelerator)
+    place_denoiser(model, cfg, accelerator)  # only now: the caches never share the device with it
     total_steps = plan.multi.total_steps
     run.events.emit(Event.PLAN, **plan.to_dict())
     LOG.info("plan: %d optimizer steps over %d epochs on %d process(es)", total_steps, plan.multi.epochs,

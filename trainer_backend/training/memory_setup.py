@@ -1,6 +1,6 @@
 """What the memory options do to a loaded model (docs/memory.md): which blocks memory.block_swap keeps
 on the host, which modules memory.offload_encoders offloads, and the hooks of both and of
-optimizer.fused_backward, installed where the loop needs them (setup.place_model, after prepare)."""
+optimizer.fused_backward, installed where the loop needs them (setup.place_encoders and place_denoiser, after prepare)."""
 from __future__ import annotations
 
 import logging

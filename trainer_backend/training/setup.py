@@ -85,24 +85,29 @@ def _without_zero3_init(accelerator):
 
 
 def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
-    """Frozen weights in the compute dtype on the device; the VAE stays fp32 (fp16 VAEs NaN).
-    model.quantize / model.quantize_text_encoders quantize the frozen base on its way there
-    (training/quantize.py; config/quantize_rules.py refused what cannot be quantized)."""
+    """Every part where training wants it: the encoders, then the denoiser (tests, benches, the probe;
+    the loop places the denoiser only after the caches are built: place_encoders, place_denoiser)."""
+    weight_dtype = place_encoders(model, cfg, accelerator)
+    place_denoiser(model, cfg, accelerator)
+    return weight_dtype
+
+
+def trained_encoder_ids(cfg: TrainConfig, model) -> set[int]:
+    return {id(te) for _, te in model.trained_text_encoders()} if cfg.network.train_text_encoder else set()
+
+
+def place_encoders(model, cfg: TrainConfig, accelerator) -> torch.dtype:
+    """The VAE and the text encoders on the device (or, with memory.offload_encoders, in CPU memory
+    and moved in for each call), in the compute dtype; the VAE stays fp32 (fp16 VAEs NaN).
+    model.quantize_text_encoders quantizes them on their way (training/quantize.py). Runs before the
+    denoiser is placed, so the caches are built while the device holds only the encoders (docs/memory.md,
+    "The cache pass"). Returns the compute dtype."""
     from .quantize import quantize_module
+    from .memory_setup import offload_encoders, offloaded_modules
     weight_dtype = WEIGHT_DTYPES[cfg.precision.mixed]
-    # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
     trained = torch.float32 if cfg.network.type == "full" else weight_dtype
-    from .block_swap import place_without
-    from .memory_setup import offload_encoders, offloaded_modules, swapped_blocks
     keep, device = getattr(model.family, "keep_unquantized", ()), accelerator.device  # a VAE run has no family
-    if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
-        if cfg.model.quantize != "none":  # (not with memory.block_swap: config/quantize_rules.py)
-            quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep)
-        elif swapped := swapped_blocks(cfg, model):  # memory.block_swap: these stay in CPU memory (block_swap.py)
-            place_without(model.denoiser, swapped, device, trained)
-        else:
-            model.denoiser.to(device, dtype=trained)
-    trained_encoders = {id(te) for _, te in model.trained_text_encoders()} if cfg.network.train_text_encoder else set()
+    trained_encoders = trained_encoder_ids(cfg, model)
     offloaded = {id(m) for m in offloaded_modules(cfg, model, trained_encoders)}  # memory.offload_encoders
     model.vae.to(torch.device("cpu") if id(model.vae) in offloaded else accelerator.device, dtype=torch.float32)
     for encoder in model.text_encoders:
@@ -110,14 +115,47 @@ def place_model(model, cfg: TrainConfig, accelerator) -> torch.dtype:
                         device=torch.device("cpu") if id(encoder) in offloaded else device,
                         compute_dtype=trained if id(encoder) in trained_encoders else weight_dtype)
     offload_encoders([m for m in (model.vae, *model.text_encoders) if id(m) in offloaded], accelerator.device)
-    if cfg.precision.attention == "default" and model.denoiser is not None:
-        model.family.use_plain_attention(model)
     if cfg.precision.gradient_checkpointing:
-        (model.vae if model.denoiser is None else model.denoiser).enable_gradient_checkpointing()
         for encoder in model.text_encoders:
             if id(encoder) in trained_encoders:
                 encoder.gradient_checkpointing_enable()
     return weight_dtype
+
+
+def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
+    """The denoiser in its training dtype on the device; model.quantize quantizes the frozen base on
+    its way there (config/quantize_rules.py refused what cannot be quantized), memory.block_swap keeps
+    its last blocks in CPU memory. A second call does nothing (DreamBooth's class-image generation may
+    need the denoiser before the caches are built)."""
+    if model.denoiser_placed:
+        return
+    from .quantize import quantize_module
+    from .block_swap import place_without
+    from .memory_setup import swapped_blocks
+    # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
+    trained = torch.float32 if cfg.network.type == "full" else WEIGHT_DTYPES[cfg.precision.mixed]
+    keep, device = getattr(model.family, "keep_unquantized", ()), accelerator.device
+    if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
+        if cfg.model.quantize != "none":  # (not with memory.block_swap: config/quantize_rules.py)
+            quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep)
+        elif swapped := swapped_blocks(cfg, model):  # memory.block_swap: these stay in CPU memory (block_swap.py)
+            place_without(model.denoiser, swapped, device, trained)
+        else:
+            model.denoiser.to(device, dtype=trained)
+        if cfg.precision.attention == "default":
+            model.family.use_plain_attention(model)
+    if cfg.precision.gradient_checkpointing:
+        (model.vae if model.denoiser is None else model.denoiser).enable_gradient_checkpointing()
+    model.denoiser_placed = True
+
+
+def release_cache_memory(accelerator) -> None:
+    """After the cache pass: the allocator's cached blocks of the encoders' activations go back to the
+    driver before the denoiser arrives (offloaded encoders are already home: their hooks move them)."""
+    import gc
+    gc.collect()
+    if accelerator.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def scan_data(cfg: TrainConfig):
@@ -146,7 +184,8 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
         vae_id = (weights_identity(cfg.model.vae) if cfg.model.vae
                   else weights_identity(model.source, subfolder="vae"))
         with accelerator.main_process_first():
-            dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id)
+            dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id,
+                                  batch_size=cfg.dataset.latent_cache_batch_size)
     return dataset
 
 
@@ -169,7 +208,7 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
     key = f"{model.source}|{cfg.dataset.max_token_length}|{model.text_max_length}|{family.text_cache_dtype}"
     if model.clip_skip > 1:
         key += f"|clip_skip={model.clip_skip}"
-    if dataset.cache_text(encode, key=key):
+    if dataset.cache_text(encode, key=key, batch_size=cfg.dataset.text_cache_batch_size):
         LOG.info("cached text-encoder outputs for the dataset's captions")
 
 
