@@ -94,10 +94,6 @@ class FlowFamily(Family):
         from_pretrained (a family whose folders come in several kinds overrides: Flux.2 Klein and dev)."""
         return self.pipeline_class(), {}
 
-    def model_pipeline_class(self, model):
-        """The pipeline class that samples from `model` (the family's one, unless it has several)."""
-        return self.pipeline_class()
-
     def pipeline_parts(self, model) -> dict:
         """The pipeline's components besides scheduler, vae and transformer: its text encoders and
         tokenizers by slot name (text_encoder, tokenizer, text_encoder_2, ...; a slot the model lacks,

@@ -100,12 +100,23 @@ class Flux2Family(FlowFamily):
 
     def folder_pipeline(self, src: Path) -> tuple[type, dict]:
         """Klein folders load with their own pipeline; a dev folder's tokenizer slot (a PixtralProcessor,
-        which needs torchvision) loads as the tokenizer inside it, the part text encoding uses."""
-        variant = folder_variant(src)
-        if variant is DEV:
-            from .components import load_mistral_tokenizer
-            return pipeline_named(DEV.pipelines[0]), {"tokenizer": load_mistral_tokenizer(src / "tokenizer")}
+        which needs torchvision) is left out there and loaded by load_folder."""
+        if folder_variant(src) is DEV:
+            return pipeline_named(DEV.pipelines[0]), {"tokenizer": None}
         return pipeline_named(KLEIN.pipelines[0]), {}
+
+    def load_folder(self, src: Path, *, vae: str = "", prediction_type: str = "auto"):
+        """A dev folder's tokenizer: the tokenizer inside its processor, the part text encoding uses."""
+        model = super().load_folder(src, vae=vae, prediction_type=prediction_type)
+        if folder_variant(src) is DEV:
+            from ...errors import ConfigError
+            from .components import load_mistral_tokenizer
+            try:
+                model.tokenizers = [load_mistral_tokenizer(src / "tokenizer")]
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"model.path: {src / 'tokenizer'} holds no Flux.2 dev tokenizer "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        return model
 
     def model_pipeline_class(self, model):
         return pipeline_named(variant_of(model.text_encoders[0]).pipelines[0])
