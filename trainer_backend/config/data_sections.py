@@ -102,9 +102,9 @@ class Model(Section):
         "none", "Store the frozen text encoders' linear layers quantized (as model.quantize). Refused when a full "
                 "fine-tune trains them (network.train_text_encoder with network.type = full).",
         advanced=True, resume="safe")
-    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2: Qwen3 "
-                              "tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's own (Flux dev 512, schnell 256, "
-                              "Chroma 512, SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512,
+    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2 Klein: Qwen3 "
+                              "tokens; Flux.2 dev: Mistral tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's "
+                              "own (Flux dev 512, schnell 256, Chroma 512, SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512,
                            advanced=True,
                            resume="safe",
                            when={"model.arch": FLOW_FAMILIES})
