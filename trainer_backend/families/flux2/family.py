@@ -86,7 +86,7 @@ class Flux2Family(FlowFamily):
                        r"double_stream_modulation_txt|single_stream_modulation)\.", "BASE"),
                       (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "flux2"
-    modelspec_architecture = "flux-2-klein"
+    modelspec_architecture = "flux-2"  # the loaded variant's: flux-2-klein or flux-2-dev (architecture)
     transformer_file_module = ".flux2.original_keys"
     control_images = "optional"
     control_image_argument = "image"
