@@ -250,3 +250,11 @@ def test_a_dev_transformer_file_is_refused_with_the_folder_to_use(tmp_path, tiny
     with pytest.raises(ConfigError, match=r"^model\.path: flux2-dev\.safetensors is a Flux\.2 dev transformer; dev "
                                           r"loads from its diffusers folder"):
         load_model(str(path), vae=str(tiny_models("flux2-dev")), text_encoder_files={"text_encoder": "x.safetensors"})
+
+
+def test_builtin_tiny_flux2_dev_is_a_flux2_model_to_the_plan_and_the_loader():
+    from trainer_backend.__main__ import _plan_arch
+    from trainer_backend.config import load_config
+    from trainer_backend.families.builtin import BUILTIN_MODELS
+    assert BUILTIN_MODELS["tiny-flux2-dev"] == "flux2" and BUILTIN_MODELS["tiny-flux2"] == "flux2"
+    assert _plan_arch(load_config(None, ["model.path=builtin:tiny-flux2-dev"])) == "flux2"
