@@ -52,14 +52,18 @@ def make_dataset(folder: Path, n: int = 4, size: int = 64, captions: list[str] |
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    """arch -> diffusers folder of a tiny random model."""
+    """arch (or a family's tiny variant, "flux2-dev" as builtin:tiny-flux2-dev) -> diffusers folder of a
+    tiny random model."""
     from trainer_backend.families import build_tiny_model
+    from trainer_backend.families.registry import BUILTIN_TINY
     root = tmp_path_factory.mktemp("tiny-models")
     cache: dict[str, Path] = {}
 
     def get(arch: str) -> Path:
         if arch not in cache:
-            cache[arch] = Path(build_tiny_model(arch, root / arch, seed=0))
+            family, variant = BUILTIN_TINY.get(f"tiny-{arch}", (arch, ""))
+            options = {"variant": variant} if variant else {}
+            cache[arch] = Path(build_tiny_model(family, root / arch, seed=0, **options))
         return cache[arch]
     return get
 

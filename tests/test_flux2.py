@@ -1,10 +1,13 @@
-"""Flux.2 Klein: both LoRA layouts on the full-size 4B and 9B architectures (meta device) land on exactly
-the trained modules through diffusers' own converters, with the trained update; a tiny run's file in
-each layout loads in a plain diffusers Flux2KleinPipeline, changes the image, and gives the trained
-transformer back within 1e-5; text, latents and reference images go in as the pipeline puts them."""
+"""Flux.2 Klein and dev: both LoRA layouts on the full-size Klein 4B, 9B and dev (32B) architectures (meta
+device) land on exactly the trained modules through diffusers' own converters, with the trained update;
+a tiny run's file in each layout loads in a plain diffusers Flux2KleinPipeline / Flux2Pipeline, changes
+the image, and gives the trained transformer back within 1e-5; text, latents and reference images go in
+as the pipelines put them."""
 from __future__ import annotations
 
 import json
+import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,7 +37,7 @@ class _Meta:
         self.family, self.denoiser = FLUX2, denoiser
 
 
-@pytest.mark.parametrize("size,blocks", [("klein-4b", (5, 20)), ("klein-9b", (8, 24))])
+@pytest.mark.parametrize("size,blocks", [("klein-4b", (5, 20)), ("klein-9b", (8, 24)), ("dev", (8, 48))])
 @pytest.mark.parametrize("layout", ["kohya", "diffusers"])
 def test_full_size_lora_layouts_land_on_the_trained_modules_with_the_trained_update(size, blocks, layout):
     denoiser = FLUX2.meta_denoiser(size)
@@ -86,6 +89,7 @@ def test_kohya_file_merged_like_comfyui_equals_peft_merge(tiny_models):
 def _probe(transformer, control: bool = False):
     g = torch.Generator().manual_seed(3)
     c = transformer.config
+    guidance = torch.tensor([1.0, 3.5]) if c.guidance_embeds else None  # dev's distilled guidance
     n = 32 if control else 16
     ids = torch.cartesian_prod(torch.tensor([0]), torch.arange(4), torch.arange(4), torch.tensor([0]))
     if control:
@@ -94,13 +98,16 @@ def _probe(transformer, control: bool = False):
     with torch.no_grad():
         return transformer(hidden_states=torch.randn(2, n, c.in_channels, generator=g),
                            encoder_hidden_states=torch.randn(2, 5, c.joint_attention_dim, generator=g),
-                           timestep=torch.tensor([0.2, 0.9]), img_ids=ids, txt_ids=txt, return_dict=False)[0]
+                           timestep=torch.tensor([0.2, 0.9]), img_ids=ids, txt_ids=txt, guidance=guidance,
+                           return_dict=False)[0]
 
 
 @pytest.mark.parametrize("layout", ["kohya", "diffusers"])
-def test_tiny_lora_loads_in_diffusers_changes_the_image_and_is_the_trained_model(tmp_path, tiny_models, layout):
-    from diffusers import Flux2KleinPipeline
-    model_dir = tiny_models("flux2")
+@pytest.mark.parametrize("arch,pipeline", [("flux2", "Flux2KleinPipeline"), ("flux2-dev", "Flux2Pipeline")])
+def test_tiny_lora_loads_in_diffusers_changes_the_image_and_is_the_trained_model(tmp_path, tiny_models, layout,
+                                                                                arch, pipeline):
+    import diffusers
+    model_dir = tiny_models(arch)
     data = make_dataset(tmp_path / "data", n=2, size=32)
     run, _, cfg = train_run(tmp_path, model_dir, data, layout, f"output.lora_format={layout}", "schedule.max_steps=2",
                             "optimizer.lr=5e-2", "checkpoints.every_n_steps=2",
@@ -109,6 +116,7 @@ def test_tiny_lora_loads_in_diffusers_changes_the_image_and_is_the_trained_model
     with safe_open(str(out), "pt") as f:
         keys, meta = set(f.keys()), f.metadata()
     assert meta["ss_base_model_version"] == "flux2"
+    assert meta["modelspec.architecture"] == ("flux-2-dev/lora" if arch == "flux2-dev" else "flux-2-klein/lora")
     assert ("lora_unet_double_blocks_0_img_attn_qkv.alpha" in keys) == (layout == "kohya")
     assert ("lora_unet_single_blocks_0_linear1.lora_up.weight" in keys) == (layout == "kohya")
     assert ("transformer.single_transformer_blocks.0.attn.to_qkv_mlp_proj.lora_A.weight" in keys) == \
@@ -120,13 +128,13 @@ def test_tiny_lora_loads_in_diffusers_changes_the_image_and_is_the_trained_model
     base = _probe(load_model(str(model_dir)).denoiser)
     assert (_probe(trained.denoiser) - base).abs().max() > 1e-4, "training did not change the transformer"
 
-    pipe = Flux2KleinPipeline.from_pretrained(str(model_dir), local_files_only=True)  # plain diffusers
+    pipe = getattr(diffusers, pipeline).from_pretrained(str(model_dir), local_files_only=True)  # plain diffusers
     pipe.set_progress_bar_config(disable=True)
 
     def image():
         return torch.from_numpy(pipe(prompt="a red square", num_inference_steps=2, height=32, width=32,
-                                     max_sequence_length=64, generator=torch.Generator().manual_seed(0),
-                                     output_type="np").images[0])
+                                     max_sequence_length=pipe.tokenizer.model_max_length,
+                                     generator=torch.Generator().manual_seed(0), output_type="np").images[0])
     before = image()
     pipe.load_lora_weights(str(out))
     assert (image() - before).abs().max() > 1e-3, "the LoRA did not change the image"
@@ -134,15 +142,20 @@ def test_tiny_lora_loads_in_diffusers_changes_the_image_and_is_the_trained_model
         assert (_probe(pipe.transformer, control) - _probe(trained.denoiser, control)).abs().max() <= 1e-5
 
 
-def test_text_latents_and_reference_tokens_are_the_pipelines(tiny_models):
-    """The family's conditioning equals Flux2KleinPipeline's own (prompt embeddings, the VAE latents with
-    their batch-norm normalisation), and a reference image's tokens change the prediction of the image's."""
-    model = load_model(str(tiny_models("flux2")))
+@pytest.mark.parametrize("arch,pipeline", [("flux2", "Flux2KleinPipeline"), ("flux2-dev", "Flux2Pipeline")])
+def test_text_latents_and_reference_tokens_are_the_pipelines(tiny_models, arch, pipeline):
+    """The family's conditioning equals the model's pipeline's own (prompt embeddings: Klein's Qwen3
+    layers, dev's Mistral layers 10/20/30 after the system message; the VAE latents with their
+    batch-norm normalisation), and a reference image's tokens change the prediction of the image's."""
+    model = load_model(str(tiny_models(arch)))
     pipe = FLUX2.build_pipeline(model)
-    captions = ["a red square", "a blue circle on a plain background"]
-    text = FLUX2.encode_text(model, FLUX2.tokenize(model, captions, 0))["hidden"]
+    assert type(pipe).__name__ == pipeline
+    captions = ["a red square", "a blue circle on a plain background [IMG]"]
+    tokens = FLUX2.tokenize(model, captions, 0)
+    assert tokens[1].sum(1).max() < tokens[1].shape[1], "the caption was cut off: nothing left to compare"
+    text = FLUX2.encode_text(model, tokens)["hidden"]
     embeds, _ = pipe.encode_prompt(captions, device="cpu", **FLUX2.pipeline_call_options(model))
-    assert torch.equal(text, embeds)
+    assert text.shape == embeds.shape and (text - embeds).abs().max() <= 1e-6
     pixels = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
     latents = FLUX2.encode_latents(model, pixels, None)
     assert latents.shape == (2, *FLUX2.latent_shape(model, 32, 32))
@@ -154,6 +167,9 @@ def test_text_latents_and_reference_tokens_are_the_pipelines(tiny_models):
     with_ref = FLUX2.predict(model, model.denoiser, noisy, t, {"hidden": text}, {"control_latents": latents},
                              torch.float32)
     assert plain.shape == noisy.shape and (plain - with_ref).abs().max() > 1e-4
+    guided = FLUX2.predict(model, model.denoiser, noisy, t, {"hidden": text}, {}, torch.float32,
+                           cfg=SimpleNamespace(model=SimpleNamespace(guidance=4.0)))  # model.guidance
+    assert ((guided - plain).abs().max() > 1e-4) == (arch == "flux2-dev"), "only dev takes the guidance value"
     FLUX2.use_plain_attention(model)  # precision.attention = "default": the math kernel, the same numbers
     again = FLUX2.predict(model, model.denoiser, noisy, t, {"hidden": text}, {}, torch.float32)
     assert (again - plain).abs().max() <= 1e-5
@@ -201,3 +217,44 @@ def test_a_target_the_kohya_layout_cannot_hold_is_refused_before_training(tiny_m
     diffusers = load_config(None, [f"model.path={tiny_models('flux2')}", "output.lora_format=diffusers",
                                    "network.target_modules=[\"to_q\", \"double_stream_modulation_img.linear\"]"])
     assert "transformer" in setup_method(model, diffusers).modules  # diffusers' layout holds any module
+
+
+def test_a_dev_folder_with_its_pixtral_processor_loads_without_torchvision(tmp_path, tiny_models):
+    """FLUX.2-dev's tokenizer slot is a PixtralProcessor (transformers builds none without torchvision):
+    the folder loads with the tokenizer inside it and the chat template the processor keeps, and the
+    text encoding is the one the tiny model's own tokenizer gives."""
+    folder = tmp_path / "FLUX.2-dev"
+    shutil.copytree(tiny_models("flux2-dev"), folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index["tokenizer"] = ["transformers", "PixtralProcessor"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    tok = folder / "tokenizer"
+    template = (tok / "chat_template.jinja").read_text()
+    (tok / "chat_template.jinja").unlink()  # as processors saved it before: in chat_template.json
+    (tok / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    (tok / "processor_config.json").write_text(json.dumps({"processor_class": "PixtralProcessor", "patch_size": 14,
+                                                           "spatial_merge_size": 2}))
+    loaded = load_model(str(folder))
+    assert loaded.tokenizers[0].chat_template == template
+    own = load_model(str(tiny_models("flux2-dev")))
+    captions = ["a red square"]
+    for a, b in zip(FLUX2.tokenize(loaded, captions, 0), FLUX2.tokenize(own, captions, 0)):
+        assert torch.equal(a, b)
+
+
+def test_a_dev_transformer_file_is_refused_with_the_folder_to_use(tmp_path, tiny_models):
+    from trainer_backend.config import ConfigError
+    from trainer_backend.families.flux2.original_keys import export_transformer
+    model = load_model(str(tiny_models("flux2-dev")))
+    path = export_transformer(model.denoiser, tmp_path / "flux2-dev.safetensors")
+    with pytest.raises(ConfigError, match=r"^model\.path: flux2-dev\.safetensors is a Flux\.2 dev transformer; dev "
+                                          r"loads from its diffusers folder"):
+        load_model(str(path), vae=str(tiny_models("flux2-dev")), text_encoder_files={"text_encoder": "x.safetensors"})
+
+
+def test_builtin_tiny_flux2_dev_is_a_flux2_model_to_the_plan_and_the_loader():
+    from trainer_backend.__main__ import _plan_arch
+    from trainer_backend.config import load_config
+    from trainer_backend.families.builtin import BUILTIN_MODELS
+    assert BUILTIN_MODELS["tiny-flux2-dev"] == "flux2" and BUILTIN_MODELS["tiny-flux2"] == "flux2"
+    assert _plan_arch(load_config(None, ["model.path=builtin:tiny-flux2-dev"])) == "flux2"

@@ -127,8 +127,9 @@ def _plan_arch(cfg) -> str:
     """model.arch, or the family detected from model.path when it is "auto" (the plan needs no model:
     an undetectable path leaves "auto", and the memory plan says so)."""
     if cfg.model.arch != "auto" or not cfg.model.path or cfg.model.path.startswith("builtin:"):
-        return cfg.model.path.removeprefix("builtin:tiny-") if cfg.model.path.startswith("builtin:") \
-            and cfg.model.arch == "auto" else cfg.model.arch
+        from .families.registry import BUILTIN_TINY
+        builtin = BUILTIN_TINY.get(cfg.model.path.removeprefix("builtin:"), ("auto", ""))[0]
+        return builtin if cfg.model.path.startswith("builtin:") and cfg.model.arch == "auto" else cfg.model.arch
     try:
         from .families import detect_family
         return detect_family(cfg.model.path).name

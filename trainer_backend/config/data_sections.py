@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import (ARCH_CHOICES, CLIP_SKIP_FAMILIES, CONTROL_FAMILIES, DDPM_FAMILIES, FAMILY_NAMES,
-                                 FLOW_FAMILIES,
-                                 LORA_LAYOUT_CHOICE_FAMILIES, LORA_LAYOUTS)
+from ..families.registry import (ARCH_CHOICES, BUILTIN_TINY, CLIP_SKIP_FAMILIES, CONTROL_FAMILIES, DDPM_FAMILIES,
+                                 FLOW_FAMILIES, LORA_LAYOUT_CHOICE_FAMILIES, LORA_LAYOUTS)
 from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
@@ -43,7 +42,7 @@ class Model(Section):
     """The base model."""
     TAB: ClassVar[str] = "Model"
     path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, or builtin:tiny-<family> "
-                      "(" + ", ".join(f"builtin:tiny-{n}" for n in FAMILY_NAMES) + ").", widget="path",
+                      "(" + ", ".join(f"builtin:{n}" for n in BUILTIN_TINY) + ").", widget="path",
                       resume="ignored")
     arch: Literal[ARCH_CHOICES] = F("auto", "Model family; auto detects it from the model.", resume="unsafe:arch")
     vae: str = F("", "Optional VAE to use instead of the model's own (diffusers folder or file).",
@@ -82,10 +81,10 @@ class Model(Section):
                               "(Z-Image: FLUX.1's ae.safetensors; flux2-vae.safetensors; qwen_image_vae.safetensors).",
                           widget="path", resume="ignored",
                           when={"model.arch": ("zimage", "flux2", "qwen_image", "qwen_image_edit")})
-    guidance: float = F(1.0, "Flux.1 dev only: the distilled guidance value the transformer is given while "
-                             "training (1.0 as kohya and ai-toolkit train; samples use their own cfg_scale).",
-                        ge=0.0, le=100.0, advanced=True, resume="safe",
-                        when={"model.arch": ("flux",)})
+    guidance: float = F(1.0, "Flux.1 dev and Flux.2 dev only: the distilled guidance value the transformer is "
+                             "given while training (1.0 as kohya and ai-toolkit train; samples use their own "
+                             "cfg_scale).", ge=0.0, le=100.0, advanced=True, resume="safe",
+                        when={"model.arch": ("flux", "flux2")})
     clip_skip: int = F(1, "Text conditioning from the CLIP layer this far from the end, through the final layer "
                           "norm, as kohya's sd-scripts and A1111 do: 1 = the last layer (the model's own), 2 = the "
                           "penultimate (what NovelAI-descended anime SD1 models were trained with). Used for "
@@ -103,9 +102,9 @@ class Model(Section):
         "none", "Store the frozen text encoders' linear layers quantized (as model.quantize). Refused when a full "
                 "fine-tune trains them (network.train_text_encoder with network.type = full).",
         advanced=True, resume="safe")
-    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2: Qwen3 "
-                              "tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's own (Flux dev 512, schnell 256, "
-                              "Chroma 512, SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512,
+    t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2 Klein: Qwen3 "
+                              "tokens; Flux.2 dev: Mistral tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's "
+                              "own (Flux dev 512, schnell 256, Chroma 512, SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512,
                            advanced=True,
                            resume="safe",
                            when={"model.arch": FLOW_FAMILIES})

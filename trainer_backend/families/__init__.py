@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .registry import FAMILY_NAMES, all_families, get_family
+from .registry import BUILTIN_TINY, FAMILY_NAMES, all_families, get_family
 
 __all__ = ["FAMILY_NAMES", "get_family", "all_families", "detect_family", "load_model", "load_configured",
            "build_tiny_model",
@@ -22,7 +22,7 @@ def _existing(path: str) -> Path:
     from ..errors import ConfigError
     if not str(path).strip():
         raise ConfigError("model.path: is empty; give a diffusers folder, a .safetensors checkpoint or "
-                          + "|".join(f"builtin:tiny-{n}" for n in FAMILY_NAMES))
+                          + "|".join(f"builtin:{n}" for n in BUILTIN_TINY))
     src = resolve_model_path(path)
     if not src.exists():
         raise ConfigError(f"model.path: {src} does not exist")

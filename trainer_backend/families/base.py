@@ -206,6 +206,11 @@ class Family:
         """The diffusers pipeline class of this family (loads its folders and LoRA files)."""
         raise NotImplementedError
 
+    def model_pipeline_class(self, model: LoadedModel):
+        """The pipeline class that samples from `model` and loads its saved folders: the family's one,
+        unless its models come with several (Flux.2 Klein and dev)."""
+        return self.pipeline_class()
+
     def prompt_arguments(self, model: LoadedModel, prompt: str | list[str],
                          negative: str | list[str] | None) -> dict:
         """The prompt arguments of a sampling pipeline call. Default: the texts (the pipeline encodes

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError
-from .registry import FAMILY_NAMES
+from .registry import BUILTIN_TINY
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = {f"tiny-{name}": name for name in FAMILY_NAMES}
+BUILTIN_MODELS = {name: family for name, (family, _) in BUILTIN_TINY.items()}
 # Bump when a factory's output changes, so stale caches are rebuilt rather than reused.
 TINY_MODEL_VERSION = 1
 
@@ -48,8 +48,9 @@ def _build_builtin(name: str) -> Path:
     """Build once into the cache; concurrent builders race safely (build aside, then rename)."""
     from .registry import get_family
     final = cache_root() / f"{name}-v{TINY_MODEL_VERSION}"
-    family = get_family(BUILTIN_MODELS[name])
-    return atomic_dir(final, lambda tmp: family.build_tiny(tmp, seed=0), "model_index.json")
+    arch, variant = BUILTIN_TINY[name]
+    options = {"variant": variant} if variant else {}
+    return atomic_dir(final, lambda tmp: get_family(arch).build_tiny(tmp, seed=0, **options), "model_index.json")
 
 
 def resolve_model_path(path: str) -> Path:

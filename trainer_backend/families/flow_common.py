@@ -63,7 +63,8 @@ class FlowFamily(Family):
             raise ConfigError(f"model.prediction_type: {self.label} predicts the flow (noise − image); "
                               f"{prediction_type!r} does not apply (use \"auto\")")
         try:
-            pipe = self.pipeline_class().from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
+            pipeline, components = self.folder_pipeline(src)
+            pipe = pipeline.from_pretrained(str(src), local_files_only=True, dtype=torch.float32, **components)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             raise ConfigError(f"model.path: cannot load {src} as a {self.label} model ({_first_line(e)})") from None
         if vae:
@@ -82,11 +83,16 @@ class FlowFamily(Family):
         if scheduler not in ("default", "euler"):
             raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.short_name} "
                               "(use euler or default)")
-        pipe = self.pipeline_class()(
+        pipe = self.model_pipeline_class(model)(
             scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config), vae=model.vae,
             transformer=model.denoiser, **self.pipeline_parts(model))
         pipe.set_progress_bar_config(disable=True)
         return pipe
+
+    def folder_pipeline(self, src: Path) -> tuple[type, dict]:
+        """The pipeline class that loads the folder `src`, and components loaded here and handed to its
+        from_pretrained (a family whose folders come in several kinds overrides: Flux.2 Klein and dev)."""
+        return self.pipeline_class(), {}
 
     def pipeline_parts(self, model) -> dict:
         """The pipeline's components besides scheduler, vae and transformer: its text encoders and

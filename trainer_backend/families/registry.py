@@ -29,6 +29,9 @@ class FamilyEntry:
     # network.train_text_encoder applies: the family's LoRA loaders also load text-encoder adapters
     # (False: the text encoder stays frozen, as Z-Image's loaders read the transformer only)
     text_encoder_training: bool = True
+    # further tiny models besides builtin:tiny-<name>: builtin:tiny-<name>-<variant>, built by the family's
+    # build_tiny(variant=<variant>) (Flux.2 dev beside Klein)
+    tiny_variants: tuple[str, ...] = ()
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -43,8 +46,9 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 ("diffusers", "kohya"), text_encoder_training=False),
     FamilyEntry("zimage", "Z-Image (Turbo, base)", "trainer_backend.families.zimage", "ZIMAGE", "flow",
                 ("diffusers", "kohya"), text_encoder_training=False),
-    FamilyEntry("flux2", "Flux.2 Klein (4B, 9B)", "trainer_backend.families.flux2", "FLUX2", "flow",
-                ("kohya", "diffusers"), control_images="optional", text_encoder_training=False),
+    FamilyEntry("flux2", "Flux.2 (Klein 4B, 9B; dev)", "trainer_backend.families.flux2", "FLUX2", "flow",
+                ("kohya", "diffusers"), control_images="optional", text_encoder_training=False,
+                tiny_variants=("dev",)),
     FamilyEntry("qwen_image", "Qwen-Image", "trainer_backend.families.qwen_image", "QWEN_IMAGE", "flow",
                 ("diffusers", "kohya"), text_encoder_training=False),
     FamilyEntry("qwen_image_edit", "Qwen-Image-Edit", "trainer_backend.families.qwen_image", "QWEN_IMAGE_EDIT", "flow",
@@ -62,6 +66,10 @@ LORA_LAYOUT_CHOICE_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if
 # paired control images (families/base.py Family.control_images): the families that take them at all
 CONTROL_IMAGE_MODES: tuple[str, ...] = ("", "optional", "required")
 CONTROL_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.control_images)
+# builtin:<name> tiny models: name -> (family, variant; "" = the family's default tiny model)
+BUILTIN_TINY: dict[str, tuple[str, str]] = {
+    **{f"tiny-{e.name}": (e.name, "") for e in FAMILIES},
+    **{f"tiny-{e.name}-{v}": (e.name, v) for e in FAMILIES for v in e.tiny_variants}}
 
 
 def entry(name: str) -> FamilyEntry:

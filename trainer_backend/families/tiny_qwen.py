@@ -13,6 +13,8 @@ Public API (other families import these; keep the names):
 - ``build_qwen_tokenizer(folder, model_max_length=...) -> Path``: writes vocab.json, merges.txt,
   tokenizer_config.json and tokenizer.json; ``Qwen2Tokenizer.from_pretrained(folder)`` (and
   ``AutoTokenizer``) load it offline.
+- ``byte_level_vocab_and_merges()``: the byte-level BPE vocabulary and merges (without the added
+  tokens), which the tiny Mistral tokenizer of Flux.2 dev (families/flux2/tiny_mistral.py) shares.
 - ``qwen_vocab_size()``: the number of ids, added tokens included (a text model's vocab_size).
 - ``special_token_id(name)``: the id of an added token, e.g. ``"<|im_end|>"``.
 - ``tiny_qwen3_config(...) -> Qwen3Config``: a few-layer Qwen3 text model sized for tests.
@@ -65,7 +67,7 @@ def _symbols(text: str) -> list[str]:
 
 
 @lru_cache(maxsize=1)
-def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+def byte_level_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Bytes, then left-to-right merges spelling each word after a space ("Ġcat", one token in a
     caption), then the bare words (a text's first word)."""
     tokens = list(bytes_to_unicode().values())
@@ -87,13 +89,13 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
 
 def qwen_vocab_size() -> int:
     """Ids in use: the BPE vocabulary plus the added tokens (the text model's minimum vocab_size)."""
-    return len(_vocab_and_merges()[0]) + len(ADDED_TOKENS)
+    return len(byte_level_vocab_and_merges()[0]) + len(ADDED_TOKENS)
 
 
 def special_token_id(token: str) -> int:
     """The id of one of Qwen's added tokens in this vocabulary (they follow the BPE tokens)."""
     names = [t for t, _ in ADDED_TOKENS]
-    return len(_vocab_and_merges()[0]) + names.index(token)
+    return len(byte_level_vocab_and_merges()[0]) + names.index(token)
 
 
 def build_qwen_tokenizer(folder: str | Path, model_max_length: int = 512) -> Path:
@@ -107,7 +109,7 @@ def build_qwen_tokenizer(folder: str | Path, model_max_length: int = 512) -> Pat
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    vocab, merges = _vocab_and_merges()
+    vocab, merges = byte_level_vocab_and_merges()
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     lines = ["#version: 0.2"] + [f"{a} {b}" for a, b in merges]
     (out / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,7 +1,10 @@
-"""Flux.2 Klein (4B, 9B; base and distilled) behind the family contract: a Flux2Transformer2DModel trained
-with rectified flow on the AutoencoderKLFlux2's latents, 2x2-patchified (32 -> 128 channels) and
-normalised by the VAE's batch-norm statistics, one token per patch; conditioned on three Qwen3 hidden
-layers stacked (9, 18 and 27 of 36) of the chat-templated caption, as Flux2KleinPipeline encodes it.
+"""Flux.2 Klein (4B, 9B; base and distilled) and Flux.2 dev behind the family contract: a
+Flux2Transformer2DModel trained with rectified flow on the AutoencoderKLFlux2's latents, 2x2-patchified
+(32 -> 128 channels) and normalised by the VAE's batch-norm statistics, one token per patch; conditioned
+on three hidden layers stacked of the chat-templated caption, as the model's pipeline encodes it (its
+Flux2Variant): Klein's Qwen3 layers 9, 18 and 27 of 36 (Flux2KleinPipeline), dev's Mistral Small 3
+layers 10, 20 and 30 of 40 after the pipeline's system message (Flux2Pipeline). dev's transformer also
+takes the distilled guidance value (model.guidance while training, as Flux.1 dev).
 
 Reference (control) images are optional, as in the pipeline: their latents become extra tokens after
 the image's, at time coordinate 10 of the 4-axis position ids, and only the image's tokens are trained.
@@ -9,15 +12,48 @@ the image's, at time coordinate 10 of the 4-axis position ids, and only the imag
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..flow_common import FlowFamily, dynamic_shift, device_of as _device, unwrap as _unwrap
 from ..objectives import FlowMatchObjective, resolution_shift
 
-PIPELINES = ("Flux2KleinPipeline", "Flux2KleinKVPipeline")
-TEXT_MAX_LENGTH = 512  # Flux2KleinPipeline's max_sequence_length
-REFERENCE_TIME = 10    # the pipeline's time coordinate of the first reference image
-HIDDEN_LAYERS = (9, 18, 27)  # the pipeline's text_encoder_out_layers
+TEXT_MAX_LENGTH = 512  # both pipelines' max_sequence_length
+REFERENCE_TIME = 10    # the pipelines' time coordinate of the first reference image
+
+
+@dataclass(frozen=True)
+class Flux2Variant:
+    """What differs between the Flux.2 models, all read from their pipelines."""
+    name: str
+    pipelines: tuple[str, ...]      # model_index.json _class_name values; the first samples
+    hidden_layers: tuple[int, ...]  # the pipeline's text_encoder_out_layers
+    encoder_prefix: str             # the text encoder's transformers class name starts so
+
+
+KLEIN = Flux2Variant("klein", ("Flux2KleinPipeline", "Flux2KleinKVPipeline"), (9, 18, 27), "Qwen3")
+DEV = Flux2Variant("dev", ("Flux2Pipeline",), (10, 20, 30), "Mistral3")
+VARIANTS = (KLEIN, DEV)
+PIPELINES = tuple(p for v in VARIANTS for p in v.pipelines)
+
+
+def variant_of(encoder) -> Flux2Variant:
+    """The variant a text encoder belongs to (Qwen3 -> Klein, Mistral-3 -> dev)."""
+    name = type(_unwrap(encoder)).__name__
+    return next((v for v in VARIANTS if name.startswith(v.encoder_prefix)), KLEIN)
+
+
+def folder_variant(folder: Path) -> Flux2Variant:
+    try:
+        name = json.loads((Path(folder) / "model_index.json").read_text()).get("_class_name", "")
+    except (OSError, json.JSONDecodeError):
+        name = ""
+    return next((v for v in VARIANTS if name in v.pipelines), KLEIN)
+
+
+def pipeline_named(name: str):
+    import diffusers
+    return getattr(diffusers, name)
 
 
 class Flux2Objective(FlowMatchObjective):
@@ -32,9 +68,9 @@ class Flux2Objective(FlowMatchObjective):
 
 class Flux2Family(FlowFamily):
     name = "flux2"
-    label = "Flux.2 Klein (4B, 9B)"
+    label = "Flux.2 (Klein 4B, 9B; dev)"
     text_encoder_names = ("text_encoder",)
-    trained_text_encoders = ()  # Qwen3 stays frozen: diffusers' Flux.2 LoRA loader reads transformer adapters only
+    trained_text_encoders = ()  # Qwen3 / Mistral stay frozen: diffusers' Flux.2 LoRA loader reads transformer adapters only
     full_single_file = "denoiser"
     # the double blocks' attention on both streams, the single blocks' fused qkv + MLP input
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
@@ -50,7 +86,7 @@ class Flux2Family(FlowFamily):
                        r"double_stream_modulation_txt|single_stream_modulation)\.", "BASE"),
                       (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "flux2"
-    modelspec_architecture = "flux-2-klein"
+    modelspec_architecture = "flux-2"  # the loaded variant's: flux-2-klein or flux-2-dev (architecture)
     transformer_file_module = ".flux2.original_keys"
     control_images = "optional"
     control_image_argument = "image"
@@ -62,12 +98,36 @@ class Flux2Family(FlowFamily):
     def detect_file(self, shapes, metadata) -> bool:
         return any(k.endswith("single_stream_modulation.lin.weight") for k in shapes)
 
-    def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
+    def folder_pipeline(self, src: Path) -> tuple[type, dict]:
+        """Klein folders load with their own pipeline; a dev folder's tokenizer slot (a PixtralProcessor,
+        which needs torchvision) is left out there and loaded by load_folder."""
+        if folder_variant(src) is DEV:
+            return pipeline_named(DEV.pipelines[0]), {"tokenizer": None}
+        return pipeline_named(KLEIN.pipelines[0]), {}
+
+    def load_folder(self, src: Path, *, vae: str = "", prediction_type: str = "auto"):
+        """A dev folder's tokenizer: the tokenizer inside its processor, the part text encoding uses."""
+        model = super().load_folder(src, vae=vae, prediction_type=prediction_type)
+        if folder_variant(src) is DEV:
+            from ...errors import ConfigError
+            from .components import load_mistral_tokenizer
+            try:
+                model.tokenizers = [load_mistral_tokenizer(src / "tokenizer")]
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"model.path: {src / 'tokenizer'} holds no Flux.2 dev tokenizer "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        return model
+
+    def model_pipeline_class(self, model):
+        return pipeline_named(variant_of(model.text_encoders[0]).pipelines[0])
+
+    def build_tiny(self, out_dir, seed: int = 0, variant: str = "klein", **options) -> Path:
+        """variant "klein" (Qwen3, Flux2KleinPipeline) or "dev" (Mistral-3, guidance, Flux2Pipeline)."""
         from .tiny import build_tiny_flux2
-        return build_tiny_flux2(out_dir, seed=seed)
+        return build_tiny_flux2(out_dir, seed=seed, dev=variant == "dev")
 
     def meta_denoiser(self, size: str = "klein-4b"):
-        """The full-size transformer on the meta device: klein-4b (default) or klein-9b."""
+        """The full-size transformer on the meta device: klein-4b (default), klein-9b or dev."""
         import torch
         from diffusers import Flux2Transformer2DModel
         from .components import bundled
@@ -80,8 +140,18 @@ class Flux2Family(FlowFamily):
         return min(model.text_max_length or TEXT_MAX_LENGTH, model.tokenizers[0].model_max_length)
 
     def tokenize(self, model, captions, max_token_length):
-        """The chat-templated captions as Flux2KleinPipeline renders them: [input_ids, attention_mask]."""
+        """The chat-templated captions as the model's pipeline renders them: [input_ids, attention_mask].
+        Klein: the caption as the user's turn with the generation prompt (thinking off); dev: the
+        pipeline's system message and the caption (format_input, [IMG] removed), no generation prompt."""
         tok = model.tokenizers[0]
+        if variant_of(model.text_encoders[0]) is DEV:
+            from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+            from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+            enc = tok.apply_chat_template(format_input(prompts=list(captions), system_message=SYSTEM_MESSAGE),
+                                          add_generation_prompt=False, tokenize=True, return_dict=True,
+                                          return_tensors="pt", padding="max_length", truncation=True,
+                                          max_length=self.text_length(model))
+            return [enc["input_ids"], enc["attention_mask"]]
         texts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False,
                                          add_generation_prompt=True, enable_thinking=False) for c in captions]
         enc = tok(texts, padding="max_length", truncation=True, max_length=self.text_length(model),
@@ -89,18 +159,21 @@ class Flux2Family(FlowFamily):
         return [enc.input_ids, enc.attention_mask]
 
     @staticmethod
-    def hidden_layers(encoder) -> tuple[int, int, int]:
-        """The stacked hidden states: the pipeline's (9, 18, 27) (of Qwen3-4B/8B's 36 layers; any encoder
-        with more than 27 layers has them); a shallower encoder: its quarter points."""
-        n = _unwrap(encoder).config.num_hidden_layers
-        return HIDDEN_LAYERS if n > HIDDEN_LAYERS[-1] else (n // 4, n // 2, 3 * n // 4)
+    def hidden_layers(encoder) -> tuple[int, ...]:
+        """The stacked hidden states: the pipeline's (Klein (9, 18, 27) of Qwen3's 36 layers, dev (10, 20,
+        30) of Mistral Small's 40; an encoder deeper than the last has them all); a shallower encoder:
+        its quarter points."""
+        layers = variant_of(encoder).hidden_layers
+        config = _unwrap(encoder).config
+        n = getattr(config, "text_config", config).num_hidden_layers
+        return layers if n > layers[-1] else (n // 4, n // 2, 3 * n // 4)
 
     def encode_text(self, model, input_ids, encoders=None):
         import torch
         encoder = _unwrap((encoders or model.text_encoders)[0])
         body = getattr(encoder, "model", encoder)  # the decoder stack: no logits over the vocabulary
         device = _device(encoder)
-        with torch.no_grad():  # the Qwen3 is never trained here: no graph, no activations kept
+        with torch.no_grad():  # the text encoder is never trained here: no graph, no activations kept
             out = body(input_ids=input_ids[0].to(device), attention_mask=input_ids[1].to(device),
                        output_hidden_states=True, use_cache=False)
         stacked = torch.stack([out.hidden_states[k] for k in self.hidden_layers(encoder)], dim=1)
@@ -137,6 +210,7 @@ class Flux2Family(FlowFamily):
         return Flux2Objective(shift=c.get("shift", 1.0), dynamic_shift=dynamic_shift(c))
 
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
+        """dev's transformer also takes the distilled guidance value: model.guidance (1.0 by default)."""
         import torch
         b, c, h, w = noisy.shape
         device = noisy.device
@@ -150,8 +224,9 @@ class Flux2Family(FlowFamily):
         txt_ids = torch.zeros(hidden.shape[1], 4, dtype=torch.long)
         txt_ids[:, 3] = torch.arange(hidden.shape[1])
         guidance = None
-        if getattr(_unwrap(denoiser).config, "guidance_embeds", False):  # Flux.2 dev: 1.0, as Flux.1 trains
-            guidance = torch.ones(b, device=device, dtype=torch.float32)
+        if getattr(_unwrap(denoiser).config, "guidance_embeds", False):
+            value = cfg.model.guidance if cfg is not None else 1.0
+            guidance = torch.full((b,), float(value), device=device, dtype=torch.float32)
         out = denoiser(hidden_states=tokens.to(dtype), encoder_hidden_states=hidden,
                        timestep=(timesteps / 1000).to(dtype), img_ids=ids.to(device), txt_ids=txt_ids.to(device),
                        guidance=guidance, return_dict=False)[0]
@@ -159,13 +234,15 @@ class Flux2Family(FlowFamily):
 
     # ---- sampling and outputs
     def pipeline_class(self):
-        from diffusers import Flux2KleinPipeline
-        return Flux2KleinPipeline
+        """Klein's pipeline (diffusers' Flux.2 LoRA converters, which dev's shares); a model's own:
+        model_pipeline_class."""
+        return pipeline_named(KLEIN.pipelines[0])
 
     def prompt_arguments(self, model, prompt, negative):
-        """Flux2KleinPipeline takes no negative prompt text: a negative prompt goes in as embeddings."""
+        """Flux2KleinPipeline takes no negative prompt text: a negative prompt goes in as embeddings.
+        Flux2Pipeline (dev, guidance-distilled) takes none at all: samples leave it out, as it does."""
         out = {"prompt": prompt}
-        if negative:
+        if negative and variant_of(model.text_encoders[0]) is KLEIN:
             import torch
             texts = [negative] if isinstance(negative, str) else list(negative)
             with torch.no_grad():
@@ -177,7 +254,14 @@ class Flux2Family(FlowFamily):
                 "text_encoder_out_layers": self.hidden_layers(model.text_encoders[0])}
 
     def pipeline_parts(self, model) -> dict:
-        return {**super().pipeline_parts(model), "is_distilled": _is_distilled(model.source)}
+        parts = super().pipeline_parts(model)
+        if variant_of(model.text_encoders[0]) is KLEIN:  # Flux2Pipeline has no such argument
+            parts["is_distilled"] = _is_distilled(model.source)
+        return parts
+
+    def architecture(self, model) -> str:
+        """flux-2-klein or flux-2-dev (modelspec.architecture of full fine-tunes)."""
+        return f"flux-2-{variant_of(model.text_encoders[0]).name}"
 
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":
