@@ -298,3 +298,20 @@ def test_cache_batch_sizes_are_what_the_dataset_uses_by_default():
     assert inspect.signature(TrainDataset.cache_text).parameters["batch_size"].default == ds.text_cache_batch_size
     assert inspect.signature(TrainDataset.cache_latents).parameters["batch_size"].default == \
         ds.latent_cache_batch_size
+
+
+def test_a_flux2_dev_folder_gets_no_plan_from_the_klein_table(tmp_path):
+    """The flux2 table is Klein 4B's: a 32 B Flux.2 dev folder must not be told it fits a 24 GB card."""
+    import json
+
+    from trainer_backend.launch.memory_advice import memory_lines
+    for name, pipeline in (("klein", "Flux2KleinPipeline"), ("dev", "Flux2Pipeline")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
+    def cfg(folder):
+        return from_dict({"model": {"arch": "flux2", "path": str(tmp_path / folder)}, "network": {"rank": 16},
+                          "precision": {"mixed": "bf16"}})
+    assert plan_memory(cfg("klein")) is not None
+    assert plan_memory(cfg("dev")) is None
+    line = " ".join(memory_lines(cfg("dev")))
+    assert "unknown" in line and "Flux2Pipeline" in line and "Klein 4B" in line, line

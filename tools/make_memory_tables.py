@@ -46,6 +46,10 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
          "zimage": "Z-Image (Turbo and base share the architecture) with Qwen3-4B",
          "qwen_image": "Qwen-Image 20B with Qwen2.5-VL 7B"}
 
+# families whose table describes only some of their models: the pipeline classes it was measured on
+# (memory_tables.pipeline_outside_table: a Flux.2 dev folder gets no plan rather than Klein 4B's)
+PIPELINES = {"flux2": ("Flux2KleinPipeline", "Flux2KleinKVPipeline")}
+
 
 def build_components(arch: str) -> dict:
     """The family's full-size modules on the meta device, in fp32."""
@@ -90,6 +94,8 @@ def probe_family(arch: str, log=print) -> dict:
     table = mp.measure_table(lambda: mp.full_size_model(arch, tiny, build_components(arch)), overrides,
                              (base // 2, base), log=log)
     table["note"] = NOTES.get(arch, "")
+    if arch in PIPELINES:
+        table["pipelines"] = list(PIPELINES[arch])
     return table
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .memory_plan import CARDS_GB, MemoryPlan, has_option, opt, plan_memory
+from .memory_tables import family_table, pipeline_outside_table
 
 VERDICT_MARK = {"fits": "✅ fits", "tight": "⚠️ tight", "will not fit": "❌ will not fit"}
 
@@ -120,14 +121,23 @@ def card_lines(plan: MemoryPlan, card_gb: float) -> list[tuple[float, str]]:
     return [(c, plan.verdict(c)) for c in cards]
 
 
+def why_no_plan(cfg, arch: str) -> str:
+    if arch == "auto":
+        return "set model.arch"
+    table = family_table(arch)
+    other = table and pipeline_outside_table(table, cfg.model.path)
+    if other:
+        return f"no memory table for {other} models: the {arch!r} table describes {table.get('note') or 'another size'}"
+    return f"no memory table for {arch!r} (tools/make_memory_tables.py)"
+
+
 def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None,
                  markdown: bool = False) -> list[str]:
     """The memory section of the plan, as lines of text (or markdown)."""
     arch = arch or cfg.model.arch
     plan = plan_memory(cfg, arch, buckets)
     if plan is None:
-        why = "set model.arch" if arch == "auto" else f"no memory table for {arch!r} (tools/make_memory_tables.py)"
-        return [f"Memory: unknown ({why})."]
+        return [f"Memory: unknown ({why_no_plan(cfg, arch)})."]
     card = target_card(cfg) if card_gb is None else card_gb
     b = "**" if markdown else ""
     w, h = plan.side

@@ -38,6 +38,21 @@ def family_table(arch: str, path: Path = TABLES) -> dict | None:
     return _load(str(path))["families"].get(arch)
 
 
+def pipeline_outside_table(table: dict, model_path: str) -> str:
+    """The pipeline class of a diffusers folder that a family's table does not describe (Flux.2 dev,
+    32 B, under the table measured on Klein 4B), else "". Tables that name no pipelines describe
+    every model of their family; single files and builtin: paths are not looked into."""
+    described = table.get("pipelines")
+    if not described or not model_path:
+        return ""
+    try:
+        index = json.loads((Path(model_path).expanduser() / "model_index.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    name = index.get("_class_name", "") if isinstance(index, dict) else ""
+    return name if name and name not in described else ""
+
+
 def matches(name: str, targets) -> bool:
     """peft's rule for a list of target names: the module's name is one, or ends with '.' + one."""
     return any(name == t or name.endswith("." + t) for t in targets)
