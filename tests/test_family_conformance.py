@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -57,24 +58,50 @@ def _control_data(tmp_path, family, n: int, size: int) -> list[str]:
     return [f"dataset.control_path={make_dataset(tmp_path / 'control', n=n, size=size, seed=7)}"]
 
 
-@pytest.mark.parametrize("arch", MODELS)
-def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
-    model_dir = tiny_models(arch)
+def _launch_command(arch: str, model_dir, folder) -> list[str]:
     family = _family(arch)
-    data = make_dataset(tmp_path / "data", n=3, size=64)
+    data = make_dataset(folder / "data", n=3, size=64)
     cmd = [sys.executable, "-m", "trainer_backend", "launch",
            "--set", f"model.path={model_dir}", "--set", f"dataset.path={data}",
-           "--set", "dataset.resolution=64", "--set", f"output.dir={tmp_path / 'runs'}",
+           "--set", "dataset.resolution=64", "--set", f"output.dir={folder / 'runs'}",
            "--set", f"output.name={arch}-lora", "--set", "schedule.max_steps=3", "--set", "network.rank=4",
            "--set", "network.alpha=4", "--set", "precision.mixed=no", "--set", "optimizer.lr=1e-2",
            "--set", "hardware.cpu=true",
            # the text encoders too, where the family's LoRA loaders take them (Z-Image's: the transformer only)
            "--set", f"network.train_text_encoder={str(entry(family.name).text_encoder_training).lower()}"]
-    for override in _control_data(tmp_path, family, 3, 64):
+    for override in _control_data(folder, family, 3, 64):
         cmd += ["--set", override]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return cmd
+
+
+@pytest.fixture(scope="module")
+def launched_runs(request, tmp_path_factory, tiny_models):
+    """arch -> (run folder, the finished `accelerate launch` process) for every family this session selected.
+
+    Each run is a real, separate `accelerate launch`, as a user's is; they are started in the background,
+    two at a time, when the first end-to-end test begins. Most of a launched run is single-threaded
+    interpreter start-up and imports (three processes: launcher, accelerate, trainer), so two of them,
+    plus the checks a test makes in-process on a finished run, share the 2 cores instead of queueing."""
+    selected = [item.callspec.params["arch"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_lora_end_to_end_through_accelerate"]
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {}
+    for arch in dict.fromkeys(selected):
+        folder = tmp_path_factory.mktemp(f"e2e-{arch}")
+        cmd = _launch_command(arch, tiny_models(arch), folder)  # the tiny model is built here, in order
+        runs[arch] = (folder / "runs" / f"{arch}-lora", pool.submit(
+            subprocess.run, cmd, cwd=ROOT, capture_output=True, text=True, timeout=900))
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("arch", MODELS)
+def test_lora_end_to_end_through_accelerate(arch, tiny_models, launched_runs):
+    model_dir = tiny_models(arch)
+    family = _family(arch)
+    run, launched = launched_runs[arch]
+    r = launched.result()
     assert r.returncode == 0, r.stderr[-3000:]
-    run = tmp_path / "runs" / f"{arch}-lora"
     out = run / f"{arch}-lora.safetensors"
     with safe_open(str(out), "pt") as f:
         keys, meta = list(f.keys()), f.metadata()
@@ -83,7 +110,8 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     assert meta["ss_base_model_version"] == family.base_model_version
     assert meta["modelspec.architecture"].startswith(family.modelspec_architecture)
     # the loaded variant's name (SD3.5 Medium, Flux.1 dev, ...) with the modelspec convention's adapter suffix
-    assert meta["modelspec.architecture"] == f"{family.architecture(load_model(str(model_dir)))}/lora"
+    base = load_model(str(model_dir))
+    assert meta["modelspec.architecture"] == f"{family.architecture(base)}/lora"
     freq = json.loads(meta["ss_tag_frequency"])  # per subset folder: tag -> count, as kohya writes it
     assert sum(freq["data"].values()) == 3 and "a red square on a plain background" in freq["data"]
 
@@ -94,7 +122,7 @@ def test_lora_end_to_end_through_accelerate(arch, tmp_path, tiny_models):
     assert (run / "config.toml").is_file() and (run / "command.txt").is_file() and (run / "train.log").is_file()
     assert any((run / "tb").iterdir())
 
-    pipe = family.build_pipeline(load_model(str(model_dir)))  # plain diffusers pipeline over the base
+    pipe = family.build_pipeline(base)  # plain diffusers pipeline over the base
     before = _image(pipe, family)
     pipe.load_lora_weights(str(out))
     assert (_image(pipe, family) - before).abs().max() > 1e-3, "the LoRA did not change the output"

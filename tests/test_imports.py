@@ -100,3 +100,16 @@ def test_the_cycle_finder_finds_function_local_cycles():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     # and the real graph sees function-local imports: the loop imports the plan inside train()
     assert "trainer_backend.launch.plan" in import_graph()["trainer_backend.training.loop"]
+
+
+def test_the_launcher_process_imports_no_torch():
+    """`trainer_backend launch` only checks the config and starts `accelerate launch`: importing torch
+    there would add seconds to every run's start (the trainer process imports it anyway)."""
+    import subprocess
+    import sys
+    code = ("import sys, trainer_backend.__main__, trainer_backend.config.checks, trainer_backend.methods.checks, "
+            "trainer_backend.launch.argv, trainer_backend.run.stop_signals, trainer_backend.run.run_folder; "
+            "print(sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]", r.stdout

@@ -8,11 +8,24 @@ The loop (training/loop.py) calls the functions here and never asks which method
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..config import TrainConfig
-from .base import Trainable
+
+if TYPE_CHECKING:  # the package stays torch-free: `launch` and the config checks import methods.checks
+    from .base import Trainable
 
 LOG = logging.getLogger("trainer")
+
+
+def __getattr__(name: str):
+    """`methods.Trainable` on first use (it needs torch, which the launcher process never imports)."""
+    if name == "Trainable":
+        from .base import Trainable
+        return Trainable
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["Trainable", "describe_method", "load_method_model", "method_loss",
            "method_run_config", "method_validator", "save_outputs", "setup_method"]
 
