@@ -208,7 +208,7 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     shot(page, "studio-validation")
     batch.fill("2")
     batch.press("Tab")
-    page.wait_for_selector("#err-schedule-batch_size", state="hidden", timeout=20_000)
+    page.wait_for_selector("#err-schedule-batch_size", state="hidden", timeout=60_000)   # hang guard
 
 
 def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
