@@ -1,16 +1,21 @@
 """Train the demo's base model: a small SD1-architecture pipeline that draws coarse shapes.
 
     .venv/bin/python tools/make_demo_model.py [--out assets/demo_model] [--vae-steps N] [--unet-steps N]
+    .venv/bin/python tools/make_demo_model.py --continue-from assets/demo_model --vae-steps N --unet-steps N
 
 It learns from generated 64 px images (assets/make_demo_dataset.py: circles, squares and
 triangles in eight colours on four backgrounds, each with its caption) and never sees pink,
 the colour the demo preset's LoRA then teaches it. Three stages, all on the CPU:
-1. a KL autoencoder (64 px <-> 16x16x4 latents; its scaling factor from the latents' spread),
+1. a KL autoencoder (64 px <-> 16x16x4 latents; its scaling factor from the latents' spread), on the
+   demo images and four times as many shapes in random colours (any colour but pink's neighbourhood: like a real
+   SD VAE it must encode colours its UNet never drew, or a LoRA can never draw them),
 2. the UNet and the CLIP text encoder together on the latents, DDPM epsilon objective with the
    SD1 noise schedule, 10 % empty captions (so classifier-free guidance works),
 3. saved as a diffusers folder in fp16 (the trainer loads it in fp32) with the offline
    tokenizer of the builtin tiny models.
-Seeded and single-process: rerunning with the same torch version gives the same weights up to
+--continue-from trains an earlier result further (its autoencoder's decoder only, so the latents its UNet
+learnt stay put): the committed model was made in rounds, listed in its
+demo_model.json. Seeded and single-process: rerunning with the same torch version gives the same weights up to
 float rounding across CPUs. Took 37 min on a 2-core machine busy with other jobs (--threads 1);
 the result (2.6 MB) is committed in
 assets/demo_model so the demo starts without it.
@@ -79,15 +84,16 @@ def log(msg: str) -> None:
 
 def train_vae(pixels, colour_pixels, steps: int, seed: int, previous=None):
     """Half of each batch from the demo images, half from colour_images. previous: an earlier autoencoder
-    to go on from, whose latents of the demo images stay put (its UNet was trained on them)."""
-    import copy
+    whose decoder alone trains on (its encoder, and so the latents its UNet learnt, stay as they were)."""
     import torch
     from diffusers import AutoencoderKL
     torch.manual_seed(seed)
     vae = AutoencoderKL(**vae_config()) if previous is None else previous
-    anchor = None if previous is None else copy.deepcopy(previous).eval().requires_grad_(False)
     vae.train()
-    opt = torch.optim.Adam(vae.parameters(), lr=1e-3 if previous is None else 3e-4)
+    if previous is not None:
+        vae.encoder.requires_grad_(False)
+        vae.quant_conv.requires_grad_(False)
+    opt = torch.optim.Adam([p for p in vae.parameters() if p.requires_grad], lr=1e-3)
     g = torch.Generator().manual_seed(seed)
     t0 = time.time()
     for step in range(1, steps + 1):
@@ -99,14 +105,10 @@ def train_vae(pixels, colour_pixels, steps: int, seed: int, previous=None):
         post = vae.encode(x).latent_dist
         rec = vae.decode(post.sample(generator=g)).sample
         loss = torch.nn.functional.mse_loss(rec, x) + 1e-6 * post.kl().mean()
-        if anchor is not None:
-            with torch.no_grad():
-                before = anchor.encode(x[:4]).latent_dist.mean
-            loss = loss + torch.nn.functional.mse_loss(post.mean[:4], before)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step % 100 == 0 or step == steps:
+        if step % 20 == 0 or step == steps:
             log(f"vae step {step}/{steps} loss {loss.item():.4f} ({time.time() - t0:.0f} s)")
     vae.eval()
     with torch.no_grad():
@@ -210,6 +212,10 @@ def save(out: Path, vae, unet, text_encoder, staging: Path) -> None:
     try:
         pipe.to(torch.float16).save_pretrained(tmp, safe_serialization=True)
         shutil.rmtree(tmp / "tokenizer")
+        for config in tmp.glob("*/config.json"):   # a continued model would record where it was loaded from
+            data = json.loads(config.read_text(encoding="utf-8"))
+            if data.pop("_name_or_path", None) is not None:
+                config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         write_tokenizer(tmp / "tokenizer")       # the plain vocab/merges layout, like the tiny models
         (tmp / "README.md").write_text(
             "Demo base model of SD Training Studio, written by tools/make_demo_model.py (see its docstring).\n"
@@ -231,7 +237,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--continue-from", default="",
                    help="a folder this script wrote: go on from its weights (--vae-steps more on the "
-                        "autoencoder, keeping the demo images' latents; --unet-steps more on the UNet and "
+                        "autoencoder's decoder, its encoder frozen; --unet-steps more on the UNet and "
                         "text encoder), so a busy CPU can train it in rounds")
     args = p.parse_args(argv)
     import torch
