@@ -39,12 +39,13 @@ CONCEPT = [("circle", "light grey"), ("square", "dark blue"), ("triangle", "beig
            ("square", "beige"), ("triangle", "light grey"), ("circle", "dark blue"), ("square", "pale green")]
 
 
-def draw(shape: str, colour: str, background: str, size: int = SIZE) -> Image.Image:
-    img = Image.new("RGB", (size, size), BACKGROUNDS[background])
+def draw(shape: str, colour, background, size: int = SIZE) -> Image.Image:
+    """colour and background: names from COLOURS and BACKGROUNDS, or (r, g, b) tuples."""
+    img = Image.new("RGB", (size, size), BACKGROUNDS.get(background, background))
     pen = ImageDraw.Draw(img)
     m = size // 5
     box = (m, m, size - m, size - m)
-    fill = COLOURS[colour]
+    fill = COLOURS.get(colour, colour)
     if shape == "circle":
         pen.ellipse(box, fill=fill)
     elif shape == "square":
