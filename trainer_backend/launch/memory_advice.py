@@ -25,6 +25,37 @@ def detect_card_gb() -> float:
         return 0.0
 
 
+@lru_cache(maxsize=1)
+def detect_card_name() -> str:
+    """The first visible NVIDIA GPU's name ("NVIDIA GeForce RTX 4090"), "" where there is none."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # no driver, no package, no GPU
+        return ""
+
+
+def step_time_line(cfg, arch: str, plan: MemoryPlan, card_name: str | None = None) -> str:
+    """The step-time estimate (launch/step_time.py) on this machine's card when the plan is for it
+    (hardware.gpu_memory_gb unset), else on the reference card."""
+    from .step_time import estimate
+    table = family_table(arch)
+    if card_name is None:
+        card_name = "" if float(opt(cfg, "hardware.gpu_memory_gb", 0) or 0) > 0 else detect_card_name()
+    scale = table["vae_scale_factor"]
+    w, h = plan.side
+    est = estimate(table, pixels=(w // scale) * (h // scale), batch=cfg.schedule.batch_size,
+                   full=opt(cfg, "network.type", "lora") == "full",
+                   checkpointing=bool(opt(cfg, "precision.gradient_checkpointing", False)),
+                   latents_cached=bool(opt(cfg, "dataset.cache_latents", True)), card_name=card_name,
+                   steps=int(opt(cfg, "schedule.max_steps", 0) or 0), grad_accum=int(opt(cfg, "schedule.grad_accum", 1)))
+    if est is None:
+        return f"Step time: unknown (no FLOP count for {arch!r}: tools/make_memory_tables.py --flops-only)."
+    return est.line()
+
+
 def target_card(cfg, detected: float | None = None) -> float:
     """hardware.gpu_memory_gb, else the detected card, else 0 (unknown: every common size is shown)."""
     chosen = float(opt(cfg, "hardware.gpu_memory_gb", 0) or 0)
@@ -156,6 +187,7 @@ def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | No
             lines.append(f"To fit {target:g} GB: " + "; ".join(found) + ".")
         else:
             lines.append(f"No option here makes it fit {target:g} GB.")
+    lines.append(step_time_line(cfg, arch, plan))
     lines += [f"Note: {n}." for n in plan.notes]
     return lines
 
