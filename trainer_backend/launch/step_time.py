@@ -89,8 +89,8 @@ class StepTime:
 
     def line(self) -> str:
         # every card in the table reads with "an" (an RTX…, an A100, an H100, an L40S)
-        where = f"an {self.card}" + ("" if self.detected else " (reference card)")
-        text = (f"Step time ≈ {self.seconds:.2g} s on {where} (rough: FLOPs on the meta device, "
+        which = "" if self.detected else "reference card; "
+        text = (f"Step time ≈ {self.seconds:.2g} s on an {self.card} ({which}rough: FLOPs on the meta device, "
                 f"efficiency calibrated on H100 runs, measured points within ×{FIT_ERROR:g})")
         if self.steps:
             total = self.seconds * self.grad_accum * self.steps
