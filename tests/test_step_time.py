@@ -46,7 +46,9 @@ def test_every_bundled_family_has_a_flop_line_or_says_unknown():
     assert step_time_line(cfg, "sd1", plan, card_name="").startswith("Step time ≈")
 
 
-TABLE = {"vae_scale_factor": 8, "flops": {"denoiser_forward": [-2e10, 2e8], "vae_encode": [-1e10, 3e8]}}
+# counted at 256 and 512 px (1024 and 4096 latent pixels): the properties hold below, between and above
+TABLE = {"vae_scale_factor": 8,
+         "flops": {"denoiser_forward": [-2e10, 2e8], "vae_encode": [-1e10, 3e8], "sides": [256, 512]}}
 
 
 def seconds(pixels=4096, batch=1, full=False, gc=False, cached=True, card="RTX 4090"):
@@ -54,7 +56,7 @@ def seconds(pixels=4096, batch=1, full=False, gc=False, cached=True, card="RTX 4
     return st.seconds(flops, st.CARD_TFLOPS[card])
 
 
-@pytest.mark.parametrize("pixels", [256, 4096, 16384])
+@pytest.mark.parametrize("pixels", [64, 256, 700, 1024, 4096, 16384])
 @pytest.mark.parametrize("batch", [1, 2, 8])
 def test_more_work_is_never_faster(pixels, batch):
     base = seconds(pixels, batch)
@@ -98,6 +100,9 @@ def test_the_plan_shows_the_step_time_for_the_named_card_and_the_run_length():
     other = step_time_line(cfg, "sdxl", plan, card_name="Unknown Accelerator")
     assert f"{st.REFERENCE_CARD} (reference card;" in other
     assert any(x.startswith("Step time") for x in memory_lines(cfg, "sdxl", card_gb=24))
+    # the CLI passes the step plan's total (epochs × steps per epoch when max_steps is 0)
+    shown = [x for x in memory_lines(cfg, "sdxl", card_gb=24, steps=500) if x.startswith("Step time")]
+    assert len(shown) == 1 and "500 steps ≈" in shown[0]
 
 
 def test_a_family_without_a_flop_count_says_unknown(monkeypatch):

@@ -116,7 +116,8 @@ def _dispatch(args) -> int:
             print(json.dumps({**plan.to_dict(), "memory": memory_report(cfg, arch, scan.buckets)}, indent=1))
         else:
             print(format_plan_table(plan))
-            print("\n".join(["", *memory_lines(cfg, arch, scan.buckets)]))
+            column = plan.multi if plan.num_processes > 1 else plan.single
+            print("\n".join(["", *memory_lines(cfg, arch, scan.buckets, steps=column.total_steps)]))
         return exitcodes.OK
     if args.command == "launch":
         return _launch(cfg, args)

@@ -37,9 +37,10 @@ def detect_card_name() -> str:
         return ""
 
 
-def step_time_line(cfg, arch: str, plan: MemoryPlan, card_name: str | None = None) -> str:
+def step_time_line(cfg, arch: str, plan: MemoryPlan, card_name: str | None = None, steps: int | None = None) -> str:
     """The step-time estimate (launch/step_time.py) on this machine's card when the plan is for it
-    (hardware.gpu_memory_gb unset), else on the reference card."""
+    (hardware.gpu_memory_gb unset), else on the reference card; the run's length for `steps` optimizer
+    steps (the step plan's total; schedule.max_steps when not given, none when that is 0)."""
     from .step_time import estimate
     table = family_table(arch)
     if card_name is None:
@@ -50,7 +51,7 @@ def step_time_line(cfg, arch: str, plan: MemoryPlan, card_name: str | None = Non
                    full=opt(cfg, "network.type", "lora") == "full",
                    checkpointing=bool(opt(cfg, "precision.gradient_checkpointing", False)),
                    latents_cached=bool(opt(cfg, "dataset.cache_latents", True)), card_name=card_name,
-                   steps=int(opt(cfg, "schedule.max_steps", 0) or 0), grad_accum=int(opt(cfg, "schedule.grad_accum", 1)))
+                   steps=int(opt(cfg, "schedule.max_steps", 0) or 0) if steps is None else steps, grad_accum=int(opt(cfg, "schedule.grad_accum", 1)))
     if est is None:
         return f"Step time: unknown (no FLOP count for {arch!r}: tools/make_memory_tables.py --flops-only)."
     return est.line()
@@ -163,8 +164,9 @@ def why_no_plan(cfg, arch: str) -> str:
 
 
 def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None,
-                 markdown: bool = False) -> list[str]:
-    """The memory section of the plan, as lines of text (or markdown)."""
+                 markdown: bool = False, steps: int | None = None) -> list[str]:
+    """The memory section of the plan, as lines of text (or markdown), ending with the step time
+    (`steps`: the run's optimizer steps, for its length)."""
     arch = arch or cfg.model.arch
     plan = plan_memory(cfg, arch, buckets)
     if plan is None:
@@ -187,7 +189,7 @@ def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | No
             lines.append(f"To fit {target:g} GB: " + "; ".join(found) + ".")
         else:
             lines.append(f"No option here makes it fit {target:g} GB.")
-    lines.append(step_time_line(cfg, arch, plan))
+    lines.append(step_time_line(cfg, arch, plan, steps=steps))
     lines += [f"Note: {n}." for n in plan.notes]
     return lines
 

@@ -54,14 +54,21 @@ def step_flops(table: dict, *, pixels: int, batch: int, full: bool, checkpointin
     flops = table.get("flops")
     if not flops:
         return None
-    a, b = flops["denoiser_forward"]
-    forward = max(a + b * pixels, 0.0) * batch
+    smallest = (min(flops.get("sides", [0])) // table.get("vae_scale_factor", 8)) ** 2
     passes = (3 if full else 2) + (1 if checkpointing else 0)
-    total = forward * passes
+    total = _per_sample(flops["denoiser_forward"], pixels, smallest) * batch * passes
     if not latents_cached and flops.get("vae_encode"):
-        va, vb = flops["vae_encode"]
-        total += max(va + vb * pixels, 0.0) * batch
+        total += _per_sample(flops["vae_encode"], pixels, smallest) * batch
     return total
+
+
+def _per_sample(line: list[float], pixels: int, smallest: int) -> float:
+    """The line a + b × pixels; below the smaller counted size (where the line's negative intercept,
+    from attention growing faster than the pixels, would reach zero) in proportion to that size's count."""
+    a, b = line
+    if smallest and pixels < smallest:
+        return max(a + b * smallest, 0.0) * pixels / smallest
+    return max(a + b * pixels, 0.0)
 
 
 def seconds(flops: float, tflops: float, efficiency: float = EFFICIENCY) -> float:
