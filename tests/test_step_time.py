@@ -118,3 +118,12 @@ def test_durations_read_as_hours_and_minutes():
     assert st.duration(40) == "40 s"
     assert st.duration(12 * 60) == "12 min"
     assert st.duration(70 * 60) == "1 h 10 min"
+
+
+def test_bundled_sd1_flops_equal_a_fresh_count():
+    """assets/memory_tables.json's FLOP line is what tools/make_memory_tables.py --flops-only counts now."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_memory_tables", ROOT / "tools" / "make_memory_tables.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.flops_family("sd1") == family_table("sd1")["flops"]

@@ -230,8 +230,10 @@ def will_not_fit(cfg, arch: str | None = None, buckets=None, card_gb: float | No
             f"so it will run out of memory.{hint}")
 
 
-def memory_report(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None) -> dict | None:
-    """The memory plan as JSON (the CLI's `plan --json`): the plan, the card and its verdict, the fixes."""
+def memory_report(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None,
+                  steps: int | None = None) -> dict | None:
+    """The memory plan as JSON (the CLI's `plan --json`): the plan, the card and its verdict, the fixes,
+    the step-time line."""
     arch = arch or cfg.model.arch
     plan = plan_memory(cfg, arch, buckets)
     if plan is None:
@@ -240,4 +242,5 @@ def memory_report(cfg, arch: str | None = None, buckets=None, card_gb: float | N
     verdicts = card_lines(plan, card)
     failing = [c for c, v in verdicts if v != "fits"]
     return {**plan.to_dict(), "card_gb": card, "verdicts": {f"{c:g}": v for c, v in verdicts},
-            "fixes": fixes(cfg, arch, failing[0], buckets) if failing else []}
+            "fixes": fixes(cfg, arch, failing[0], buckets) if failing else [],
+            "step_time": step_time_line(cfg, arch, plan, steps=steps)}
