@@ -8,6 +8,7 @@ pixels)) for LoRA and full fine-tuning, with and without gradient checkpointing,
 encode and the text encoders' forward.
 
     python tools/make_memory_tables.py [--families sd1,sdxl] [--out assets/memory_tables.json]
+    python tools/make_memory_tables.py --flops-only   # only the denoisers' forward FLOPs (step time)
 
 Takes a few minutes per family on a CPU (the meta device only builds shapes).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +101,16 @@ def probe_family(arch: str, log=print) -> dict:
     return table
 
 
+def flops_family(arch: str) -> dict:
+    """The denoiser's forward and the VAE encode's FLOPs per sample = a + b × latent pixels; read by
+    trainer_backend/launch/step_time.py."""
+    from trainer_backend.families.builtin import resolve_model_path
+    from trainer_backend.training import memory_probe as mp
+    tiny = resolve_model_path(f"builtin:tiny-{arch}")
+    base = 1024 if arch not in ("sd1", "sd2") else 512
+    return mp.flops_table(lambda: mp.full_size_model(arch, tiny, build_components(arch)), (base // 2, base))
+
+
 def main(argv=None) -> int:
     from trainer_backend.families.registry import FAMILY_NAMES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -106,6 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--static-only", action="store_true",
                     help="refresh only the parameter counts, layers and blocks of families already in the file")
+    ap.add_argument("--flops-only", action="store_true",
+                    help="add or refresh only the denoiser's forward FLOPs of families already in the file "
+                         "(no memory probe)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     tables = json.loads(out.read_text()) if out.is_file() else {}
@@ -114,7 +129,11 @@ def main(argv=None) -> int:
                        "activation bytes per sample = a + b * latent pixels (a GPU's view, bf16 autocast, "
                        "fused attention). Read by trainer_backend/launch/memory_plan.py.")
     for arch in [a.strip() for a in args.families.split(",") if a.strip()]:
-        if args.static_only and arch in tables["families"]:
+        if args.flops_only and arch in tables["families"]:
+            started = time.monotonic()
+            tables["families"][arch]["flops"] = flops_family(arch)
+            print(f"{arch}: forward FLOPs {tables['families'][arch]['flops']} ({time.monotonic() - started:.0f} s)")
+        elif args.static_only and arch in tables["families"]:
             tables["families"][arch].update(static_family(arch))
         else:
             tables["families"][arch] = probe_family(arch)

@@ -112,11 +112,13 @@ def _dispatch(args) -> int:
         plan = plan_from_config(cfg, scan.counts, args.num_processes)
         from .launch.memory_advice import memory_lines, memory_report
         arch = _plan_arch(cfg)
+        column = plan.multi if plan.num_processes > 1 else plan.single  # the run's optimizer steps
         if args.json:
-            print(json.dumps({**plan.to_dict(), "memory": memory_report(cfg, arch, scan.buckets)}, indent=1))
+            print(json.dumps({**plan.to_dict(), "memory": memory_report(cfg, arch, scan.buckets,
+                                                                        steps=column.total_steps)}, indent=1))
         else:
             print(format_plan_table(plan))
-            print("\n".join(["", *memory_lines(cfg, arch, scan.buckets)]))
+            print("\n".join(["", *memory_lines(cfg, arch, scan.buckets, steps=column.total_steps)]))
         return exitcodes.OK
     if args.command == "launch":
         return _launch(cfg, args)

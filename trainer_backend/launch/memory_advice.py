@@ -25,6 +25,38 @@ def detect_card_gb() -> float:
         return 0.0
 
 
+@lru_cache(maxsize=1)
+def detect_card_name() -> str:
+    """The first visible NVIDIA GPU's name ("NVIDIA GeForce RTX 4090"), "" where there is none."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # no driver, no package, no GPU
+        return ""
+
+
+def step_time_line(cfg, arch: str, plan: MemoryPlan, card_name: str | None = None, steps: int | None = None) -> str:
+    """The step-time estimate (launch/step_time.py) on this machine's card when the plan is for it
+    (hardware.gpu_memory_gb unset), else on the reference card; the run's length for `steps` optimizer
+    steps (the step plan's total; schedule.max_steps when not given, none when that is 0)."""
+    from .step_time import estimate
+    table = family_table(arch)
+    if card_name is None:
+        card_name = "" if float(opt(cfg, "hardware.gpu_memory_gb", 0) or 0) > 0 else detect_card_name()
+    scale = table["vae_scale_factor"]
+    w, h = plan.side
+    est = estimate(table, pixels=(w // scale) * (h // scale), batch=cfg.schedule.batch_size,
+                   full=opt(cfg, "network.type", "lora") == "full",
+                   checkpointing=bool(opt(cfg, "precision.gradient_checkpointing", False)),
+                   latents_cached=bool(opt(cfg, "dataset.cache_latents", True)), card_name=card_name,
+                   steps=int(opt(cfg, "schedule.max_steps", 0) or 0) if steps is None else steps, grad_accum=int(opt(cfg, "schedule.grad_accum", 1)))
+    if est is None:
+        return f"Step time: unknown (no FLOP count for {arch!r}: tools/make_memory_tables.py --flops-only)."
+    return est.line()
+
+
 def target_card(cfg, detected: float | None = None) -> float:
     """hardware.gpu_memory_gb, else the detected card, else 0 (unknown: every common size is shown)."""
     chosen = float(opt(cfg, "hardware.gpu_memory_gb", 0) or 0)
@@ -132,8 +164,9 @@ def why_no_plan(cfg, arch: str) -> str:
 
 
 def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None,
-                 markdown: bool = False) -> list[str]:
-    """The memory section of the plan, as lines of text (or markdown)."""
+                 markdown: bool = False, steps: int | None = None) -> list[str]:
+    """The memory section of the plan, as lines of text (or markdown), ending with the step time
+    (`steps`: the run's optimizer steps, for its length)."""
     arch = arch or cfg.model.arch
     plan = plan_memory(cfg, arch, buckets)
     if plan is None:
@@ -156,6 +189,7 @@ def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | No
             lines.append(f"To fit {target:g} GB: " + "; ".join(found) + ".")
         else:
             lines.append(f"No option here makes it fit {target:g} GB.")
+    lines.append(step_time_line(cfg, arch, plan, steps=steps))
     lines += [f"Note: {n}." for n in plan.notes]
     return lines
 
@@ -196,8 +230,10 @@ def will_not_fit(cfg, arch: str | None = None, buckets=None, card_gb: float | No
             f"so it will run out of memory.{hint}")
 
 
-def memory_report(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None) -> dict | None:
-    """The memory plan as JSON (the CLI's `plan --json`): the plan, the card and its verdict, the fixes."""
+def memory_report(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None,
+                  steps: int | None = None) -> dict | None:
+    """The memory plan as JSON (the CLI's `plan --json`): the plan, the card and its verdict, the fixes,
+    the step-time line."""
     arch = arch or cfg.model.arch
     plan = plan_memory(cfg, arch, buckets)
     if plan is None:
@@ -206,4 +242,5 @@ def memory_report(cfg, arch: str | None = None, buckets=None, card_gb: float | N
     verdicts = card_lines(plan, card)
     failing = [c for c, v in verdicts if v != "fits"]
     return {**plan.to_dict(), "card_gb": card, "verdicts": {f"{c:g}": v for c, v in verdicts},
-            "fixes": fixes(cfg, arch, failing[0], buckets) if failing else []}
+            "fixes": fixes(cfg, arch, failing[0], buckets) if failing else [],
+            "step_time": step_time_line(cfg, arch, plan, steps=steps)}

@@ -304,3 +304,54 @@ def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log) 
     table["probe"] = {"sides": list(sides), "dtype": str(weight_dtype).removeprefix("torch."),
                       "rank": base.network.rank, "targets": list(base.network.target_modules)}
     return table
+
+
+# ----------------------------------------------------------------------------- forward FLOPs
+def count_flops(run) -> int:
+    """FLOPs of `run()` without autograd, as torch.utils.flop_counter counts them (2 per multiply-add
+    of matmuls, convolutions and attention; elementwise ops count as zero)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        run()
+    return counter.get_total_flops()
+
+
+def forward_flops(model, side: tuple[int, int], batch: int = 1, device="meta") -> int:
+    """FLOPs of one forward of the denoiser on a batch of cached latents and text (count_flops;
+    elementwise ops count as zero, one reason the step-time estimate calibrates an efficiency factor).
+    The text conditioning is built outside the counter: with cached text it is not part of a step."""
+    from .diffusion_loss import diffusion_loss
+    from .meta_values import AllValid
+    from ..config import from_dict
+    dev = torch.device(device)
+    shape = model.family.latent_shape(model, side[1], side[0])
+    with AllValid():
+        text = text_conditioning(model, batch, dev)
+        sample = {"index": torch.arange(batch), "latents": torch.zeros(batch, *shape, device=dev), "text": text,
+                  "original_size": torch.tensor([[side[1], side[0]]] * batch),
+                  "crop_top_left": torch.zeros(batch, 2, dtype=torch.long),
+                  "target_size": torch.tensor([[side[1], side[0]]] * batch)}
+        if model.family.control_images == "required":
+            sample["control_latents"] = torch.zeros_like(sample["latents"])
+        cfg = from_dict({"model": {"arch": model.family.name}})
+        return count_flops(lambda: diffusion_loss(model, model.denoiser, sample, cfg=cfg, epoch=0, device=dev,
+                                                  weight_dtype=torch.float32))
+
+
+def vae_encode_flops(model, side: tuple[int, int], batch: int = 1, device="meta") -> int:
+    """FLOPs of the VAE encoding a batch of images (part of a step when latents are not cached)."""
+    pixels = torch.zeros(batch, 3, side[1], side[0], device=torch.device(device))
+    return count_flops(lambda: model.family.encode_latents(model, pixels, None))
+
+
+def flops_table(load, sides: tuple[int, int], device="meta") -> dict:
+    """The denoiser's forward FLOPs and the VAE encode's, per sample = a + b × latent pixels, counted
+    at two square sizes (launch/step_time.py reads them)."""
+    model = load()
+    for module in model.components().values():
+        module.to(torch.device(device))
+    scale = model.vae_scale_factor
+    return {"denoiser_forward": line_through(sides, [forward_flops(model, (s, s), 1, device) for s in sides], scale),
+            "vae_encode": line_through(sides, [vae_encode_flops(model, (s, s), 1, device) for s in sides], scale),
+            "sides": list(sides)}
