@@ -36,7 +36,8 @@ def test_where_options_apply(overrides, shown, hidden):
         assert applies(when[key], values), f"{key} should apply with {overrides}"
     for key in hidden:
         assert not applies(when[key], values), f"{key} should not apply with {overrides}"
-    assert describe(when["model.guidance"]) == "only when model.arch is flux"
+    # the distilled guidance input: Flux.1 dev and Flux.2 dev (Klein and Chroma have none)
+    assert describe(when["model.guidance"]) == "only when model.arch is flux or flux2"
 
 
 def test_the_form_shows_only_what_applies():
@@ -53,7 +54,7 @@ def test_the_form_shows_only_what_applies():
 def test_the_reference_says_where_an_option_applies():
     from trainer_backend.config.reference import config_reference
     text = config_reference()
-    assert "*Applies only when model.arch is flux.*" in text
+    assert "*Applies only when model.arch is flux or flux2.*" in text
     assert "*Applies only when network.type is vae.*" in text  # the [vae] section
 
 

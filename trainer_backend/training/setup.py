@@ -153,9 +153,10 @@ def release_cache_memory(accelerator) -> None:
     """After the cache pass: the allocator's cached blocks of the encoders' activations go back to the
     driver before the denoiser arrives (offloaded encoders are already home: their hooks move them)."""
     import gc
+
+    from .devices import empty_cache
     gc.collect()
-    if accelerator.device.type == "cuda":
-        torch.cuda.empty_cache()
+    empty_cache(accelerator.device)
 
 
 def scan_data(cfg: TrainConfig):
