@@ -25,3 +25,26 @@ def test_a_stop_message_goes_when_the_run_has_stopped_even_before_the_page_looke
     # the demo saves in a second: the first tick after the click may already see it stopped
     assert message_update(meta, a, "stopped") == ("", None)
     assert message_update(meta, a, "done") == ("", None)
+
+
+def test_during_a_start_the_run_page_shows_the_new_run_starting_with_its_buttons_off(tmp_path):
+    """Item 3: between Start and the new run's first event the page shows the new run (not the one it
+    showed before) as starting, and no button can reach the previous run."""
+    import time
+
+    import gradio as gr
+
+    from gui.shared_state import Settings, Studio
+    from gui.studio import build_app
+    studio = Studio.create(Settings(runs_dir=tmp_path / "runs", presets_dir=tmp_path / "presets"))
+    app = build_app(studio)
+    tick = next(f.fn for f in app.fns.values() if f.name == "tick")
+    studio.manager.pending = ("second-run", time.time())
+    out = tick(0, {"run": "/runs/first", "alive": True}, None)
+    header, stop, save_now, sample_now, resume, progress = out[0], *out[3:7], out[7]
+    assert header == "### Run: second-run"
+    assert "starting second-run" in progress
+    for button in (stop, save_now, sample_now, resume):
+        assert button == gr.update(interactive=False)
+    shown = out[-4]
+    assert shown == ""        # the buttons act on no run until the new one exists
