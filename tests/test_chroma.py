@@ -12,20 +12,13 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import save_file
 
 from trainer_backend.errors import ConfigError
+from lora_checks import adapted_modules, model_of
 from trainer_backend.families import get_family, load_model
 from trainer_backend.families.flux.kohya_lora import merge_into_original
 from trainer_backend.families.flux.single_file import export_transformer, from_original, to_original
 
 CHROMA = get_family("chroma")
 
-
-class _Model:
-    def __init__(self, denoiser):
-        self.family, self.denoiser = CHROMA, denoiser
-
-
-def _adapted(denoiser) -> set[str]:
-    return {n for n, m in denoiser.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
 
 
 def test_full_size_original_layout_is_what_diffusers_chroma_converter_reads():
@@ -46,11 +39,11 @@ def test_full_size_kohya_layout_names_original_modules_that_diffusers_reads_back
     denoiser = CHROMA.meta_denoiser()
     denoiser.add_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=list(CHROMA.default_targets)))
     state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(denoiser).items()}
-    written = CHROMA.lora_file_state(_Model(denoiser), {"transformer": state}, 1.0, "kohya")
+    written = CHROMA.lora_file_state(model_of(CHROMA, denoiser), {"transformer": state}, 1.0, "kohya")
     names = {k.split(".")[0] for k in written}
     assert "lora_unet_double_blocks_18_txt_attn_qkv" in names and "lora_unet_single_blocks_37_linear1" in names
     assert len(names) == 19 * 4 + 38
-    assert CHROMA.diffusers_lora_targets(written, denoiser) == _adapted(denoiser)
+    assert CHROMA.diffusers_lora_targets(written, denoiser) == adapted_modules(denoiser)
 
 
 @pytest.fixture(scope="module")

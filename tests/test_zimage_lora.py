@@ -8,6 +8,7 @@ import torch
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
+from lora_checks import adapted_modules, model_of
 from trainer_backend.families import get_family, load_model
 from trainer_backend.families.kohya_fused import merge_into_original
 from trainer_backend.families.zimage.kohya_lora import to_kohya_zimage, to_peft_updates
@@ -16,14 +17,6 @@ from trainer_backend.families.zimage.single_file import from_original, to_origin
 ZIMAGE = get_family("zimage")
 BLOCKS = 30 + 2 + 2  # main layers, noise refiners, context refiners of the published 6B model
 
-
-class _Model:
-    def __init__(self, denoiser):
-        self.family, self.denoiser = ZIMAGE, denoiser
-
-
-def _adapted(denoiser) -> set[str]:
-    return {n for n, m in denoiser.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
 
 
 def test_full_size_original_layout_is_what_diffusers_converter_reads():
@@ -40,10 +33,10 @@ def test_full_size_original_layout_is_what_diffusers_converter_reads():
 def test_full_size_lora_keys_of_each_layout(layout):
     denoiser = ZIMAGE.meta_denoiser()
     denoiser.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=list(ZIMAGE.default_targets)))
-    adapted = _adapted(denoiser)
+    adapted = adapted_modules(denoiser)
     assert len(adapted) == BLOCKS * 7
     state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(denoiser).items()}
-    written = ZIMAGE.lora_file_state(_Model(denoiser), {"transformer": state}, 2.0, layout)
+    written = ZIMAGE.lora_file_state(model_of(ZIMAGE, denoiser), {"transformer": state}, 2.0, layout)
     # diffusers' own loader puts both layouts on exactly the adapted modules
     assert ZIMAGE.diffusers_lora_targets(written, denoiser) == adapted
     if layout == "diffusers":  # ComfyUI's Z-Image key map reads these names (transformer.<diffusers path>)
