@@ -204,23 +204,29 @@ def _thumbnail(path: Path, size: int, max_megapixels: float):
         return None
 
 
-def side_by_side(image, control, gap: int = 4):
-    """One picture of a pair: the training image on the left, its control image on the right."""
+def side_by_side(image, *controls, gap: int = 4):
+    """One picture of a pair: the training image on the left, its control (reference) images to its right."""
     from PIL import Image
-    out = Image.new("RGB", (image.width + gap + control.width, max(image.height, control.height)), (255, 255, 255))
-    out.paste(image, (0, 0))
-    out.paste(control, (image.width + gap, 0))
+    parts = (image, *controls)
+    out = Image.new("RGB", (sum(p.width for p in parts) + gap * len(controls), max(p.height for p in parts)),
+                    (255, 255, 255))
+    x = 0
+    for part in parts:
+        out.paste(part, (x, 0))
+        x += part.width + gap
     return out
 
 
 def pair_thumbnails(summary: dict, limit: int = 24, size: int = 160, max_megapixels: float = 100.0) -> list:
-    """(image | control) side-by-side thumbnails of the pairs the scan matched (summary["control_pairs"])."""
+    """(image | control …) side-by-side thumbnails of the pairs the scan matched (summary["control_pairs"]:
+    each image with its one to three reference images)."""
     out = []
-    for image_path, control_path in (summary.get("control_pairs") or [])[:limit]:
+    for image_path, *control_paths in (summary.get("control_pairs") or [])[:limit]:
         image = _thumbnail(Path(image_path), size, max_megapixels)
-        control = _thumbnail(Path(control_path), size, max_megapixels) if image is not None else None
-        if control is not None:
-            out.append((side_by_side(image, control), name_tail(Path(image_path).name) + " | control"))
+        controls = [_thumbnail(Path(p), size, max_megapixels) for p in control_paths] if image is not None else [None]
+        if controls and all(c is not None for c in controls):
+            label = " | control" if len(controls) == 1 else f" | {len(controls)} references"
+            out.append((side_by_side(image, *controls), name_tail(Path(image_path).name) + label))
     return out
 
 

@@ -94,12 +94,12 @@ def _sample_controls(cfg: TrainConfig) -> Iterator[Problem]:
         return
     for key, number, line in lines:
         try:
-            control = parse_prompt_line(line, defaults_of(cfg)).control
+            controls = parse_prompt_line(line, defaults_of(cfg)).controls
         except ValueError:
             continue
-        path = Path(resolve_path(control)).expanduser() if control else None
-        if path is not None and not path.is_file():  # that it decodes is checked when sampling starts
-            yield Problem(key, f"line {number}: --control {control}: no such image file")
+        for control in controls:
+            if not Path(resolve_path(control)).expanduser().is_file():  # it decodes: checked when sampling starts
+                yield Problem(key, f"line {number}: --control {control}: no such image file")
     if cfg.samples.prompt_file:
         text = Path(cfg.samples.prompt_file).expanduser().read_text(encoding="utf-8")
         yield from (Problem(key, message) for key, message in control_line_problems(

@@ -2,7 +2,8 @@
 
 A line is kohya's syntax: `a photo of sks dog --n blurry --w 512 --h 768 --d 7 --s 28 --l 6`
 (negative prompt, width, height, seed, steps, CFG scale), and `--control <image file>` for a family that
-takes a control (reference) image (an edit model); empty lines and `#` comments are skipped.
+takes a control (reference) image (an edit model; repeated for each further reference image of a model that
+takes several: `--control a.png --control b.png`); empty lines and `#` comments are skipped.
 `config/rules.py` checks the inline lines, `config/checks.py` the file, `training/sampling.py`
 renders them.
 """
@@ -31,6 +32,11 @@ class SamplePrompt:
     steps: int = 20
     cfg_scale: float = 7.0
     control: str = ""          # the control (reference) image file, as written (config/paths.py resolves it)
+    extra_controls: tuple[str, ...] = ()  # further reference images (--control repeated), as written
+
+    @property
+    def controls(self) -> tuple[str, ...]:
+        return (self.control, *self.extra_controls) if self.control else ()
 
 
 def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
@@ -44,7 +50,9 @@ def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
         if field == "control" and not raw:
             raise ValueError("--control needs an image file")
         try:
-            if field in ("negative", "control"):
+            if field == "control" and "control" in values:  # a further reference image
+                values["extra_controls"] = (*values.get("extra_controls", ()), raw)
+            elif field in ("negative", "control"):
                 values[field] = raw
             elif field == "cfg_scale":
                 values[field] = float(raw)
@@ -88,14 +96,19 @@ def control_line_problems(cfg: TrainConfig, key: str, text: str, mode: str | Non
     (Family.control_images == "required") needs `--control` on every line, a family that takes no
     control image (mode "") refuses it; mode None (model.arch = auto) checks nothing. Lines that do
     not parse are line_problems' to report."""
-    if mode is None or mode == "optional":
+    if mode is None:
         return
+    from ..families.registry import entry  # pure (no torch)
+    limit = entry(arch).max_control_images
     for _, number, line in _numbered(key, text):
         try:
             prompt = parse_prompt_line(line, defaults_of(cfg))
         except ValueError:
             continue
-        if mode == "required" and not prompt.control:
+        if mode and len(prompt.controls) > limit:
+            yield key, f"line {number}: {len(prompt.controls)} --control images: {arch} (model.arch) takes " + \
+                ("one" if limit == 1 else f"at most {limit}")
+        elif mode == "required" and not prompt.control:
             yield key, f"line {number}: {arch} (model.arch) is an edit model: add --control <image file> (the " \
                        f"image the prompt edits)"
         elif mode == "" and prompt.control:

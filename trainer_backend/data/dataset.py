@@ -22,7 +22,7 @@ from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, spl
 from .captions import augment_caption
 from .images import BadImage, load_rgb
 from .masks import mask_sources, render_mask, source_identity, to_grid
-from .pairs import control_in_bucket
+from .pairs import control_in_bucket, joined_references, per_reference
 from .scan import DatasetScan, ImageItem
 from .summary import class_sample_items, counted_groups
 
@@ -162,18 +162,17 @@ class TrainDataset(torch.utils.data.Dataset):
     def render(self, item: ImageItem, crop: tuple[int, int], flip: bool, source: ImageItem | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Load `source` (default: item), resize to cover item's bucket, crop, flip -> tensor; and the
-        same for its control image (None when it has none), placed at the training image's resized size
-        first (data/pairs.py), so both get exactly the same crop and flip."""
+        same for its control images (None when it has none), each placed at the training image's resized
+        size first (data/pairs.py), so all get exactly the same crop and flip: [3·N, H, W] for N references."""
         src = source or item
         img = load_rgb(src.path, self.max_pixels, self.background)
         resized = resize_size(img.width, img.height, item.bucket)
-        control = None
-        if src.control is not None:
-            control = control_in_bucket(load_rgb(src.control, self.max_pixels, self.background), img.size, resized)
+        controls = [control_in_bucket(load_rgb(path, self.max_pixels, self.background), img.size, resized)
+                    for path in src.controls]
         if (img.width, img.height) != resized:
             img = img.resize(resized, Image.Resampling.LANCZOS)
-        return self._crop_flip(img, item.bucket, crop, flip), \
-            None if control is None else self._crop_flip(control, item.bucket, crop, flip)
+        control = torch.cat([self._crop_flip(c, item.bucket, crop, flip) for c in controls]) if controls else None
+        return self._crop_flip(img, item.bucket, crop, flip), control
 
     @staticmethod
     def _crop_flip(img: Image.Image, bucket, crop: tuple[int, int], flip: bool) -> torch.Tensor:
@@ -239,7 +238,9 @@ class TrainDataset(torch.utils.data.Dataset):
             self._fixed_crops[idx] = crop
             flips = (False, True) if self._group(item).flip and self._flip_allowed else (False,)
             fingerprint = _fingerprint(item.path)
-            control_print = _fingerprint(item.control) if item.control is not None else ""
+            # every reference file's identity (one reference: the key it always had)
+            control_print = "|".join(_fingerprint(p) for p in item.controls) + "".join(
+                f"|{p.resolve()}" for p in item.extra_controls)
             resized = resize_size(item.width, item.height, item.bucket)
             for flip in flips:
                 mask_id = source_identity(self._mask_sources[idx]) if self._mask_sources is not None else ""
@@ -261,9 +262,7 @@ class TrainDataset(torch.utils.data.Dataset):
                 rendered = [self._pixels_with_fallback(idx, (0.5, 0.5), flip)[:2] for idx, flip, _, _ in chunk]
                 with torch.no_grad():
                     latents = encode(torch.stack([pixels for pixels, _ in rendered])).detach().float().cpu()
-                    paired = [j for j, (_, control) in enumerate(rendered) if control is not None]
-                    controls = dict(zip(paired, encode(torch.stack([rendered[j][1] for j in paired])).detach()
-                                        .float().cpu())) if paired else {}
+                    controls = self._encode_controls(encode, [control for _, control in rendered])
                 for j, ((idx, flip, key, control_key), lat) in enumerate(zip(chunk, latents)):
                     mask = None
                     if self._mask_sources is not None:  # on the latent grid, like the loss resizes it
@@ -282,6 +281,21 @@ class TrainDataset(torch.utils.data.Dataset):
         bar.close()
         self._latents = memory if self._disk is None else None
         self.cached_count, self.encoded_count = len(self._latent_keys), total
+
+    @staticmethod
+    def _encode_controls(encode, rendered: list[torch.Tensor | None]) -> dict[int, torch.Tensor]:
+        """Position in `rendered` -> its control latents [N·C, h, w]: each reference encoded on its own,
+        those with as many references in one batch (one reference each: one batch, as always)."""
+        by_count: dict[int, list[int]] = {}
+        for j, control in enumerate(rendered):
+            if control is not None:
+                by_count.setdefault(control.shape[0], []).append(j)
+        out: dict[int, torch.Tensor] = {}
+        for positions in by_count.values():
+            stacked = torch.stack([rendered[j] for j in positions])
+            latents = joined_references(encode(per_reference(stacked, 3)), len(positions)).detach().float().cpu()
+            out.update(zip(positions, latents))
+        return out
 
     def _cached_latents(self, item_idx: int, flip: bool, control: bool = False) -> torch.Tensor:
         """The cached latents of the image (or of its control image) in the orientation served."""

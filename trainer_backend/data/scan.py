@@ -18,7 +18,7 @@ from .captions import read_caption, split_tags
 from .images import BadImage, load_rgb, probe
 from .metadata import TagOptions, filter_reason, image_of, json_files, metadata_location, read_records, \
     transform_tags
-from .pairs import pair_images
+from .pairs import check_reference_counts, pair_images
 from .subsets import Group, SubsetSpec, check_root, class_spec, folder_groups, resolve_subsets, walk_images
 from .summary import ScanLog, build_summary, data_counts
 
@@ -39,6 +39,12 @@ class ImageItem:
     bucket: Size                 # target (width, height)
     is_class: bool = False
     control: Path | None = None  # the paired control image (data/pairs.py); None when the folder has none
+    extra_controls: tuple[Path, ...] = ()  # the further reference images (numbered names), in order
+
+    @property
+    def controls(self) -> tuple[Path, ...]:
+        """Every reference image, in order (empty: unpaired)."""
+        return () if self.control is None else (self.control, *self.extra_controls)
 
 
 @dataclass
@@ -65,6 +71,7 @@ class _Candidate:
     caption_missing: bool = False
     caption_problem: str = ""
     control: Path | None = None
+    extra_controls: tuple[Path, ...] = ()
 
 
 def _folder_candidates(group: Group, index: int) -> list[_Candidate]:
@@ -156,15 +163,15 @@ def _check(c: _Candidate, spec: BucketSpec, buckets: list[Size], max_pixels: int
             load_rgb(c.path, max_pixels, background, draft=bucket).close()
     except BadImage as e:
         return None, e, ()
-    if c.control is not None:
+    for control in ((c.control, *c.extra_controls) if c.control is not None else ()):
         try:  # a pair is used whole or not at all
-            probe(c.control, max_pixels, background)
+            probe(control, max_pixels, background)
             if verify:
-                load_rgb(c.control, max_pixels, background).close()
+                load_rgb(control, max_pixels, background).close()
         except BadImage as e:
-            return None, BadImage(f"its control image {c.control} cannot be used: {e}", "bad_control"), ()
+            return None, BadImage(f"its control image {control} cannot be used: {e}", "bad_control"), ()
     item = ImageItem(c.path, c.caption, c.tags, c.separator, c.group, info.width, info.height, bucket, c.is_class,
-                     c.control)
+                     c.control, c.extra_controls)
     return item, None, info.notes
 
 
@@ -231,10 +238,12 @@ def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
         items.append(item)
         usable.append(c)
     _report_captions(groups, usable, log)
-    validation = [ImageItem(c.path, c.caption, c.tags, c.separator, c.group, 0, 0, buckets[0], control=c.control)
+    validation = [ImageItem(c.path, c.caption, c.tags, c.separator, c.group, 0, 0, buckets[0], control=c.control,
+                            extra_controls=c.extra_controls)
                   for c in held]
 
     _require_usable(cfg, items, found, log)
+    check_reference_counts(items, cfg.schedule.batch_size)
     # the plan counts class images that training will generate first, so it is right before they exist
     pending = _pending_class_images(cfg, spec, buckets) if split == "train" else []
     counted = pending + items

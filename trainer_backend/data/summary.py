@@ -132,7 +132,8 @@ def build_summary(cfg: TrainConfig, groups: list["Group"], items: list["ImageIte
         "control_images": sum(1 for item in instance if item.control is not None),
         "missing_controls": len(unpaired),
         "missing_control_files": log.missing_controls,
-        "control_pairs": [[str(item.path), str(item.control)] for item in instance
+        # [image, its control image, further reference images…]
+        "control_pairs": [[str(item.path), *(str(p) for p in item.controls)] for item in instance
                           if item.control is not None][:PAIRS_SHOWN],
         "caption_problems": log.caption_problems,
         "skipped": log.skipped,

@@ -93,6 +93,11 @@ class Family:
     # `control_image_argument`.
     control_images: str = ""
     control_image_argument: str = "image"
+    # reference images per training image at most (docs/dataset.md's numbered control names): above 1,
+    # `control_pixel_values` / `control_latents` hold the references one after another along the
+    # channels ([B, N·C, h, w], data/pairs.py per_reference splits them) and each sample prompt may
+    # repeat `--control` (the pipeline then gets a list of images). Equal to the registry entry's.
+    max_control_images: int = 1
     # the text encoder reads the control image too (an edit model's vision-language encoder): text is
     # tokenized per batch with its control images (tokenize_batch) and never cached per caption
     text_reads_control: bool = False

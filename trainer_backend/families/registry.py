@@ -32,6 +32,9 @@ class FamilyEntry:
     # further tiny models besides builtin:tiny-<name>: builtin:tiny-<name>-<variant>, built by the family's
     # build_tiny(variant=<variant>) (Flux.2 dev beside Klein)
     tiny_variants: tuple[str, ...] = ()
+    # reference (control) images per training image at most (data/pairs.py's numbered names); the same
+    # value as the Family's `max_control_images`
+    max_control_images: int = 1
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -53,6 +56,9 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 ("diffusers", "kohya"), text_encoder_training=False),
     FamilyEntry("qwen_image_edit", "Qwen-Image-Edit", "trainer_backend.families.qwen_image", "QWEN_IMAGE_EDIT", "flow",
                 ("diffusers", "kohya"), control_images="required", text_encoder_training=False),
+    FamilyEntry("qwen_image_edit_plus", "Qwen-Image-Edit-2509 / 2511", "trainer_backend.families.qwen_image",
+                "QWEN_IMAGE_EDIT_PLUS", "flow", ("diffusers", "kohya"), control_images="required",
+                text_encoder_training=False, tiny_variants=("2511",), max_control_images=3),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)

@@ -70,9 +70,11 @@ def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor
 def control_latents(model, pixels: torch.Tensor, device) -> torch.Tensor:
     """Paired control images -> the latents `family.predict` reads as batch["control_latents"]: the
     posterior mean (eps=None), since a conditioning image needs no sampling noise; as the latent cache
-    stores them."""
+    stores them. Several references per sample ([B, 3·N, H, W]) are encoded one by one: [B, N·C, h, w]."""
+    from ..data.pairs import joined_references, per_reference
     with torch.no_grad():
-        return model.family.encode_latents(model, to_device(pixels, device), None)
+        latents = model.family.encode_latents(model, per_reference(to_device(pixels, device), 3), None)
+    return joined_references(latents, pixels.shape[0])
 
 
 class LossParts:

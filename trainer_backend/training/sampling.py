@@ -101,8 +101,9 @@ def save_png(image, path: Path) -> None:
 
 
 def control_images(prompts: list[SamplePrompt], family, cfg: TrainConfig) -> list:
-    """Each prompt's control image (RGB PIL, or None), loaded before training so a bad file stops the
-    run at once, and checked against the family now that it is known (model.arch = auto)."""
+    """Each prompt's control image (RGB PIL; a list of them for several references; or None), loaded
+    before training so a bad file stops the run at once, and checked against the family now that it is
+    known (model.arch = auto)."""
     from ..config.paths import resolve_path
     from ..data.images import BadImage, load_rgb
     out = []
@@ -112,14 +113,20 @@ def control_images(prompts: list[SamplePrompt], family, cfg: TrainConfig) -> lis
                               f"<image file> to every sample prompt")
         if family.control_images == "" and p.control:
             raise ConfigError(f"samples.prompts: {p.prompt!r}: --control: {family.name} takes no control image")
+        if len(p.controls) > family.max_control_images:
+            raise ConfigError(f"samples.prompts: {p.prompt!r}: {len(p.controls)} --control images; {family.label} "
+                              f"takes at most {family.max_control_images}")
         if not p.control:
             out.append(None)
             continue
-        try:
-            out.append(load_rgb(Path(resolve_path(p.control)).expanduser(),
-                                int(cfg.dataset.max_image_megapixels * 1e6), cfg.dataset.alpha_background))
-        except (BadImage, OSError) as e:
-            raise ConfigError(f"samples.prompts: --control {p.control}: {e}") from None
+        images = []
+        for control in p.controls:
+            try:
+                images.append(load_rgb(Path(resolve_path(control)).expanduser(),
+                                       int(cfg.dataset.max_image_megapixels * 1e6), cfg.dataset.alpha_background))
+            except (BadImage, OSError) as e:
+                raise ConfigError(f"samples.prompts: --control {control}: {e}") from None
+        out.append(images[0] if len(images) == 1 else images)
     return out
 
 

@@ -155,10 +155,13 @@ class QwenImageFamily(FlowFamily):
         b, c, h, w = noisy.shape
         tokens = pack(noisy)
         shapes = [(1, h // 2, w // 2)]
-        if self.edit:
+        if self.edit:  # each reference's packed latents after the target's, with its own img_shapes entry
+            import torch
+            from ...data.pairs import per_reference
             control = batch["control_latents"].to(noisy.device, noisy.dtype)
-            tokens = __import__("torch").cat([tokens, pack(control)], dim=1)
-            shapes.append((1, control.shape[-2] // 2, control.shape[-1] // 2))
+            references = per_reference(control, c).unflatten(0, (b, -1)).unbind(1)
+            tokens = torch.cat([tokens, *(pack(r) for r in references)], dim=1)
+            shapes += [(1, control.shape[-2] // 2, control.shape[-1] // 2)] * len(references)
         hidden, mask = text["hidden"].to(noisy.device), text["mask"].to(noisy.device).long()
         used = int(mask.sum(dim=1).max())  # padding after the longest caption of the batch: cut
         hidden, mask = hidden[:, :used], mask[:, :used]

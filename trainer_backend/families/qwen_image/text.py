@@ -27,6 +27,40 @@ def prompt_template(edit: bool) -> tuple[str, int]:
     return pipe.prompt_template_encode, pipe.prompt_template_encode_start_idx
 
 
+# QwenImageEditPlusPipeline's announcement of each reference image (a local string in its
+# _get_qwen_prompt_embeds, not an attribute to read): "Picture 1: <vision tokens>Picture 2: …" + instruction
+PICTURE = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>"
+
+
+@lru_cache(maxsize=1)
+def plus_template() -> tuple[str, int]:
+    """(template, leading tokens dropped) of the installed QwenImageEditPlusPipeline."""
+    from diffusers import QwenImageEditPlusPipeline
+    pipe = QwenImageEditPlusPipeline(processor=None, scheduler=None, vae=None, text_encoder=None, tokenizer=None,
+                                     transformer=None)
+    return pipe.prompt_template_encode, pipe.prompt_template_encode_start_idx
+
+
+def condition_image(image):
+    """A reference image as QwenImageEditPlusPipeline hands it to the vision-language encoder: resized
+    to about 384² pixels at its own aspect (sides multiples of 32)."""
+    from diffusers.image_processor import VaeImageProcessor
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import CONDITION_IMAGE_SIZE, calculate_dimensions
+    width, height = calculate_dimensions(CONDITION_IMAGE_SIZE, image.width / image.height)
+    return VaeImageProcessor(vae_scale_factor=16).resize(image, height, width)
+
+
+def tokenize_plus(processor, captions: list[str], references: list[list]) -> list:
+    """The Edit-Plus text-encoder inputs: each caption after its own references' "Picture N:" vision tokens;
+    references[i] are caption i's PIL images (one to three)."""
+    template, _ = plus_template()
+    texts = [template.format("".join(PICTURE.format(n + 1) for n in range(len(refs))) + caption)
+             for caption, refs in zip(captions, references)]
+    images = [condition_image(img) for refs in references for img in refs]  # in the order of their tokens
+    enc = processor(text=texts, images=images, padding=True, return_tensors="pt")
+    return [enc["input_ids"], enc["attention_mask"], enc["pixel_values"], enc["image_grid_thw"]]
+
+
 def _image_processor_class():
     try:  # the PIL implementation (what Qwen2VLImageProcessor falls back to without torchvision)
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -106,11 +140,13 @@ def tokenize(tokenizer_or_processor, captions: list[str], edit: bool, images=Non
     return [enc.input_ids, enc.attention_mask]
 
 
-def encode(text_encoder, inputs: list, edit: bool, length: int | None):
-    """{"hidden": [B, L, D], "mask": [B, L]}: the valid tokens after the dropped template prefix, cut to
-    and padded to `length` (None: the longest in the batch, as the edit pipeline does)."""
+def encode(text_encoder, inputs: list, edit: bool, length: int | None, drop: int | None = None):
+    """{"hidden": [B, L, D], "mask": [B, L]}: the valid tokens after the dropped template prefix (`drop`
+    tokens; None: the Qwen-Image(-Edit) template's), cut to and padded to `length` (None: the longest in
+    the batch, as the edit pipelines do)."""
     import torch
-    _, drop = prompt_template(edit)
+    if drop is None:
+        _, drop = prompt_template(edit)
     ids, mask = inputs[0], inputs[1]
     extra = {"pixel_values": inputs[2], "image_grid_thw": inputs[3]} if len(inputs) > 2 else {}
     encoder = getattr(text_encoder, "module", text_encoder)  # DDP

@@ -2,7 +2,8 @@
 demo: a two-layer Qwen2.5-VL (text model and a one-block vision tower) with the local Qwen-style
 BPE tokenizer (families/tiny_qwen.py), a 3D causal AutoencoderKLQwenImage with 8× spatial
 compression and its own latents_mean/std, a two-block QwenImageTransformer2DModel, and Qwen-Image's
-flow-matching scheduler. The edit model adds the vision-language processor (text.py builds it
+flow-matching scheduler. The edit models (Qwen-Image-Edit, -2509's Edit-Plus pipeline, -2511's
+zero_cond_t transformer) add the vision-language processor (text.py builds it
 locally: no download). A 64 px image is an 8×8 latent and 16 packed tokens."""
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ def tiny_text_encoder_config():
                             vision_end_token_id=special_token_id("<|vision_end|>"), tie_word_embeddings=False)
 
 
-def build_tiny_qwen_image(out_dir: str | Path, seed: int = 0, edit: bool = False) -> Path:
+def build_tiny_qwen_image(out_dir: str | Path, seed: int = 0, edit: bool = False, plus: bool = False,
+                          zero_cond_t: bool = False) -> Path:
+    """plus: Qwen-Image-Edit-2509's pipeline (QwenImageEditPlusPipeline); zero_cond_t: 2511's transformer."""
     import torch
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
-                           QwenImagePipeline, QwenImageTransformer2DModel)
+                           QwenImageEditPlusPipeline, QwenImagePipeline, QwenImageTransformer2DModel)
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
     from ..tiny_qwen import build_qwen_tokenizer
     from .text import build_processor, save_processor
@@ -57,7 +60,7 @@ def build_tiny_qwen_image(out_dir: str | Path, seed: int = 0, edit: bool = False
         torch.manual_seed(seed)
         transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=Z_DIM * 4, out_channels=Z_DIM, num_layers=2,
                                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                                  axes_dims_rope=(8, 4, 4))
+                                                  axes_dims_rope=(8, 4, 4), zero_cond_t=zero_cond_t)
         torch.manual_seed(seed + 1)
         vae = AutoencoderKLQwenImage(base_dim=8, z_dim=Z_DIM, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                                      temperal_downsample=[False, True, True],
@@ -68,7 +71,7 @@ def build_tiny_qwen_image(out_dir: str | Path, seed: int = 0, edit: bool = False
                  tokenizer=tokenizer, transformer=transformer)
     if edit:
         processor = build_processor(tokenizer, MIN_PIXELS, MAX_PIXELS)
-        pipe = QwenImageEditPipeline(processor=processor, **parts)
+        pipe = (QwenImageEditPlusPipeline if plus else QwenImageEditPipeline)(processor=processor, **parts)
         # the processor cannot be saved by diffusers without torchvision (text.py): write it ourselves
         pipe.register_modules(processor=None)
         pipe.save_pretrained(out, safe_serialization=True)
