@@ -35,6 +35,7 @@ BORROWED = {
     "zimage": {"text_encoder": ("zimage/text_encoder", "Qwen3Model")},
     # Qwen-Image-Edit is Qwen-Image's architecture (same transformer, Qwen2.5-VL 7B and VAE configs)
     "qwen_image_edit": {"text_encoder": ("qwen_image/text_encoder", None), "vae": ("qwen_image/vae", None)},
+    "qwen_image_edit_plus": {"text_encoder": ("qwen_image/text_encoder", None), "vae": ("qwen_image/vae", None)},
     "chroma": {"text_encoder": ("flux/text_encoder_2", None), "vae": ("flux/vae", None)},
 }
 NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL and 16-channel VAE from the "
@@ -45,6 +46,9 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
          "qwen_image_edit": "Qwen-Image-Edit: the control image's latents double the transformer's image tokens; "
                             "the text encoder runs every step (it reads the control image) and its pass here "
                             "leaves out the control image's vision tokens",
+         "qwen_image_edit_plus": "Qwen-Image-Edit-2509/2511: measured with three reference images (the most it "
+                                 "takes), whose latents follow the target's tokens; the text encoder runs every "
+                                 "step and its pass here leaves out the references' vision tokens",
          "zimage": "Z-Image (Turbo and base share the architecture) with Qwen3-4B",
          "qwen_image": "Qwen-Image 20B with Qwen2.5-VL 7B"}
 

@@ -14,8 +14,10 @@ QUANT_KINDS = ("none", "int8", "float8", "nf4")  # model.quantize(_text_encoders
 # resume still refuses changed control images, because run/resume.py's dataset fingerprint covers each pair.
 CONTROL_HELP = ("Folder of control (reference) images for edit models, one per training image, matched by file "
                 "stem in the same relative sub-folder (photos/cat.jpg <-> <control_path>/photos/cat.png); the pair "
-                "is bucketed (by the training image), cropped, flipped and cached together. An image without its "
-                "control image is skipped (one warning), never trained without it. Empty = no control images.")
+                "is bucketed (by the training image), cropped, flipped and cached together. Models that take several "
+                "reference images (Qwen-Image-Edit-2509/2511: up to 3): cat_0.png, cat_1.png, … numbered from 0 "
+                "(cat.png alone = one reference). An image without its control image (or with a gap in the "
+                "numbers) is skipped (one warning), never trained without it. Empty = no control images.")
 
 
 class Output(Section):

@@ -62,9 +62,11 @@ def dataset_fingerprint(scan) -> str:
         h.update(repr((_relative(item.path, group), size, item.caption, getattr(group, "repeats", 1),
                        item.is_class)).encode())
         control = getattr(item, "control", None)
-        if control is not None:  # a paired image: its control image is part of what is trained
-            h.update(repr(("control", _relative(control, None, getattr(getattr(group, "spec", None), "control_root", None)),
-                           _size(control))).encode())
+        if control is not None:  # a paired image: its control images are part of what is trained
+            root = getattr(getattr(group, "spec", None), "control_root", None)
+            h.update(repr(("control", _relative(control, None, root), _size(control))).encode())
+            for extra in getattr(item, "extra_controls", ()):  # further references (none: the hash as before)
+                h.update(repr(("control", _relative(extra, None, root), _size(extra))).encode())
     h.update(repr(getattr(scan, "class_samples", 0)).encode())
     return f"{len(scan.items)}:{h.hexdigest()[:32]}"
 

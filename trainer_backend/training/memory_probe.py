@@ -201,8 +201,8 @@ def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dt
               "text": text, "original_size": torch.tensor([[side[1], side[0]]] * batch),
               "crop_top_left": torch.zeros(batch, 2, dtype=torch.long),
               "target_size": torch.tensor([[side[1], side[0]]] * batch)}
-    if model.family.control_images == "required":  # an edit model: the control image's tokens ride along
-        sample["control_latents"] = torch.zeros_like(sample["latents"])
+    if model.family.control_images == "required":  # an edit model: its control images' tokens ride along
+        sample["control_latents"] = reference_latents(model, sample["latents"])
     grads_before = _grad_bytes(model.denoiser)
     with LiveBytes() as tally:
         loss = diffusion_loss(model, model.denoiser, sample, cfg=cfg, epoch=0, device=device,
@@ -211,6 +211,12 @@ def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dt
         grads = _grad_bytes(model.denoiser) - grads_before
         del loss
     return {"peak": tally.peak, "grads": grads}
+
+
+def reference_latents(model, latents):
+    """An edit model's control latents for the probe: as many references as the model takes at most
+    (Family.max_control_images), so the plan holds for every dataset."""
+    return torch.cat([torch.zeros_like(latents)] * model.family.max_control_images, dim=1)
 
 
 def _grad_bytes(module) -> int:
@@ -333,7 +339,7 @@ def forward_flops(model, side: tuple[int, int], batch: int = 1, device="meta") -
                   "crop_top_left": torch.zeros(batch, 2, dtype=torch.long),
                   "target_size": torch.tensor([[side[1], side[0]]] * batch)}
         if model.family.control_images == "required":
-            sample["control_latents"] = torch.zeros_like(sample["latents"])
+            sample["control_latents"] = reference_latents(model, sample["latents"])
         cfg = from_dict({"model": {"arch": model.family.name}})
         return count_flops(lambda: diffusion_loss(model, model.denoiser, sample, cfg=cfg, epoch=0, device=dev,
                                                   weight_dtype=torch.float32))
