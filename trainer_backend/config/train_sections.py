@@ -194,8 +194,8 @@ class Samples(Section):
     WHEN: ClassVar[dict[str, tuple]] = {"network.type": DENOISER_METHODS}  # a VAE alone has nothing to sample with
     prompts: str = F("", "One prompt per line. Options after the prompt, kohya style: --n negative prompt, "
                          "--w width, --h height, --d seed, --s steps, --l CFG scale; --control <image file> for "
-                         "edit models (the prompt's control image, one per line). Lines starting with # are "
-                         "ignored.", widget="textarea", resume="safe")
+                         "edit models (the prompt's control image; repeated for each reference image of a model that "
+                         "takes several, e.g. Qwen-Image-Edit-2509/2511). Lines starting with # are ignored.", widget="textarea", resume="safe")
     prompt_file: str = F("", "Text file with more prompts, same format (used after samples.prompts).",
                          widget="path", resume="safe")
     every_n_steps: int = F(0, "Sample every N optimizer steps; 0 = off.", ge=0, resume="safe")
