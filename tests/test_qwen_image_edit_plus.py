@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from conftest import make_dataset
 from method_runs import train_run
 from test_data_helpers import config
+import test_qwen_image
 from test_qwen_image import _pipe, _randomized_adapters
 from trainer_backend.config import ConfigError, from_dict
 from trainer_backend.data import TrainDataset, collate, scan_dataset
@@ -190,13 +191,24 @@ def test_two_references_condition_like_the_pipeline_and_the_lora_loads_there(arc
         torch.testing.assert_close(ours, pipe._unpack_latents(out, 64, 64, 8)[:, :, 0], rtol=1e-5, atol=1e-5)
 
 
-def test_a_two_reference_run_trains_from_cached_latents(tmp_path, tiny_models):
-    """Cached latents: the text encoder reads both references back from their latents each step."""
+def test_a_two_reference_run_trains_from_cached_latents_and_samples_with_both(tmp_path, tiny_models):
+    """Cached latents: the text encoder reads both references back from their latents each step; a
+    sample prompt with two --control images is rendered by QwenImageEditPlusPipeline."""
     data, controls = tmp_path / "data", tmp_path / "controls"
     for i in range(3):
         reference_pair(data, controls, f"img{i}", 32, 32, seed=i)
+    prompt = f"put img0 on img1 --control {controls / 'img0_0.bmp'} --control {controls / 'img1_1.png'} --s 1"
     run, events, _ = train_run(tmp_path, tiny_models("qwen_image_edit_plus"), data, "plus", "schedule.max_steps=2",
-                               f"dataset.control_path={controls}", "optimizer.lr=1e-2", "dataset.cache_latents=true")
+                               f"dataset.control_path={controls}", "optimizer.lr=1e-2", "dataset.cache_latents=true",
+                               f"samples.prompts={prompt}", "samples.every_n_steps=2", "samples.cfg_scale=1")
     assert [e["step"] for e in events if e["event"] == "step"] == [1, 2]
+    (sample,) = [e for e in events if e["event"] == "sample"]
+    assert len(sample["paths"]) == 1 and Image.open(sample["paths"][0]).size == (32, 32)
     lora = load_file(str(run / "plus.safetensors"))
     assert any(v.abs().max() > 0 for k, v in lora.items() if "lora_B" in k), "training did not move"
+
+
+def test_full_size_comfyui_layout_keys_all_load_in_diffusers():
+    """The kohya/ComfyUI layout of Edit-2509/2511's full-size transformer (meta device) loads through
+    diffusers' converter onto exactly the adapted modules (the diffusers layout: the conformance suite)."""
+    test_qwen_image.test_full_size_comfyui_layout_keys_all_load_in_diffusers("qwen_image_edit_plus")
