@@ -98,8 +98,8 @@ def control_line_problems(cfg: TrainConfig, key: str, text: str, mode: str | Non
     not parse are line_problems' to report."""
     if mode is None:
         return
-    from ..families.registry import entry  # pure (no torch)
-    limit = entry(arch).max_control_images
+    from ..families.registry import FAMILY_NAMES, entry  # pure (no torch)
+    limit = entry(arch).max_control_images if arch in FAMILY_NAMES else 1
     for _, number, line in _numbered(key, text):
         try:
             prompt = parse_prompt_line(line, defaults_of(cfg))
