@@ -304,6 +304,7 @@ def test_families_declare_their_control_images_alike_in_the_registry():
     for entry in FAMILIES:
         family = get_family(entry.name)
         assert family.control_images == entry.control_images and entry.control_images in CONTROL_IMAGE_MODES
+        assert family.max_control_images == entry.max_control_images >= 1  # the reference images it takes
         assert family.control_image_argument
 
 
