@@ -14,7 +14,6 @@ naming the option, the file and the first key that does not fit. Tokenizers come
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -148,25 +147,6 @@ def load_tokenizer(folder: str):
     """The Qwen tokenizer from model.tokenizer (a Flux.2 folder with tokenizer/, or the tokenizer folder
     itself) or the local Hugging Face cache."""
     return find_qwen3_tokenizer(folder, HF_CACHE, "Flux.2")
-
-
-def load_mistral_tokenizer(folder: Path):
-    """Flux.2 dev's tokenizer: the tokenizer inside its PixtralProcessor folder (text encoding renders the
-    processor's chat template with it; the processor itself needs torchvision), with the chat template
-    from wherever the folder keeps it (chat_template.jinja, chat_template.json, processor_config.json)."""
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    if not tokenizer.chat_template:
-        for name, key in (("chat_template.jinja", None), ("chat_template.json", "chat_template"),
-                          ("processor_config.json", "chat_template")):
-            path = Path(folder) / name
-            if path.is_file():
-                text = path.read_text(encoding="utf-8")
-                template = json.loads(text).get(key) if key else text
-                if template:
-                    tokenizer.chat_template = template
-                    break
-    return tokenizer
 
 
 def load_flux2_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[str, str]) -> LoadedModel:

@@ -112,7 +112,7 @@ class Flux2Family(FlowFamily):
         model = super().load_folder(src, vae=vae, prediction_type=prediction_type)
         if folder_variant(src) is DEV:
             from ...errors import ConfigError
-            from .components import load_mistral_tokenizer
+            from .mistral_file import load_mistral_tokenizer
             try:
                 model.tokenizers = [load_mistral_tokenizer(src / "tokenizer")]
             except (OSError, ValueError) as e:

@@ -119,10 +119,28 @@ def load_mistral_text_encoder(path_str: str):
     return model
 
 
+def load_mistral_tokenizer(folder: Path):
+    """Flux.2 dev's tokenizer: the tokenizer inside its PixtralProcessor folder (text encoding renders the
+    processor's chat template with it; the processor itself needs torchvision), with the chat template
+    from wherever the folder keeps it (chat_template.jinja, chat_template.json, processor_config.json)."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if not tokenizer.chat_template:
+        for name, key in (("chat_template.jinja", None), ("chat_template.json", "chat_template"),
+                          ("processor_config.json", "chat_template")):
+            path = Path(folder) / name
+            if path.is_file():
+                text = path.read_text(encoding="utf-8")
+                template = json.loads(text).get(key) if key else text
+                if template:
+                    tokenizer.chat_template = template
+                    break
+    return tokenizer
+
+
 def find_mistral_tokenizer(folder: str):
     """Flux.2 dev's tokenizer from model.tokenizer (a FLUX.2-dev diffusers folder with tokenizer/, or that
     tokenizer folder itself) or the local Hugging Face cache (never fetched)."""
-    from .components import load_mistral_tokenizer
     candidates = []
     if folder:
         root = Path(folder).expanduser()
