@@ -159,6 +159,9 @@ def test_flux2_dev_preset_with_a_dev_model_gets_the_dev_tables_verdict(tmp_path)
     plan = plan_memory(cfg)
     assert plan is not None and plan.verdict(80) == "fits" and plan.verdict(24) == "will not fit"
     assert plan.resident["denoiser"] > 25 * 2 ** 30  # 32.2 B in int8, not Klein 4B's 4 B
+    cfg.model.path = ""  # as the preset ships: planned as Klein 4B, and the plan says so
+    assert any("model.path is empty" in n and "flux2-dev" in n for n in plan_memory(cfg).notes)
+    assert not any("model.path is empty" in n for n in plan.notes)
     data = ROOT / "assets" / "demo_dataset"
     argv = [sys.executable, "-m", "trainer_backend", "plan", "--config", str(ROOT / "presets" / "flux2-dev-lora.toml"),
             "--set", f"model.path={json.dumps(str(dev))}", "--set", f"dataset.path={json.dumps(str(data))}",

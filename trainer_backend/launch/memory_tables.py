@@ -72,6 +72,11 @@ def variant_table(arch: str, model_path: str, path: Path = TABLES) -> dict | Non
     return next((v for v in variants if any(k.endswith(tuple(v.get("file_keys", ()))) for k in keys)), None)
 
 
+def variant_names(arch: str, path: Path = TABLES) -> list[str]:
+    """The names of the family's variants that have tables of their own ("flux2-dev")."""
+    return sorted(k for k, v in _load(str(path)).get("variants", {}).items() if v.get("family") == arch)
+
+
 def _safetensors_keys(src: Path) -> list[str]:
     """The tensor names of a .safetensors file (its JSON header: 8 bytes of length, then the header)."""
     try:
