@@ -98,8 +98,10 @@ def load_text_encoder(path_str: str):
         model = Qwen3ForCausalLM(config)
     head = "lm_head.weight"  # only for logits, which the encoding never computes: tied when the file has none
     expected = {k: v.shape for k, v in model.state_dict().items() if k != head}
+    refuse_packed("model.text_encoder", path, "qwen_3_4b.safetensors / qwen_3_8b.safetensors")
     load_checked("model.text_encoder", path, model, "Qwen3 text encoder of this size", shapes, expected,
-                 lambda state: {k: v for k, v in _strip(state, QWEN_PREFIXES).items() if k in expected or k == head},
+                 lambda state: {k: v for k, v in dequantize_fp8(_strip(state, QWEN_PREFIXES)).items()
+                                if k in expected or k == head},  # fp8 files (qwen_3_8b_fp8mixed): weight × scale
                  skip=(head,))
     if head not in shapes:  # shapes: the file's names as stripped for loading
         model.lm_head.weight = model.model.embed_tokens.weight
