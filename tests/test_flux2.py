@@ -242,16 +242,6 @@ def test_a_dev_folder_with_its_pixtral_processor_loads_without_torchvision(tmp_p
         assert torch.equal(a, b)
 
 
-def test_a_dev_transformer_file_is_refused_with_the_folder_to_use(tmp_path, tiny_models):
-    from trainer_backend.config import ConfigError
-    from trainer_backend.families.flux2.original_keys import export_transformer
-    model = load_model(str(tiny_models("flux2-dev")))
-    path = export_transformer(model.denoiser, tmp_path / "flux2-dev.safetensors")
-    with pytest.raises(ConfigError, match=r"^model\.path: flux2-dev\.safetensors is a Flux\.2 dev transformer; dev "
-                                          r"loads from its diffusers folder"):
-        load_model(str(path), vae=str(tiny_models("flux2-dev")), text_encoder_files={"text_encoder": "x.safetensors"})
-
-
 def test_builtin_tiny_flux2_dev_is_a_flux2_model_to_the_plan_and_the_loader():
     from trainer_backend.__main__ import _plan_arch
     from trainer_backend.config import load_config

@@ -49,6 +49,31 @@ def test_comfyui_files_load_offline_as_the_model_they_came_from(comfy_files):
     assert torch.equal(FLUX2.encode_text(loaded, ids)["hidden"], FLUX2.encode_text(model, ids)["hidden"])
 
 
+def test_a_scaled_fp8_qwen3_file_loads_as_weight_times_scale_and_a_packed_one_is_refused(comfy_files, tmp_path):
+    """ComfyUI's fp8 text encoders (qwen_3_8b_fp8mixed): float8 weights with `.weight_scale` (and a
+    `.comfy_quant` marker) read as weight × scale; packed (uint8) weights are refused in one line."""
+    model, folder, out = comfy_files
+    state = {k: v.contiguous() for k, v in model.text_encoders[0].state_dict().items() if k != "lm_head.weight"}
+    name = "model.layers.3.mlp.down_proj.weight"
+    scale = state[name].abs().max() / 448
+    state[name] = (state[name] / scale).to(torch.float8_e4m3fn)
+    state[name.replace(".weight", ".weight_scale")] = scale.reshape(())
+    state[name.replace(".weight", ".comfy_quant")] = torch.frombuffer(bytearray(b'{"format": "float8_e4m3fn"}'),
+                                                                       dtype=torch.uint8)
+    meta = {"sd_studio.config": model.text_encoders[0].config.to_json_string()}
+    save_file(state, str(tmp_path / "qwen_fp8.safetensors"), metadata=meta)
+    options = dict(vae=str(out / "flux2-vae.safetensors"), tokenizer=str(folder))
+    loaded = load_model(str(out / "flux-2-klein-tiny.safetensors"), **options,
+                        text_encoder_files={"text_encoder": str(tmp_path / "qwen_fp8.safetensors")})
+    assert torch.equal(loaded.text_encoders[0].state_dict()[name], state[name].float() * scale)
+    state[name] = torch.zeros(state[name].shape, dtype=torch.uint8)
+    save_file(state, str(tmp_path / "qwen_packed.safetensors"), metadata=meta)
+    with pytest.raises(ConfigError, match=r"^model\.text_encoder: qwen_packed\.safetensors holds packed or integer "
+                                          r"weights \(model\.layers\.3\.mlp\.down_proj\.weight is U8\)"):
+        load_model(str(out / "flux-2-klein-tiny.safetensors"), **options,
+                   text_encoder_files={"text_encoder": str(tmp_path / "qwen_packed.safetensors")})
+
+
 def test_a_wrong_or_missing_file_is_refused_naming_the_option(comfy_files):
     _, folder, out = comfy_files
     transformer = str(out / "flux-2-klein-tiny.safetensors")

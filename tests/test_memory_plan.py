@@ -133,13 +133,14 @@ def test_activation_estimate_is_within_15_percent_of_the_profiled_peak(gc):
     assert abs(planned - measured) / measured < 0.15, (planned, measured)
 
 
-@pytest.mark.parametrize("arch", ["sd1", "flux", "zimage", "flux2", "qwen_image"])
-def test_bundled_table_equals_a_fresh_meta_device_build(arch):
+@pytest.mark.parametrize("name", ["sd1", "flux", "zimage", "flux2", "qwen_image", "flux2-dev"])
+def test_bundled_table_equals_a_fresh_meta_device_build(name):
     from trainer_backend.families.registry import get_family
+    arch, variant = _family_and_table(name)
     family = get_family(arch)
-    table = family_table(arch)
+    table = variant or family_table(arch)
     assert table is not None, "assets/memory_tables.json lacks the family (tools/make_memory_tables.py)"
-    fresh = mp.component_entry(family.meta_denoiser(), family.keep_unquantized)
+    fresh = mp.component_entry(family.meta_denoiser(**({"size": "dev"} if variant else {})), family.keep_unquantized)
     bundled = dict(table["components"][family.denoiser_name])
     blocks = bundled.pop("blocks")
     assert fresh == bundled
@@ -148,11 +149,20 @@ def test_bundled_table_equals_a_fresh_meta_device_build(arch):
 
 def _tables():
     from trainer_backend.launch.memory_tables import TABLES, _load
-    return sorted(_load(str(TABLES))["families"])
+    data = _load(str(TABLES))
+    return sorted(data["families"]) + sorted(data.get("variants", {}))
 
 
-@pytest.mark.parametrize("arch", _tables())
-def test_more_batch_never_needs_less_and_checkpointing_never_more(arch):
+def _family_and_table(name):
+    """A table's family, and the table itself where it is a variant's (None: the family's own)."""
+    from trainer_backend.launch.memory_tables import TABLES, _load
+    variant = _load(str(TABLES)).get("variants", {}).get(name)
+    return (variant["family"], variant) if variant else (name, None)
+
+
+@pytest.mark.parametrize("name", _tables())
+def test_more_batch_never_needs_less_and_checkpointing_never_more(name):
+    arch, table = _family_and_table(name)
     for network in ("lora", "full"):
         for optimizer in ("adamw", "adamw8bit", "adafactor"):
             for cache in (False, True):
@@ -163,7 +173,7 @@ def test_more_batch_never_needs_less_and_checkpointing_never_more(arch):
                                          "optimizer": {"name": optimizer}, "schedule": {"batch_size": batch},
                                          "precision": {"gradient_checkpointing": gc},
                                          "dataset": {"cache_latents": cache, "cache_text_encoder_outputs": cache}})
-                        peaks[gc, batch] = plan_memory(cfg).peak_bytes
+                        peaks[gc, batch] = plan_memory(cfg, table=table).peak_bytes
                 case = (arch, network, optimizer, cache)
                 for gc in (False, True):
                     assert all(peaks[gc, b] <= peaks[gc, b + 1] for b in (1, 2, 3)), case
@@ -300,18 +310,30 @@ def test_cache_batch_sizes_are_what_the_dataset_uses_by_default():
         ds.latent_cache_batch_size
 
 
-def test_a_flux2_dev_folder_gets_no_plan_from_the_klein_table(tmp_path):
-    """The flux2 table is Klein 4B's: a 32 B Flux.2 dev folder must not be told it fits a 24 GB card."""
+def test_a_flux2_dev_folder_or_file_is_planned_with_the_dev_table_not_kleins(tmp_path):
+    """The flux2 table is Klein 4B's: a 32 B Flux.2 dev folder (Flux2Pipeline) or transformer file (with
+    guidance_in) is planned with the dev table (32 B + 24 B Mistral: no 24 GB card holds it in bf16), and
+    a Flux.2 pipeline no table describes gets "Memory: unknown", not Klein's plan."""
     import json
 
+    from safetensors.torch import save_file
+
     from trainer_backend.launch.memory_advice import memory_lines
-    for name, pipeline in (("klein", "Flux2KleinPipeline"), ("dev", "Flux2Pipeline")):
+    for name, pipeline in (("klein", "Flux2KleinPipeline"), ("dev", "Flux2Pipeline"), ("other", "Flux2NewPipeline")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
-    def cfg(folder):
-        return from_dict({"model": {"arch": "flux2", "path": str(tmp_path / folder)}, "network": {"rank": 16},
+    tiny = torch.zeros(1)
+    save_file({"model.diffusion_model.guidance_in.in_layer.weight": tiny}, str(tmp_path / "flux2-dev.safetensors"))
+    save_file({"model.diffusion_model.img_in.weight": tiny}, str(tmp_path / "flux-2-klein-4b.safetensors"))
+    def cfg(path):
+        return from_dict({"model": {"arch": "flux2", "path": str(tmp_path / path)}, "network": {"rank": 16},
                           "precision": {"mixed": "bf16"}})
-    assert plan_memory(cfg("klein")) is not None
-    assert plan_memory(cfg("dev")) is None
-    line = " ".join(memory_lines(cfg("dev")))
-    assert "unknown" in line and "Flux2Pipeline" in line and "Klein 4B" in line, line
+    klein, dev = plan_memory(cfg("klein")), plan_memory(cfg("dev"))
+    assert dev.resident["denoiser"] > 7 * klein.resident["denoiser"]  # 32.2 B against 3.9 B
+    assert dev.resident["text encoders"] == 2 * 24_011_361_280  # Mistral Small 3 with its vision tower, bf16
+    assert dev.verdict(24) == "will not fit" and klein.verdict(24) != "will not fit"
+    assert plan_memory(cfg("flux2-dev.safetensors")).peak_bytes == dev.peak_bytes
+    assert plan_memory(cfg("flux-2-klein-4b.safetensors")).peak_bytes == klein.peak_bytes
+    assert plan_memory(cfg("other")) is None
+    line = " ".join(memory_lines(cfg("other")))
+    assert "unknown" in line and "Flux2NewPipeline" in line and "Klein 4B" in line, line

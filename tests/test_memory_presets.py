@@ -146,3 +146,26 @@ def test_cli_plan_prints_the_memory_plan(tmp_path):
     out = subprocess.run(argv + ["--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     memory = json.loads(out.stdout)["memory"]
     assert memory["verdicts"] == {"24": "will not fit"} and memory["fixes"] and memory["side"] == [64, 64]
+
+
+def test_flux2_dev_preset_with_a_dev_model_gets_the_dev_tables_verdict(tmp_path):
+    """flux2-dev-lora with model.path a FLUX.2-dev folder (Flux2Pipeline) is planned with the dev table: the
+    80 GB card it is written for holds it, a 24 GB card does not; the CLI prints that verdict."""
+    dev = tmp_path / "FLUX.2-dev"
+    dev.mkdir()
+    (dev / "model_index.json").write_text(json.dumps({"_class_name": "Flux2Pipeline"}))
+    cfg = STORE.load("flux2-dev-lora")
+    cfg.model.path = str(dev)
+    plan = plan_memory(cfg)
+    assert plan is not None and plan.verdict(80) == "fits" and plan.verdict(24) == "will not fit"
+    assert plan.resident["denoiser"] > 25 * 2 ** 30  # 32.2 B in int8, not Klein 4B's 4 B
+    cfg.model.path = ""  # as the preset ships: planned as Klein 4B, and the plan says so
+    assert any("model.path is empty" in n and "flux2-dev" in n for n in plan_memory(cfg).notes)
+    assert not any("model.path is empty" in n for n in plan.notes)
+    data = ROOT / "assets" / "demo_dataset"
+    argv = [sys.executable, "-m", "trainer_backend", "plan", "--config", str(ROOT / "presets" / "flux2-dev-lora.toml"),
+            "--set", f"model.path={json.dumps(str(dev))}", "--set", f"dataset.path={json.dumps(str(data))}",
+            "--set", "dataset.resolution=64", "--set", "dataset.bucketing=false", "--set", "hardware.gpu_memory_gb=80"]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Peak GPU memory" in out.stdout and "80 GB ✅ fits" in out.stdout, out.stdout

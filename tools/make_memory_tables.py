@@ -9,6 +9,7 @@ encode and the text encoders' forward.
 
     python tools/make_memory_tables.py [--families sd1,sdxl] [--out assets/memory_tables.json]
     python tools/make_memory_tables.py --flops-only   # only the denoisers' forward FLOPs (step time)
+    python tools/make_memory_tables.py --families flux2-dev   # a variant (VARIANTS): Flux.2 dev's own table
 
 Takes a few minutes per family on a CPU (the meta device only builds shapes).
 """
@@ -56,63 +57,92 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
 # (memory_tables.pipeline_outside_table: a Flux.2 dev folder gets no plan rather than Klein 4B's)
 PIPELINES = {"flux2": ("Flux2KleinPipeline", "Flux2KleinKVPipeline")}
 
+# models of a family its table does not describe, with a table of their own (the file's "variants";
+# memory_tables.variant_table picks one by a diffusers folder's pipeline or a single file's keys):
+# name -> the family, the meta_denoiser size, the tiny model, the borrowed configs, what picks it
+VARIANTS = {
+    "flux2-dev": {"family": "flux2", "denoiser": {"size": "dev"}, "tiny": "tiny-flux2-dev",
+                  "borrowed": {"text_encoder": ("flux2/text_encoder-mistral-small-3.json", None),
+                               "vae": ("flux2/vae.json", None)},
+                  "pipelines": ["Flux2Pipeline"], "file_keys": ["guidance_in.in_layer.weight"],
+                  "note": "Flux.2 dev 32B (transformer-dev.json) with Mistral Small 3 24B "
+                          "(text_encoder-mistral-small-3.json, with its vision tower, as loaded)"},
+}
 
-def build_components(arch: str) -> dict:
-    """The family's full-size modules on the meta device, in fp32."""
+
+def spec_of(name: str) -> dict:
+    """What builds a table: a family's (its bundled configs) or a variant's (VARIANTS)."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    return {"family": name, "denoiser": {}, "tiny": f"tiny-{name}", "borrowed": BORROWED.get(name, {}),
+            "pipelines": list(PIPELINES.get(name, ())), "note": NOTES.get(name, "")}
+
+
+def build_components(name: str) -> dict:
+    """The full-size modules of a family (or VARIANTS entry) on the meta device, in fp32."""
     import diffusers
     import torch
     import transformers
     from trainer_backend.families.registry import get_family
     from trainer_backend.families.sd.loader import ASSETS_CONFIGS
+    spec = spec_of(name)
+    arch = spec["family"]
     family = get_family(arch)
     folder = getattr(family, "full_size_config", arch)
-    out = {family.denoiser_name: family.meta_denoiser()}
+    out = {family.denoiser_name: family.meta_denoiser(**spec["denoiser"])}
     with torch.device("meta"):
-        for name in (*family.text_encoder_names, "vae"):
-            sub, cls_name = BORROWED.get(arch, {}).get(name, (f"{folder}/{name}", None))
+        for part in (*family.text_encoder_names, "vae"):
+            sub, cls_name = spec["borrowed"].get(part, (f"{folder}/{part}", None))
             path = ASSETS_CONFIGS / sub
             config = json.loads((path if path.suffix == ".json" else path / "config.json").read_text())
             config = {k: v for k, v in config.items() if k != "_note"}
             if "_class_name" in config:
                 cls = getattr(diffusers, cls_name or config["_class_name"])
-                out[name] = cls.from_config(config)
+                out[part] = cls.from_config(config)
             else:
                 cls = getattr(transformers, cls_name or config["architectures"][0])
-                out[name] = cls(cls.config_class.from_dict(config))
+                out[part] = cls(cls.config_class.from_dict(config))
     return out
 
 
-def static_family(arch: str) -> dict:
+def _full_size(name: str):
+    """(the family's name, a loader of the full-size LoadedModel on the meta device)."""
     from trainer_backend.families.builtin import resolve_model_path
     from trainer_backend.training import memory_probe as mp
-    tiny = resolve_model_path(f"builtin:tiny-{arch}")
-    table = mp.static_table(mp.full_size_model(arch, tiny, build_components(arch)))
+    spec = spec_of(name)
+    tiny = resolve_model_path(f"builtin:{spec['tiny']}")
+    return spec["family"], lambda: mp.full_size_model(spec["family"], tiny, build_components(name))
+
+
+def static_family(name: str) -> dict:
+    from trainer_backend.training import memory_probe as mp
+    table = mp.static_table(_full_size(name)[1]())
     del table["activations"]  # measured by probe_family; kept as they are
     return table
 
 
-def probe_family(arch: str, log=print) -> dict:
-    from trainer_backend.families.builtin import resolve_model_path
+def probe_family(name: str, log=print) -> dict:
     from trainer_backend.training import memory_probe as mp
-    tiny = resolve_model_path(f"builtin:tiny-{arch}")
+    arch, loader = _full_size(name)
+    spec = spec_of(name)
     base = 1024 if arch not in ("sd1", "sd2") else 512
     overrides = {"model": {"arch": arch}, "network": {"rank": 16}, "precision": {"mixed": "bf16"}}
-    table = mp.measure_table(lambda: mp.full_size_model(arch, tiny, build_components(arch)), overrides,
-                             (base // 2, base), log=log)
-    table["note"] = NOTES.get(arch, "")
-    if arch in PIPELINES:
-        table["pipelines"] = list(PIPELINES[arch])
+    table = mp.measure_table(loader, overrides, (base // 2, base), log=log)
+    table["note"] = spec["note"]
+    if spec["pipelines"]:
+        table["pipelines"] = list(spec["pipelines"])
+    if name in VARIANTS:
+        table.update(family=arch, file_keys=list(spec["file_keys"]))
     return table
 
 
-def flops_family(arch: str) -> dict:
+def flops_family(name: str) -> dict:
     """The denoiser's forward and the VAE encode's FLOPs per sample = a + b × latent pixels; read by
     trainer_backend/launch/step_time.py."""
-    from trainer_backend.families.builtin import resolve_model_path
     from trainer_backend.training import memory_probe as mp
-    tiny = resolve_model_path(f"builtin:tiny-{arch}")
+    arch, loader = _full_size(name)
     base = 1024 if arch not in ("sd1", "sd2") else 512
-    return mp.flops_table(lambda: mp.full_size_model(arch, tiny, build_components(arch)), (base // 2, base))
+    return mp.flops_table(loader, (base // 2, base))
 
 
 def main(argv=None) -> int:
@@ -132,15 +162,17 @@ def main(argv=None) -> int:
     tables["about"] = ("Written by tools/make_memory_tables.py: full-size models on the meta device; "
                        "activation bytes per sample = a + b * latent pixels (a GPU's view, bf16 autocast, "
                        "fused attention). Read by trainer_backend/launch/memory_plan.py.")
+    tables.setdefault("variants", {})
     for arch in [a.strip() for a in args.families.split(",") if a.strip()]:
-        if args.flops_only and arch in tables["families"]:
+        where = tables["variants"] if arch in VARIANTS else tables["families"]
+        if args.flops_only and arch in where:
             started = time.monotonic()
-            tables["families"][arch]["flops"] = flops_family(arch)
-            print(f"{arch}: forward FLOPs {tables['families'][arch]['flops']} ({time.monotonic() - started:.0f} s)")
-        elif args.static_only and arch in tables["families"]:
-            tables["families"][arch].update(static_family(arch))
+            where[arch]["flops"] = flops_family(arch)
+            print(f"{arch}: forward FLOPs {where[arch]['flops']} ({time.monotonic() - started:.0f} s)")
+        elif args.static_only and arch in where:
+            where[arch].update(static_family(arch))
         else:
-            tables["families"][arch] = probe_family(arch)
+            where[arch] = probe_family(arch)
         out.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
         print(f"wrote {arch} to {out}")
     return 0

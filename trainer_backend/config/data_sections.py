@@ -57,7 +57,8 @@ class Model(Section):
                            "any SD family, or a folder with vocab.json + merges.txt. Flux: a Flux diffusers folder "
                            "(tokenizer/ and tokenizer_2/). SD3: an SD3 diffusers folder (tokenizer/, tokenizer_2/, "
                            "tokenizer_3/). Z-Image: a Z-Image diffusers folder (tokenizer/) or a Qwen3 "
-                           "tokenizer folder. Flux.2: a Flux.2 diffusers folder or a Qwen3 tokenizer folder. "
+                           "tokenizer folder. Flux.2: a Flux.2 diffusers folder or a Qwen3 tokenizer folder (dev: "
+                           "a FLUX.2-dev diffusers folder or its tokenizer folder). "
                            "Qwen-Image: a Qwen-Image diffusers folder (tokenizer/; the edit model: processor/). Empty = "
                            "look in the Hugging Face cache (offline).",
                        widget="path", advanced=True, resume="ignored",
@@ -77,9 +78,10 @@ class Model(Section):
                 widget="path", resume="ignored", when={"model.arch": ("sd3", "flux")})
     text_encoder: str = F("", "Z-Image, Flux.2 or Qwen-Image single file: the text encoder file (ComfyUI's "
                               "models/text_encoders/: Z-Image qwen_3_4b.safetensors; Flux.2 Klein 4B "
-                              "qwen_3_4b.safetensors, 9B qwen_3_8b.safetensors; Qwen-Image "
+                              "qwen_3_4b.safetensors, 9B qwen_3_8b.safetensors, dev "
+                              "mistral_3_small_flux2_bf16.safetensors or its fp8 file; Qwen-Image "
                               "qwen_2.5_vl_7b.safetensors); model.path is the transformer (z_image_turbo_bf16, "
-                              "flux-2-klein-base-4b, qwen_image_bf16 .safetensors) and model.vae the autoencoder "
+                              "flux-2-klein-base-4b, flux2-dev, qwen_image_bf16 .safetensors) and model.vae the autoencoder "
                               "(Z-Image: FLUX.1's ae.safetensors; flux2-vae.safetensors; qwen_image_vae.safetensors).",
                           widget="path", resume="ignored",
                           when={"model.arch": ("zimage", "flux2", "qwen_image", "qwen_image_edit")})

@@ -57,10 +57,12 @@ def check(option: str, path: Path, shapes: dict, expected: dict, what: str) -> N
 
 
 def load_into(option: str, path: Path, module, state: dict, skip=()) -> None:
-    """Assign the file's tensors (as fp32) to a module built on the meta device."""
+    """Assign the file's tensors (as fp32) to a module built on the meta device. Always copies: a fused
+    weight's parts split from an fp32 file are views at odd offsets, and matmuls on those differ from a
+    folder-loaded model's in the last bit."""
     import torch
-    missing, _ = module.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=False,
-                                        assign=True)
+    missing, _ = module.load_state_dict({k: v.to(torch.float32, copy=True) for k, v in state.items()},
+                                        strict=False, assign=True)
     missing = [k for k in missing if k not in skip]
     if missing:
         raise ConfigError(f"{option}: {path.name} has no {missing[0]}")
@@ -75,6 +77,34 @@ def load_checked(option: str, path: Path, module, what: str, shapes: dict, expec
     check(option, path, shapes, expected, what)
     state = read_prefixed(path, prefix, keys)
     load_into(option, path, module, convert(state) if convert is not None else state, skip)
+
+
+# ComfyUI's fp8 files: each Linear weight a float8 with its scale beside it (per tensor or per row)
+FP8_SCALES = (".weight_scale", ".scale_weight")  # the current name, the older "scaled_fp8" files' name
+
+
+def dequantize_fp8(state: dict) -> dict:
+    """The tensors with each scaled fp8 weight as weight × scale (fp32); scales stay (callers drop them)."""
+    import torch
+    out = dict(state)
+    for name, scale in state.items():
+        if name.endswith(FP8_SCALES):
+            weight = name.rsplit(".", 1)[0] + ".weight"
+            w, scale = state[weight].to(torch.float32), scale.to(torch.float32)
+            out[weight] = w * (scale.reshape(-1, *[1] * (w.dim() - 1)) if scale.numel() > 1 else scale)
+    return out
+
+
+def refuse_packed(option: str, path: Path, use: str) -> None:
+    """A quantized format other than fp8 (packed 4-bit or integer weights, ComfyUI's nvfp4/int8 files):
+    one line naming the file, before the shape check would name a confusing shape."""
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            if name.endswith(".weight") and f.get_slice(name).get_dtype() in ("U8", "I8", "F4", "F8_E8M0"):
+                raise ConfigError(f"{option}: {path.name} holds packed or integer weights ({name} is "
+                                  f"{f.get_slice(name).get_dtype()}), a quantized format only ComfyUI's kernels "
+                                  f"read; use the bf16 or fp8 file ({use})")
 
 
 def weights_on_meta():

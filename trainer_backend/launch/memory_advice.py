@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .memory_plan import CARDS_GB, MemoryPlan, has_option, opt, plan_memory
-from .memory_tables import family_table, pipeline_outside_table
+from .memory_tables import family_table, pipeline_outside_table, variant_table
 
 VERDICT_MARK = {"fits": "✅ fits", "tight": "⚠️ tight", "will not fit": "❌ will not fit"}
 
@@ -42,7 +42,7 @@ def step_time_line(cfg, arch: str, plan: MemoryPlan, card_name: str | None = Non
     (hardware.gpu_memory_gb unset), else on the reference card; the run's length for `steps` optimizer
     steps (the step plan's total; schedule.max_steps when not given, none when that is 0)."""
     from .step_time import estimate
-    table = family_table(arch)
+    table = variant_table(arch, cfg.model.path) or family_table(arch)
     if card_name is None:
         card_name = "" if float(opt(cfg, "hardware.gpu_memory_gb", 0) or 0) > 0 else detect_card_name()
     scale = table["vae_scale_factor"]

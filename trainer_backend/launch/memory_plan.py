@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .memory_tables import (DTYPE_BYTES, GiB, family_table, optimizer_state_bytes, optimizer_temp_bytes,
-                            pipeline_outside_table, trainable_tensors, weight_bytes)
+                            pipeline_outside_table, trainable_tensors, variant_names, variant_table,
+                            weight_bytes)
 
 CARDS_GB = (8, 12, 16, 24, 48, 80)
 OVERHEAD_GIB = 0.6     # CUDA context, cuBLAS/cuDNN handles: outside max_memory_allocated
@@ -105,7 +106,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     None when the family has no table (a family added without running tools/make_memory_tables.py).
     table: a family table to use instead of assets/memory_tables.json's (tests: a tiny model's)."""
     arch = arch or cfg.model.arch
-    table = table or family_table(arch)
+    table = table or variant_table(arch, cfg.model.path) or family_table(arch)
     if table is None or pipeline_outside_table(table, cfg.model.path):
         return None
     net, prec, ds = cfg.network, cfg.precision, cfg.dataset
@@ -184,6 +185,9 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
               "vae": comps["vae"]["params"], "trainable": n_trained}
     if table.get("note"):
         notes.append(table["note"])
+    if not cfg.model.path and variant_names(arch) and "family" not in table:  # e.g. the flux2-dev-lora preset
+        notes.append(f"model.path is empty: planned with the {arch!r} table; {', '.join(variant_names(arch))} "
+                     "has a table of its own, used once model.path is such a model")
     return MemoryPlan(arch, side, resident, phases, counts, notes, grads=0.0 if fused_bw else grads,
                       cache_phases=cache)
 

@@ -39,8 +39,8 @@ def family_table(arch: str, path: Path = TABLES) -> dict | None:
 
 
 def pipeline_outside_table(table: dict, model_path: str) -> str:
-    """The pipeline class of a diffusers folder that a family's table does not describe (Flux.2 dev,
-    32 B, under the table measured on Klein 4B), else "". Tables that name no pipelines describe
+    """The pipeline class of a diffusers folder that a family's table does not describe (a variant without
+    a table of its own: variant_table), else "". Tables that name no pipelines describe
     every model of their family; single files and builtin: paths are not looked into."""
     described = table.get("pipelines")
     if not described or not model_path:
@@ -51,6 +51,42 @@ def pipeline_outside_table(table: dict, model_path: str) -> str:
         return ""
     name = index.get("_class_name", "") if isinstance(index, dict) else ""
     return name if name and name not in described else ""
+
+
+def variant_table(arch: str, model_path: str, path: Path = TABLES) -> dict | None:
+    """The table of the model at `model_path` when it is a variant of the family that has a table of its
+    own (the file's "variants", e.g. Flux.2 dev beside the flux2 table's Klein 4B): a diffusers folder
+    whose pipeline class the variant names, or a .safetensors file holding one of its `file_keys` (read
+    from the file's header only). None: the family's own table applies (or describes it not)."""
+    variants = [v for v in _load(str(path)).get("variants", {}).values() if v.get("family") == arch]
+    if not variants or not model_path:
+        return None
+    src = Path(model_path).expanduser()
+    if src.is_dir():
+        try:
+            name = json.loads((src / "model_index.json").read_text()).get("_class_name", "")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return next((v for v in variants if name in v.get("pipelines", ())), None)
+    keys = _safetensors_keys(src) if src.suffix.lower() == ".safetensors" else []
+    return next((v for v in variants if any(k.endswith(tuple(v.get("file_keys", ()))) for k in keys)), None)
+
+
+def variant_names(arch: str, path: Path = TABLES) -> list[str]:
+    """The names of the family's variants that have tables of their own ("flux2-dev")."""
+    return sorted(k for k, v in _load(str(path)).get("variants", {}).items() if v.get("family") == arch)
+
+
+def _safetensors_keys(src: Path) -> list[str]:
+    """The tensor names of a .safetensors file (its JSON header: 8 bytes of length, then the header)."""
+    try:
+        with open(src, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size < 100_000_000:
+                return []
+            return [k for k in json.loads(f.read(size)) if k != "__metadata__"]
+    except (OSError, ValueError):
+        return []
 
 
 def matches(name: str, targets) -> bool:

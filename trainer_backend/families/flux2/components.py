@@ -1,6 +1,8 @@
 """Flux.2 from the separate files ComfyUI users keep, offline: the transformer in the original layout
-(`model.path`, e.g. `flux-2-klein-base-4b.safetensors`), the Qwen3 text encoder (`model.text_encoder`,
-`qwen_3_4b.safetensors`, transformers' key names) and the autoencoder (`model.vae`,
+(`model.path`, e.g. `flux-2-klein-base-4b.safetensors` or `flux2-dev.safetensors`; fp8 files
+with scales read as weight × scale), the text
+encoder (`model.text_encoder`: Klein's Qwen3, `qwen_3_4b.safetensors`, transformers' key names; dev's
+Mistral Small 3, `mistral_3_small_flux2_bf16.safetensors`, read by mistral_file.py) and the autoencoder (`model.vae`,
 `flux2-vae.safetensors` in the original layout, or a diffusers VAE folder or file).
 
 Architectures: the transformer's is read from the file's own shapes (block counts, widths, heads), so
@@ -8,18 +10,18 @@ Klein 4B, 9B and dev all load; the text encoder's is Qwen3-4B or Qwen3-8B (asset
 chosen by its width; a file written by this project carries its own config (`sd_studio.config`). Every
 file is checked key by key before anything loads: a wrong or truncated file is refused in one line
 naming the option, the file and the first key that does not fit. Tokenizers come from `model.tokenizer`
-(a Flux.2 diffusers folder or a Qwen tokenizer folder) or the local Hugging Face cache.
+(a Flux.2 diffusers folder, or a Qwen or FLUX.2-dev tokenizer folder) or the local Hugging Face cache.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
 from ..component_files import bundled as _bundled, check as _check, find_qwen3_tokenizer, header as _header
-from ..component_files import load_checked, own_config as _own_config, strip as _strip
+from ..component_files import dequantize_fp8, load_checked, own_config as _own_config, refuse_packed
+from ..component_files import strip as _strip
 from ..component_files import weights_on_meta as _weights_on_meta
 from .original_keys import (from_original, normalise_vae_keys, strip_prefix, to_original, vae_from_original,
                             vae_to_original)
@@ -71,9 +73,10 @@ def load_transformer(path: Path):
     with _weights_on_meta():
         model = Flux2Transformer2DModel.from_config(config)
     like = model.state_dict()
+    refuse_packed("model.path", path, "as Black Forest Labs publish it")
     load_checked("model.path", path, model, "Flux.2 transformer of this size", shapes,
                  {k: v.shape for k, v in to_original(like, config).items()},
-                 lambda state: from_original(state, like, config))
+                 lambda state: from_original(dequantize_fp8(strip_prefix(state)), like, config))
     return model
 
 
@@ -95,8 +98,10 @@ def load_text_encoder(path_str: str):
         model = Qwen3ForCausalLM(config)
     head = "lm_head.weight"  # only for logits, which the encoding never computes: tied when the file has none
     expected = {k: v.shape for k, v in model.state_dict().items() if k != head}
+    refuse_packed("model.text_encoder", path, "qwen_3_4b.safetensors / qwen_3_8b.safetensors")
     load_checked("model.text_encoder", path, model, "Qwen3 text encoder of this size", shapes, expected,
-                 lambda state: {k: v for k, v in _strip(state, QWEN_PREFIXES).items() if k in expected or k == head},
+                 lambda state: {k: v for k, v in dequantize_fp8(_strip(state, QWEN_PREFIXES)).items()
+                                if k in expected or k == head},  # fp8 files (qwen_3_8b_fp8mixed): weight × scale
                  skip=(head,))
     if head not in shapes:  # shapes: the file's names as stripped for loading
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -146,40 +151,27 @@ def load_tokenizer(folder: str):
     return find_qwen3_tokenizer(folder, HF_CACHE, "Flux.2")
 
 
-def load_mistral_tokenizer(folder: Path):
-    """Flux.2 dev's tokenizer: the tokenizer inside its PixtralProcessor folder (text encoding renders the
-    processor's chat template with it; the processor itself needs torchvision), with the chat template
-    from wherever the folder keeps it (chat_template.jinja, chat_template.json, processor_config.json)."""
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    if not tokenizer.chat_template:
-        for name, key in (("chat_template.jinja", None), ("chat_template.json", "chat_template"),
-                          ("processor_config.json", "chat_template")):
-            path = Path(folder) / name
-            if path.is_file():
-                text = path.read_text(encoding="utf-8")
-                template = json.loads(text).get(key) if key else text
-                if template:
-                    tokenizer.chat_template = template
-                    break
-    return tokenizer
-
-
 def load_flux2_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[str, str]) -> LoadedModel:
     from diffusers import FlowMatchEulerDiscreteScheduler
     transformer = load_transformer(src)
-    if transformer.config.guidance_embeds:
-        raise ConfigError(f"model.path: {src.name} is a Flux.2 dev transformer; dev loads from its diffusers "
-                          "folder (FLUX.2-dev: Flux2Pipeline, with the Mistral text encoder), not from separate "
-                          "files yet")
-    text_encoder = load_text_encoder(files.get("text_encoder", ""))
     width = transformer.config.joint_attention_dim
-    if 3 * text_encoder.config.hidden_size != width:
-        raise ConfigError(f"model.text_encoder: a {text_encoder.config.hidden_size}-wide Qwen3 does not fit this "
-                          f"transformer (it takes 3 x {width // 3}: Klein 4B Qwen3-4B, Klein 9B Qwen3-8B)")
+    if transformer.config.guidance_embeds:  # dev: Mistral Small 3 (mistral_file.py)
+        from .mistral_file import find_mistral_tokenizer, load_mistral_text_encoder
+        text_encoder = load_mistral_text_encoder(files.get("text_encoder", ""))
+        hidden = text_encoder.config.text_config.hidden_size
+        if 3 * hidden != width:
+            raise ConfigError(f"model.text_encoder: a {hidden}-wide Mistral does not fit this transformer (it "
+                              f"takes 3 x {width // 3}: Flux.2 dev Mistral Small 3, 5120)")
+        tokenizers = [find_mistral_tokenizer(tokenizer)]
+    else:
+        text_encoder = load_text_encoder(files.get("text_encoder", ""))
+        if 3 * text_encoder.config.hidden_size != width:
+            raise ConfigError(f"model.text_encoder: a {text_encoder.config.hidden_size}-wide Qwen3 does not fit "
+                              f"this transformer (it takes 3 x {width // 3}: Klein 4B Qwen3-4B, Klein 9B Qwen3-8B)")
+        tokenizers = [load_tokenizer(tokenizer)]
     autoencoder = load_vae(vae)
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(bundled("scheduler.json"))
     return LoadedModel(family=family, denoiser=transformer, vae=autoencoder, text_encoders=[text_encoder],
-                       tokenizers=[load_tokenizer(tokenizer)], noise_scheduler=scheduler, prediction_type="flow",
+                       tokenizers=tokenizers, noise_scheduler=scheduler, prediction_type="flow",
                        source=str(src), vae_scale_factor=2 ** (len(autoencoder.config.block_out_channels) - 1),
                        scheduler_config=dict(scheduler.config))

@@ -78,6 +78,8 @@ class Flux2Family(FlowFamily):
     text_encoder_file_options = ("text_encoder",)
     short_label = "Flux.2"
     component_files_loader = ".flux2.components:load_flux2_files"
+    # Flux.2's timestep (and dev's guidance) embedder stays unquantized, as Flux.1's time_text_embed
+    keep_unquantized = (*FlowFamily.keep_unquantized, "time_guidance_embed")
     # Qwen3's residual stream has outlier activations in the thousands: cached in bf16 (fp16's range is narrow)
     text_cache_dtype = "bfloat16"
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
@@ -110,7 +112,7 @@ class Flux2Family(FlowFamily):
         model = super().load_folder(src, vae=vae, prediction_type=prediction_type)
         if folder_variant(src) is DEV:
             from ...errors import ConfigError
-            from .components import load_mistral_tokenizer
+            from .mistral_file import load_mistral_tokenizer
             try:
                 model.tokenizers = [load_mistral_tokenizer(src / "tokenizer")]
             except (OSError, ValueError) as e:

@@ -6,7 +6,7 @@ tower beside a Mistral text model) and its `tokenizer` slot holds a `PixtralProc
 template Flux2Pipeline renders. A PixtralProcessor cannot be built without torchvision (which this
 project does not install: FIELD-NOTES), and for text alone it renders the template and tokenizes with
 its tokenizer, so the tiny model's slot holds the tokenizer itself, chat template included; the family
-loads a real folder's slot the same way (components.load_mistral_tokenizer). The real vocabulary (Tekken, ~131k tokens) cannot be downloaded here,
+loads a real folder's slot the same way (mistral_file.load_mistral_tokenizer). The real vocabulary (Tekken, ~131k tokens) cannot be downloaded here,
 so the tiny model carries its own: Mistral's control tokens first, in Mistral's order (`<unk>`, `<s>`,
 `</s>`, `[INST]`, ... `[IMG]` at id 10 as Mistral3Config's image_token_index, `[SYSTEM_PROMPT]`), then
 the byte-level BPE of families/tiny_qwen.py (every byte a token, so any caption tokenizes). The chat
