@@ -8,8 +8,9 @@ import re
 import time
 import urllib.request
 
-from test_browser_studio import (browser, click_run_button, field_input, open_page, server, shot,  # noqa: F401
-                                 wait_text)
+# pytestmark: skipped without chromium, and run on the browser tests' one xdist worker
+from test_browser_studio import (browser, click_run_button, field_input, open_page, pytestmark,  # noqa: F401
+                                 server, shot, wait_text)
 
 def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):  # noqa: F811
     page = open_page(browser, server.url)

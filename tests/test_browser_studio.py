@@ -25,8 +25,10 @@ CHROMIUM = "/usr/bin/chromium"
 
 # setup.sh installs chromium; on a developer machine without it the browser tests skip, in CI
 # (CI set) they fail instead, so a broken install can never pass silently.
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian chromium not installed (apt-get install chromium)")
+# The browser tests run one at a time on one pytest-xdist worker (a studio, a trainer and chromium each).
+pytestmark = [pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                 reason="Debian chromium not installed (apt-get install chromium)"),
+              pytest.mark.xdist_group("browser")]
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
