@@ -1,16 +1,11 @@
-"""Issue 16 in a real browser: the inspector drops a previous folder's views and says why files
-were skipped (1), confirmations and action messages do not outlive their moment (2), headings keep
-their whole docstring (6), TensorBoard and downloads (20), labels, the visible command preview,
-captions, and the log following its newest line (22); a reload keeps the form's edits (8)."""
+"""Issue 16 in a real browser, Training page: the inspector drops a previous folder's views and says
+why files were skipped (1), a confirmation does not outlive its moment (2), headings keep their whole
+docstring (6), labels, the visible command preview and captions (22); a reload keeps the form's edits
+(8). The Run-page items (2, 3, 20, 22) share the demo run of test_browser_studio.py."""
 from __future__ import annotations
 
-import re
-import time
-import urllib.request
-
 # pytestmark: skipped without chromium, and run on the browser tests' one xdist worker
-from test_browser_studio import (browser, click_run_button, field_input, open_page, pytestmark,  # noqa: F401
-                                 server, shot, wait_text)
+from test_browser_studio import browser, field_input, open_page, pytestmark, server, shot, wait_text  # noqa: F401
 
 def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):  # noqa: F811
     page = open_page(browser, server.url)
@@ -70,73 +65,3 @@ def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):
     assert page.locator("#preset-select input").first.input_value() == "to delete"
     assert not page.locator(".toast-body, .toast-wrap").filter(has_text="Error").count(), "an error toast"
     shot(page, "issue16-form-after-reload")
-
-
-def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811
-    page = open_page(browser, server.url)
-    # the demo trains 80 steps in ~15 s: 400 epochs, so that the buttons below always act on a running run
-    page.get_by_role("tab", name="Optimizer & schedule").click()
-    epochs = field_input(page, "schedule", "epochs")
-    demo_epochs = epochs.input_value()
-    epochs.fill("400")
-    page.keyboard.press("Tab")
-    time.sleep(1)
-    page.click("#start-training")
-    wait_text(page, "#run-header", r"demo-sd1-lora", 60)
-    # two loss points on the chart (the wait is a hang guard, not a speed check)
-    wait_text(page, "#run-chart-caption", r"^([2-9]\d*|\d{2,}) loss points", 300)
-    # 2: an action's message belongs to its run and its moment
-    click_run_button(page, "#run-save-now")
-    wait_text(page, "#run-message", r"checkpoint requested", 60)
-    # 22: the log box shows its newest line (scrolled to the bottom)
-    page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
-                           " return t && t.value.split('\\n').length > 20; }", timeout=120_000)
-    time.sleep(3)
-    at_bottom = page.eval_on_selector(
-        "#run-log textarea", "t => t.scrollHeight - t.clientHeight - t.scrollTop < 30")
-    assert at_bottom, "the log box does not follow its newest line"
-    # 20: TensorBoard on the run's tb/, on the loopback, answering
-    page.click("#run-tensorboard")
-    link = wait_text(page, "#run-tensorboard-link", r"http://127\.0\.0\.1:\d+/", 30)
-    url = re.search(r"http://127\.0\.0\.1:\d+/", link).group(0)
-    status = None
-    for _ in range(90):   # TensorBoard takes a few seconds to start serving; retried, not timed
-        try:
-            status = urllib.request.urlopen(url, timeout=5).status
-            break
-        except OSError:
-            time.sleep(1)
-    assert status == 200, f"TensorBoard at {url} never answered"
-    # 20: the run folder as a zip
-    page.click("#run-zip-button")
-    page.wait_for_selector("#run-zip a", timeout=60_000)
-    shot(page, "issue16-run-tools")
-    click_run_button(page, "#run-stop")
-    wait_text(page, "#run-progress", r"resumable", 240)
-    # 2: neither "checkpoint requested…" nor "stopping, saving state…" stays next to the ended run
-    page.wait_for_function("() => { const m = document.querySelector('#run-message').innerText;"
-                           " return !m.includes('stopping') && !m.includes('checkpoint requested'); }",
-                           timeout=30_000)
-
-    # 3: a new Start shows the new run as starting at once, its buttons off until it runs
-    page.get_by_role("tab", name="Training", exact=True).click()
-    page.get_by_role("tab", name="Optimizer & schedule").click()
-    epochs.fill(demo_epochs)       # the demo's own length: this run ends by itself
-    page.keyboard.press("Tab")
-    page.get_by_role("tab", name="Model", exact=True).click()
-    name = field_input(page, "output", "name")
-    name.fill("second-run")
-    name.press("Tab")
-    time.sleep(1)
-    page.click("#start-training")
-    # the page turns to the new run (not the stopped one) and shows it starting; a loaded CI browser can
-    # draw its first frame of the new run after that run's first steps (38 s in all), so a later state of
-    # the new run is accepted, never the previous run's
-    wait_text(page, "#run-header", r"second-run", 60)
-    progress = wait_text(page, "#run-progress", r"(?m)^(starting|running|done)", 60)
-    assert "resumable" not in progress and "stopped" not in progress, progress
-    shot(page, "issue16-second-start")
-    wait_text(page, "#run-progress", r"^done", 300)
-    # 20: each output file of a finished run to download
-    page.wait_for_selector("#run-output-files a", timeout=60_000)
-    assert ".safetensors" in page.locator("#run-output-files").inner_text()
