@@ -180,7 +180,7 @@ def choose_preset(page, label: str) -> None:
     page.locator("#preset-select input").first.click()
     page.get_by_role("option", name=label, exact=True).click()
     page.wait_for_function(f"() => document.querySelector('#preset-select input').value === {label!r}",
-                           timeout=10_000)
+                           timeout=30_000)
 
 
 def test_training_page_demo_plan_presets_and_validation(server, browser):
@@ -206,7 +206,7 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     # save a preset, change the form, load the preset back
     page.locator("#preset-name input, #preset-name textarea").first.fill("browser preset")
     page.click("#preset-save-as")
-    wait_text(page, "#preset-message", r"Saved \*?\*?browser preset|Saved browser preset", 20)
+    wait_text(page, "#preset-message", r"Saved \*?\*?browser preset|Saved browser preset", 60)
     saved = server.presets / "browser preset.toml"
     assert saved.exists() and "num_processes = 2" in saved.read_text()
     gpus.fill("1")
@@ -215,9 +215,9 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     choose_preset(page, "demo-sd1-lora (built-in)")
     choose_preset(page, "browser preset")
     page.click("#preset-load")
-    wait_text(page, "#preset-message", r"Loaded", 20)
-    page.wait_for_function(
-        "() => document.querySelector('#field-hardware-num_processes input').value === '2'", timeout=20_000)
+    wait_text(page, "#preset-message", r"Loaded", 60)
+    page.wait_for_function(   # a hang guard: a preset load redraws the form, slowly on a loaded machine
+        "() => document.querySelector('#field-hardware-num_processes input').value === '2'", timeout=60_000)
     wait_text(page, "#plan-table", r"2 GPUs", 30)
 
     # a bad value: the message appears under the field it names
@@ -225,7 +225,7 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     batch = field_input(page, "schedule", "batch_size")
     batch.fill("0")
     batch.press("Tab")
-    err = wait_text(page, "#err-schedule-batch_size", r"must be ≥ 1", 20)
+    err = wait_text(page, "#err-schedule-batch_size", r"must be ≥ 1", 60)
     assert "schedule.batch_size" in err
     shot(page, "studio-validation")
     batch.fill("2")
@@ -268,7 +268,7 @@ def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):
     # 2: "press Delete again within 10 s" goes when the 10 s are over
     page.locator("#preset-name input, #preset-name textarea").first.fill("to delete")
     page.click("#preset-save-as")
-    wait_text(page, "#preset-message", r"Saved", 20)
+    wait_text(page, "#preset-message", r"Saved", 60)
     page.click("#preset-delete")
     wait_text(page, "#preset-message", r"again within 10 s", 20)
     page.wait_for_function("() => !document.querySelector('#preset-message').innerText.includes('again')",
@@ -340,10 +340,11 @@ def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
     page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
                            " return t && t.value.includes('INFO') && t.value.split('\\n').length > 20; }",
                            timeout=120_000)
-    time.sleep(3)
-    at_bottom = page.eval_on_selector(
-        "#run-log textarea", "t => t.scrollHeight - t.clientHeight - t.scrollTop < 30")
-    assert at_bottom, "the log box does not follow its newest line"
+    try:   # the box scrolls after each new batch of lines arrives; a loaded browser gets there late
+        page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
+                               " return t.scrollHeight - t.clientHeight - t.scrollTop < 30; }", timeout=60_000)
+    except sync_api.TimeoutError:
+        raise AssertionError("the log box does not follow its newest line") from None
     # 20: TensorBoard on the run's tb/, on the loopback, answering
     page.click("#run-tensorboard")
     link = wait_text(page, "#run-tensorboard-link", r"http://127\.0\.0\.1:\d+/", 30)
