@@ -1,8 +1,15 @@
 """The studio in a real browser (Playwright driving Debian's chromium, headless).
 
+All browser tests live in this one file: pytest-xdist runs a file on one worker (`--dist
+loadfile`), so no two studios, trainers and chromiums compete for a 2-core machine.
+
 Training page: the demo preset is loaded, the plan follows the GPU count, a preset saves and
-loads back, validation shows next to the field. Run (slow): Start the demo, see log lines and
-loss points, Stop -> "state saved", restart the GUI -> the run is listed as resumable.
+loads back, validation shows next to the field; the inspector drops a previous folder's views and
+says why files were skipped (issue 16 item 1), a confirmation does not outlive its moment (2),
+headings keep their whole docstring (6), labels, the visible command preview and captions (22), a
+reload keeps the form's edits (8). Run: Start the demo, see log lines and loss
+points, use the run's tools, Stop -> "state saved", restart the GUI -> the run is listed as
+resumable, a second Start shows the new run at once and ends with its files.
 Screenshots go to tests/artifacts/."""
 from __future__ import annotations
 
@@ -86,6 +93,21 @@ class Server:
                 pass
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _browser_first():
+    """The browser tests wait on a page, a studio and its trainer; in the parallel suite another worker
+    keeps the cores busy. Where allowed (root, as in CI), this worker and what it starts (studio,
+    trainer, chromium) get a higher CPU priority, so page timing follows the studio, not the
+    neighbour's load; elsewhere nothing changes."""
+    try:
+        os.nice(-5)
+    except OSError:
+        yield
+        return
+    yield
+    os.nice(5)
+
+
 @pytest.fixture()
 def server(tmp_path):
     srv = Server(tmp_path).start()
@@ -158,7 +180,7 @@ def choose_preset(page, label: str) -> None:
     page.locator("#preset-select input").first.click()
     page.get_by_role("option", name=label, exact=True).click()
     page.wait_for_function(f"() => document.querySelector('#preset-select input').value === {label!r}",
-                           timeout=10_000)
+                           timeout=30_000)
 
 
 def test_training_page_demo_plan_presets_and_validation(server, browser):
@@ -184,7 +206,7 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     # save a preset, change the form, load the preset back
     page.locator("#preset-name input, #preset-name textarea").first.fill("browser preset")
     page.click("#preset-save-as")
-    wait_text(page, "#preset-message", r"Saved \*?\*?browser preset|Saved browser preset", 20)
+    wait_text(page, "#preset-message", r"Saved \*?\*?browser preset|Saved browser preset", 60)
     saved = server.presets / "browser preset.toml"
     assert saved.exists() and "num_processes = 2" in saved.read_text()
     gpus.fill("1")
@@ -193,9 +215,9 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     choose_preset(page, "demo-sd1-lora (built-in)")
     choose_preset(page, "browser preset")
     page.click("#preset-load")
-    wait_text(page, "#preset-message", r"Loaded", 20)
-    page.wait_for_function(
-        "() => document.querySelector('#field-hardware-num_processes input').value === '2'", timeout=20_000)
+    wait_text(page, "#preset-message", r"Loaded", 60)
+    page.wait_for_function(   # a hang guard: a preset load redraws the form, slowly on a loaded machine
+        "() => document.querySelector('#field-hardware-num_processes input').value === '2'", timeout=60_000)
     wait_text(page, "#plan-table", r"2 GPUs", 30)
 
     # a bad value: the message appears under the field it names
@@ -203,7 +225,7 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     batch = field_input(page, "schedule", "batch_size")
     batch.fill("0")
     batch.press("Tab")
-    err = wait_text(page, "#err-schedule-batch_size", r"must be ≥ 1", 20)
+    err = wait_text(page, "#err-schedule-batch_size", r"must be ≥ 1", 60)
     assert "schedule.batch_size" in err
     shot(page, "studio-validation")
     batch.fill("2")
@@ -211,10 +233,74 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     page.wait_for_selector("#err-schedule-batch_size", state="hidden", timeout=60_000)   # hang guard
 
 
-def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
+def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):  # noqa: F811
     page = open_page(browser, server.url)
-    # the demo trains 80 steps in ~15 s (5 it/s): 400 epochs (8,000 steps, ~25 min) so that Stop always lands
-    # while it runs, however slowly a loaded machine's browser gets there (800 steps once ended first)
+    # 22: words next to the TOML key; the command preview is on the page, not behind a tab
+    page.get_by_role("tab", name="Optimizer & schedule").click()
+    assert "Batch size · batch_size" in page.locator("#field-schedule-batch_size").inner_text()
+    assert page.locator("#cmd-shell").is_visible()
+    wait_text(page, "#cmd-shell", r"trainer_backend", 60)
+    # 6: a heading keeps its whole first paragraph
+    page.get_by_role("tab", name="Checkpoints & cloud").click()
+    assert "in the background" in page.locator("#section-cloud").inner_text()
+
+    # 1: the demo folder's thumbnails, captioned with the file name's end
+    page.get_by_role("tab", name="Dataset").click()
+    wait_text(page, "#inspect-summary", r"\d+ images", 90)
+    page.wait_for_function("() => document.querySelectorAll('#thumbs img').length > 0", timeout=30_000)
+    assert any("." in t for t in page.locator("#thumbs").inner_text().split()), page.locator("#thumbs").inner_text()
+    bad = tmp_path / "all-broken"
+    bad.mkdir()
+    for i in range(7):
+        (bad / f"photo_{i:03d}.png").write_text("not an image")
+    path = field_input(page, "dataset", "path")
+    path.fill(str(bad))
+    path.press("Tab")
+    text = wait_text(page, "#inspect-summary", r"files skipped", 90)
+    assert "7 files skipped" in text and "photo_000.png" in text and "… and 2 more" in text, text
+    assert "see the warnings above" not in text
+    page.wait_for_function("() => document.querySelectorAll('#thumbs img').length === 0", timeout=30_000)
+    shot(page, "issue16-inspector-all-skipped")
+    path.fill("/no/such/folder")
+    path.press("Tab")
+    wait_text(page, "#inspect-summary", r"not a folder|does not exist", 60)
+
+    # 2: "press Delete again within 10 s" goes when the 10 s are over
+    page.locator("#preset-name input, #preset-name textarea").first.fill("to delete")
+    page.click("#preset-save-as")
+    wait_text(page, "#preset-message", r"Saved", 60)
+    page.click("#preset-delete")
+    wait_text(page, "#preset-message", r"again within 10 s", 20)
+    page.wait_for_function("() => !document.querySelector('#preset-message').innerText.includes('again')",
+                           timeout=60_000)   # 10 s, plus a hang guard for a loaded machine
+    assert (server.presets / "to delete.toml").exists()
+
+    # 8: a reload keeps the form's edits, and the page says what differs from the preset
+    page.get_by_role("tab", name="Model", exact=True).click()
+    name = field_input(page, "output", "name")
+    name.fill("kept-after-reload")
+    name.press("Tab")
+    wait_text(page, "#form-modified", r"from preset.*output\.name", 30)
+    page.reload()
+    page.wait_for_selector("#field-model-path", timeout=90_000)
+    page.get_by_role("tab", name="Model", exact=True).click()
+    page.wait_for_function("() => { const e = document.querySelector('#field-output-name input, "
+                           "#field-output-name textarea'); return e && e.value === 'kept-after-reload'; }",
+                           timeout=30_000)
+    wait_text(page, "#form-modified", r"output\.name", 30)
+    assert page.locator("#preset-select input").first.input_value() == "to delete"
+    assert not page.locator(".toast-body, .toast-wrap").filter(has_text="Error").count(), "an error toast"
+    shot(page, "issue16-form-after-reload")
+
+
+def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
+    """One demo run serves every Run-page check (a studio, a trainer and chromium are the suite's
+    slowest set-up): live log and loss, Save now (16.2), the log following its newest line (22),
+    TensorBoard and the zip (20), Stop, the messages not outliving the run (2), a restarted GUI
+    offering to resume it, then a second Start shown as the new run at once (3) and its files (20)."""
+    page = open_page(browser, server.url)
+    # the demo trains 80 steps in ~15 s (5 it/s): 400 epochs (8,000 steps, ~25 min) so that the buttons
+    # always act on a running run, however slowly a loaded machine's browser gets there
     page.get_by_role("tab", name="Optimizer & schedule").click()
     epochs = field_input(page, "schedule", "epochs")
     epochs.fill("400")
@@ -223,8 +309,8 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     plan = wait_text(page, "#plan-table", r"total optimizer steps[^\n]*\b8,?000\b", 60)   # what Start will run
     planned_steps = plan_rows(plan)["total optimizer steps"][1].replace(",", "")
     page.click("#start-training")
-    wait_text(page, "#run-header", r"demo-sd1-lora", 30)
-    # live log and at least two loss points
+    wait_text(page, "#run-header", r"demo-sd1-lora", 60)
+    # live log and at least two loss points (the waits are hang guards, not speed checks)
     deadline = time.time() + 300
     while time.time() < deadline:
         caption = page.locator("#run-chart-caption").inner_text()
@@ -237,9 +323,6 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     else:
         raise AssertionError(f"no loss points; page says {page.locator('#run-progress').inner_text()!r}")
     assert f"/ {planned_steps}" in page.locator("#run-progress").inner_text()   # the plan is what runs
-    page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
-                           " return t && t.value.includes('INFO') && t.value.split('\\n').length >= 2; }",
-                           timeout=30_000)
     # the caption and the chart data arrive in one update; Vega draws the chart a moment later
     # (slower on a loaded 2-core CI machine), and redraws it on every new point
     try:
@@ -250,12 +333,45 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
                              + page.locator("#run-loss").inner_html()[:2000]) from None
     shot(page, "studio-run-live")
 
+    # 2: an action's message belongs to its run and its moment
+    click_run_button(page, "#run-save-now")
+    wait_text(page, "#run-message", r"checkpoint requested", 60)
+    # 22: the log box shows its newest line (scrolled to the bottom)
+    page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
+                           " return t && t.value.includes('INFO') && t.value.split('\\n').length > 20; }",
+                           timeout=120_000)
+    try:   # the box scrolls after each new batch of lines arrives; a loaded browser gets there late
+        page.wait_for_function("() => { const t = document.querySelector('#run-log textarea');"
+                               " return t.scrollHeight - t.clientHeight - t.scrollTop < 30; }", timeout=60_000)
+    except sync_api.TimeoutError:
+        raise AssertionError("the log box does not follow its newest line") from None
+    # 20: TensorBoard on the run's tb/, on the loopback, answering
+    page.click("#run-tensorboard")
+    link = wait_text(page, "#run-tensorboard-link", r"http://127\.0\.0\.1:\d+/", 30)
+    url = re.search(r"http://127\.0\.0\.1:\d+/", link).group(0)
+    status = None
+    for _ in range(90):   # TensorBoard takes a few seconds to start serving; retried, not timed
+        try:
+            status = urllib.request.urlopen(url, timeout=5).status
+            break
+        except OSError:
+            time.sleep(1)
+    assert status == 200, f"TensorBoard at {url} never answered"
+    # 20: the run folder as a zip
+    page.click("#run-zip-button")
+    page.wait_for_selector("#run-zip a", timeout=60_000)
+    shot(page, "issue16-run-tools")
+
     click_run_button(page, "#run-stop")
     wait_text(page, "#run-message", r"stopping, saving state", 60)
     stopped = wait_text(page, "#run-progress", r"state saved", 180)
     shot(page, "studio-run-stopped")
     wait_text(page, "#run-progress", r"resumable", 60)        # the process has exited
     assert "error" not in stopped.lower()
+    # 2: neither "checkpoint requested…" nor "stopping, saving state…" stays next to the ended run
+    page.wait_for_function("() => { const m = document.querySelector('#run-message').innerText;"
+                           " return !m.includes('stopping') && !m.includes('checkpoint requested'); }",
+                           timeout=30_000)
 
     # a restarted GUI finds the run in its folder and offers to resume it
     server.stop()
@@ -267,3 +383,26 @@ def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     shot(page, "studio-runs-after-restart")
     page.get_by_role("tab", name="Run", exact=True).click()
     wait_text(page, "#run-progress", r"resumable", 30)
+
+    # 3: a new Start shows the new run as starting at once, its buttons off until it runs
+    page.get_by_role("tab", name="Training", exact=True).click()
+    page.get_by_role("tab", name="Optimizer & schedule").click()
+    field_input(page, "schedule", "epochs").fill("1")       # 20 steps: this run ends by itself
+    page.keyboard.press("Tab")
+    page.get_by_role("tab", name="Model", exact=True).click()
+    name = field_input(page, "output", "name")
+    name.fill("second-run")
+    name.press("Tab")
+    time.sleep(1)
+    page.click("#start-training")
+    # the page turns to the new run (not the stopped one) and shows it starting; a loaded CI browser can
+    # draw its first frame of the new run after that run's first steps, so a later state of the new run
+    # is accepted, never the previous run's
+    wait_text(page, "#run-header", r"second-run", 60)
+    progress = wait_text(page, "#run-progress", r"(?m)^(starting|running|done)", 60)
+    assert "resumable" not in progress and "stopped" not in progress, progress
+    shot(page, "issue16-second-start")
+    wait_text(page, "#run-progress", r"^done", 300)
+    # 20: each output file of a finished run to download
+    page.wait_for_selector("#run-output-files a", timeout=60_000)
+    assert ".safetensors" in page.locator("#run-output-files").inner_text()
