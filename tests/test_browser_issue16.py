@@ -73,7 +73,7 @@ def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):
 
 def test_run_tools_log_and_runs_table(server, browser):  # noqa: F811
     page = open_page(browser, server.url)
-    # the demo trains 80 steps in ~15 s: 400 epochs, so that the buttons below always act on a running run
+    # the demo trains 140 steps in ~25 s: 400 epochs, so that the buttons below always act on a running run
     page.get_by_role("tab", name="Optimizer & schedule").click()
     epochs = field_input(page, "schedule", "epochs")
     demo_epochs = epochs.input_value()

@@ -213,7 +213,7 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
 
 def test_demo_run_live_stop_and_resumable_after_gui_restart(server, browser):
     page = open_page(browser, server.url)
-    # the demo trains 80 steps in ~15 s (5 it/s): 400 epochs (8,000 steps, ~25 min) so that Stop always lands
+    # the demo trains 140 steps in ~25 s (6 it/s): 400 epochs (8,000 steps, ~25 min) so that Stop always lands
     # while it runs, however slowly a loaded machine's browser gets there (800 steps once ended first)
     page.get_by_role("tab", name="Optimizer & schedule").click()
     epochs = field_input(page, "schedule", "epochs")
