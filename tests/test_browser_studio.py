@@ -299,7 +299,7 @@ def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
     TensorBoard and the zip (20), Stop, the messages not outliving the run (2), a restarted GUI
     offering to resume it, then a second Start shown as the new run at once (3) and its files (20)."""
     page = open_page(browser, server.url)
-    # the demo trains 80 steps in ~15 s (5 it/s): 400 epochs (8,000 steps, ~25 min) so that the buttons
+    # the demo trains 140 steps in ~25 s (6 it/s): 400 epochs (8,000 steps, ~25 min) so that the buttons
     # always act on a running run, however slowly a loaded machine's browser gets there
     page.get_by_role("tab", name="Optimizer & schedule").click()
     epochs = field_input(page, "schedule", "epochs")

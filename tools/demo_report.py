@@ -6,7 +6,8 @@ Reads the run's events.jsonl and its samples: the loss (mean of the first and th
 `window` optimizer steps) and, for each sample prompt, the distance in RGB (0-255 per channel)
 between the mean colour of the image's centre (where the demo's circles and squares are) and
 the taught colour (pink, assets/make_demo_dataset.py), in the samples before the first step and
-at the last sampled step. Prints one JSON object. Standard library + Pillow + numpy only.
+at the last sampled step, and the mean distance at every sampled step. Prints one JSON object.
+Standard library + Pillow + numpy only.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def centre_colour(path: Path) -> np.ndarray:
     return img[int(h * 0.36):int(h * 0.64), int(w * 0.36):int(w * 0.64)].reshape(-1, 3).mean(axis=0)
 
 
-def demo_report(run_dir: str | Path, window: int = 10) -> dict:
+def demo_report(run_dir: str | Path, window: int = 20) -> dict:
     run = Path(run_dir)
     events = [json.loads(line) for line in (run / "events.jsonl").read_text(encoding="utf-8").splitlines()]
     losses = [e["loss"] for e in events if e["event"] == "step"]
@@ -58,6 +59,9 @@ def demo_report(run_dir: str | Path, window: int = 10) -> dict:
             "target_rgb": [int(v) for v in target],
             "mean_distance_before": round(float(np.mean([r["distance_before"] for r in rows])), 1),
             "mean_distance_after": round(float(np.mean([r["distance_after"] for r in rows])), 1),
+            # every sample round, so a middle one shows the colour on its way
+            "mean_distance_by_step": {s["step"]: round(float(np.mean(
+                [np.linalg.norm(centre_colour(Path(path)) - target) for path in s["paths"]])), 1) for s in samples},
             "prompts": rows}
 
 

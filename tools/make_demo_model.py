@@ -16,8 +16,9 @@ the colour the demo preset's LoRA then teaches it. Three stages, all on the CPU:
 --continue-from trains an earlier result further (its autoencoder's decoder only, so the latents its UNet
 learnt stay put): the committed model was made in rounds, listed in its
 demo_model.json. Seeded and single-process: rerunning with the same torch version gives the same weights up to
-float rounding across CPUs. Took 37 min on a 2-core machine busy with other jobs (--threads 1);
-the result (2.6 MB) is committed in
+float rounding across CPUs. The committed model: a fresh run (24.6 min), a decoder round (--vae-steps 600
+--unet-steps 0, 9 min) and a UNet round (--vae-steps 0 --unet-steps 400, 8.5 min), 42 min on a 2-core machine
+busy with other jobs (--threads 1; README, "The demo"); the result (2.6 MB) is committed in
 assets/demo_model so the demo starts without it.
 """
 from __future__ import annotations
