@@ -1,8 +1,5 @@
 """The studio in a real browser (Playwright driving Debian's chromium, headless).
 
-All browser tests live in this one file: pytest-xdist runs a file on one worker (`--dist
-loadfile`), so no two studios, trainers and chromiums compete for a 2-core machine.
-
 Training page: the demo preset is loaded, the plan follows the GPU count, a preset saves and
 loads back, validation shows next to the field; the inspector drops a previous folder's views and
 says why files were skipped (issue 16 item 1), a confirmation does not outlive its moment (2),
@@ -91,21 +88,6 @@ class Server:
                 os.killpg(pgid, signal.SIGKILL)
             except (OSError, TypeError):
                 pass
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _browser_first():
-    """The browser tests wait on a page, a studio and its trainer; in the parallel suite another worker
-    keeps the cores busy. Where allowed (root, as in CI), this worker and what it starts (studio,
-    trainer, chromium) get a higher CPU priority, so page timing follows the studio, not the
-    neighbour's load; elsewhere nothing changes."""
-    try:
-        os.nice(-5)
-    except OSError:
-        yield
-        return
-    yield
-    os.nice(5)
 
 
 @pytest.fixture()
@@ -402,7 +384,7 @@ def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
     progress = wait_text(page, "#run-progress", r"(?m)^(starting|running|done)", 60)
     assert "resumable" not in progress and "stopped" not in progress, progress
     shot(page, "issue16-second-start")
-    wait_text(page, "#run-progress", r"^done", 300)
+    wait_text(page, "#run-progress", r"(?m)^done", 300)
     # 20: each output file of a finished run to download
     page.wait_for_selector("#run-output-files a", timeout=60_000)
     assert ".safetensors" in page.locator("#run-output-files").inner_text()

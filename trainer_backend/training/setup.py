@@ -173,7 +173,8 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
     when asked (rank 0 first, the others reuse its cache)."""
     from ..data import TrainDataset, latent_cache_dir
     from ..data.pairs import check_reference_limit
-    check_reference_limit(scan.items, scan.groups, model.family.max_control_images, model.family.label)
+    if model.family is not None:   # a VAE fine-tune trains no family's denoiser and reads no control images
+        check_reference_limit(scan.items, scan.groups, model.family.max_control_images, model.family.label)
     dataset = TrainDataset(scan, cfg, counts=counts)
     if cfg.dataset.cache_text_encoder_outputs:
         cache_text_outputs(cfg, dataset, model)
