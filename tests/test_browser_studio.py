@@ -345,7 +345,8 @@ def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
     shot(page, "issue16-run-tools")
 
     click_run_button(page, "#run-stop")
-    wait_text(page, "#run-message", r"stopping, saving state", 60)
+    # "stopping, saving state…" shows only while the run stops: a quiet machine saves the tiny LoRA's state
+    # between two page polls, so the state is checked where it stays, in the progress line
     stopped = wait_text(page, "#run-progress", r"state saved", 180)
     shot(page, "studio-run-stopped")
     wait_text(page, "#run-progress", r"resumable", 60)        # the process has exited
