@@ -156,19 +156,24 @@ def find_tokenizers(folder: str, subs: tuple[str, ...], hf_cache: list[list[tupl
     return found
 
 
-def find_qwen3_tokenizer(folder: str, hf_cache: list[tuple[str, str]], label: str):
-    """The Qwen3 tokenizer of a single-file model (Flux.2, Z-Image: `label`): from model.tokenizer (the
-    family's diffusers folder with tokenizer/, or a tokenizer folder itself), else the local Hugging Face
-    cache (`hf_cache`: (repo, subfolder) pairs, never fetched)."""
-    from transformers import AutoTokenizer
+def tokenizer_folders(folder: str, hf_cache: list[tuple[str, str]], files: tuple[str, ...]):
+    """Folders holding one of `files`, in the order a single-file model looks for its tokenizer:
+    model.tokenizer's tokenizer/ sub-folder, model.tokenizer itself, then the local Hugging Face cache."""
     candidates = []
     if folder:
         root = Path(folder).expanduser()
         candidates += [root / "tokenizer", root]
     candidates += hf_cache_folders(hf_cache)
-    for c in candidates:
-        if c.is_dir() and any((c / f).is_file() for f in ("tokenizer.json", "vocab.json")):
-            return AutoTokenizer.from_pretrained(str(c), local_files_only=True)
+    return [c for c in candidates if c.is_dir() and any((c / f).is_file() for f in files)]
+
+
+def find_qwen3_tokenizer(folder: str, hf_cache: list[tuple[str, str]], label: str):
+    """The Qwen3 tokenizer of a single-file model (Flux.2, Z-Image: `label`): from model.tokenizer (the
+    family's diffusers folder with tokenizer/, or a tokenizer folder itself), else the local Hugging Face
+    cache (`hf_cache`: (repo, subfolder) pairs, never fetched)."""
+    from transformers import AutoTokenizer
+    for c in tokenizer_folders(folder, hf_cache, ("tokenizer.json", "vocab.json")):
+        return AutoTokenizer.from_pretrained(str(c), local_files_only=True)
     raise ConfigError(f"model.tokenizer: {label} single files hold no tokenizer; set model.tokenizer to a {label} "
                       "diffusers folder (with tokenizer/) or a Qwen3 tokenizer folder"
                       + (f"; none found in {folder}" if folder else " (none in the Hugging Face cache either)"))

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from ...errors import ConfigError
-from ..component_files import FP8_SCALES, bundled, dequantize_fp8, header, hf_cache_folders, load_checked, own_config
+from ..component_files import FP8_SCALES, bundled, dequantize_fp8, header, load_checked, own_config, tokenizer_folders
 from ..component_files import refuse_packed, strip, weights_on_meta
 
 OPTION = "model.text_encoder"
@@ -141,18 +141,12 @@ def load_mistral_tokenizer(folder: Path):
 def find_mistral_tokenizer(folder: str):
     """Flux.2 dev's tokenizer from model.tokenizer (a FLUX.2-dev diffusers folder with tokenizer/, or that
     tokenizer folder itself) or the local Hugging Face cache (never fetched)."""
-    candidates = []
-    if folder:
-        root = Path(folder).expanduser()
-        candidates += [root / "tokenizer", root]
-    candidates += hf_cache_folders(HF_CACHE)
-    for c in candidates:
-        if c.is_dir() and any((c / f).is_file() for f in ("tokenizer.json", "tekken.json")):
-            try:
-                return load_mistral_tokenizer(c)
-            except (OSError, ValueError, json.JSONDecodeError) as e:
-                raise ConfigError(f"model.tokenizer: {c} holds no Flux.2 dev tokenizer "
-                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    for c in tokenizer_folders(folder, HF_CACHE, ("tokenizer.json", "tekken.json")):
+        try:
+            return load_mistral_tokenizer(c)
+        except (OSError, ValueError, json.JSONDecodeError) as e:
+            raise ConfigError(f"model.tokenizer: {c} holds no Flux.2 dev tokenizer "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     raise ConfigError("model.tokenizer: Flux.2 dev's single files hold no tokenizer transformers reads; set "
                       "model.tokenizer to a FLUX.2-dev diffusers folder (with tokenizer/) or its tokenizer folder"
                       + (f"; none found in {folder}" if folder else " (none in the Hugging Face cache either)"))
