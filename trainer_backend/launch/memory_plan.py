@@ -26,6 +26,12 @@ OVERHEAD_GIB = 0.6     # CUDA context, cuBLAS/cuDNN handles: outside max_memory_
 FRAGMENTATION = 0.05   # the caching allocator reserves more than it hands out
 TIGHT = 0.92           # above this share of a card: "tight" (a desktop or a sample pass may tip it)
 MIXED_DTYPE = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}
+# The VAE encode's peak on CUDA over the meta-device tally of its tensors (tools/make_memory_tables.py).
+# Measured (bench/measured_h100.json, bench/measured_h200.json): SDXL at 1024 px and SD1.5 at 512 px with
+# gradient checkpointing peak in the VAE encode 0.23-0.69 GiB (27-37% of the tally) above the plan
+# without it. The tally counts tensors only; the fp32 convolutions at full resolution also take cuDNN
+# workspace from the same allocator, the likely cause (not isolated on the GPU).
+VAE_ENCODE_CUDA = 1.3
 
 
 def opt(cfg, dotted: str, default: Any = None) -> Any:
@@ -101,6 +107,27 @@ def _act(line: list[float], pixels: int) -> float:
     return max(0.0, line[0] + line[1] * pixels)
 
 
+def vae_encode_bytes(table: dict, pixels: int) -> float:
+    """What one image's VAE encode adds on a CUDA card (the table's tally × VAE_ENCODE_CUDA)."""
+    return _act(table["vae_encode"], pixels) * VAE_ENCODE_CUDA
+
+
+def swap_held_share(den: dict, denoiser_w: float, w_dtype: str, blocks: list[int]) -> float:
+    """Share of the denoiser's weight bytes on the GPU at the forward/backward's peak with block swap,
+    without gradient checkpointing, when the weights run in their stored dtype (frozen LoRA bases,
+    half-precision full fine-tunes). Autograd saves each Linear layer's `weight.t()`, a view that keeps
+    the device copy the swap's forward made, until that layer's backward: only the swapped blocks'
+    other weights (convolutions, norms) leave. The backward then fetches each swapped block whole again
+    while autograd's copy of its Linear weights is still there: the largest swapped block counted once
+    more. Measured on an H200 (SDXL LoRA, 1024 px, block_swap=5 of 7): the peak rose 0.46 GiB while the
+    denoiser's parameters on the device fell 1.66 GiB. (The backward's prefetch of the previous block is
+    left out: by then the later blocks' activations are freed.)"""
+    params = den["params"]
+    linear = max(0.0, 1 - (params - den["quantizable"][0]) * DTYPE_BYTES[w_dtype] / denoiser_w)
+    swapped, largest = sum(blocks) / params, max(blocks) / params
+    return 1 - (1 - linear) * (swapped - largest) + linear * largest
+
+
 def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None = None) -> MemoryPlan | None:
     """The memory plan of `cfg` (arch: model.arch, or the detected family when it is "auto");
     None when the family has no table (a family added without running tools/make_memory_tables.py).
@@ -132,6 +159,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     resident: dict[str, float] = {}
     denoiser_w = den["params"] * train_bytes if full else weight_bytes(den, w_dtype, quant)
     swapped_share = 0.0   # of the denoiser's parameters, in CPU memory between uses
+    blocks: list[int] = []
     if swap and den.get("blocks"):
         blocks = den["blocks"][-swap:]  # training/memory_setup.py swaps the last N blocks
         in_flight = 2 * max(blocks) if len(blocks) > 1 else max(blocks)  # at most two swapped blocks on the GPU
@@ -170,13 +198,33 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     if not ds.cache_text_encoder_outputs or trained_tes or table.get("text_every_step"):
         phases["text encoders"] = table["text_encode"] * batch + (te_total if "text encoders" not in resident else 0)
     if not ds.cache_latents:
-        phases["vae encode"] = _act(table["vae_encode"], pixels) * batch + (vae_w if "vae" not in resident else 0)
-    kind = ("full" if full else "lora") + ("_gc" if prec.gradient_checkpointing else "")
+        phases["vae encode"] = vae_encode_bytes(table, pixels) * batch + (vae_w if "vae" not in resident else 0)
+    gc = prec.gradient_checkpointing
+    suffix = "_gc" if gc else ""
     grads = n_trained * train_bytes * ((1 - swapped_share) if full else 1)
-    act = _act(table["activations"][kind], pixels) * batch * act_factor
-    if full and swapped_share and not half_weights and w_dtype != "fp32":
-        # autocast's half-precision copies of swapped fp32 masters wait on the GPU for the backward
+    act = _act(table["activations"][("full" if full else "lora") + suffix], pixels)
+    if full and fused_bw:
+        # the "full" line is the probe's peak minus the gradients it leaves (right beside the gradients
+        # counted below); a fused backward frees each gradient at once, so its peak is the backward's
+        # start, where a full fine-tune holds at least what a LoRA run saves (each layer's input)
+        act = max(act, _act(table["activations"]["lora" + suffix], pixels))
+    act *= batch * act_factor
+    if full and fused_bw:  # the weight being stepped in the backward: its gradient and one temporary
+        act += 2 * max((i * o * max(k, 1) for _, i, o, k, _ in den.get("layers", [])), default=0) * train_bytes
+    cast_masters = full and not half_weights and w_dtype != "fp32"
+    if cast_masters and not gc:
+        # autocast's half-precision copies of the fp32 masters are saved for the backward, every layer's
+        act += den["params"] * DTYPE_BYTES[w_dtype]
+    elif cast_masters and swapped_share:
+        # with checkpointing, those of the swapped blocks wait on the GPU for the backward
         act += den["params"] * swapped_share * DTYPE_BYTES[w_dtype]
+    if blocks and not gc and not cast_masters:
+        held = denoiser_w * swap_held_share(den, denoiser_w, w_dtype, blocks)
+        if held > resident["denoiser"]:
+            act += held - resident["denoiser"]
+            notes.append("block swap without gradient checkpointing: autograd keeps the swapped blocks' "
+                         "Linear weights on the GPU until the backward, so the forward/backward's peak "
+                         "does not fall (turn on precision.gradient_checkpointing)")
     phases["forward/backward"] = act + (0 if fused_bw else grads)
     temp = optimizer_temp_bytes(name, tensors, train_bytes, fused_bw or half_weights, cfg.optimizer.weight_decay)
     phases["optimizer step"] = (0 if fused_bw else grads) + temp
@@ -215,6 +263,6 @@ def cache_phases(table: dict, cfg, te_weights: dict[str, float], vae_w: float, t
         parts = dict(on_gpu)
         if offload:
             parts["vae"] = vae_w
-        parts["latent cache batch"] = _act(table["vae_encode"], pixels) * opt(cfg, "dataset.latent_cache_batch_size", 4)
+        parts["latent cache batch"] = vae_encode_bytes(table, pixels) * opt(cfg, "dataset.latent_cache_batch_size", 4)
         out["latent cache"] = parts
     return out
