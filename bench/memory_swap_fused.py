@@ -2,7 +2,7 @@
 optimizer.fused_backward, each mode a real `train(cfg)` in a fresh process (peaks do not mix).
 
     .venv/bin/python bench/memory_swap_fused.py --tiny [--arch sd1] [--swap 2] [--steps 3]
-    python bench/memory_swap_fused.py --device cuda --arch sdxl [--swap 20] [--resolution 512]
+    python bench/memory_swap_fused.py --device cuda --arch sdxl [--swap 5] [--resolution 1024]   # SDXL has 7 blocks
 
 --tiny trains the family's tiny random model on the CPU; without it the full-size model is built with
 random weights from the bundled configs (bench/gpubench/models.py; sd15, sdxl, flux). Each mode reports:
