@@ -119,9 +119,10 @@ def swap_held_share(den: dict, denoiser_w: float, w_dtype: str, blocks: list[int
     the device copy the swap's forward made, until that layer's backward: only the swapped blocks'
     other weights (convolutions, norms) leave. The backward then fetches each swapped block whole again
     while autograd's copy of its Linear weights is still there: the largest swapped block counted once
-    more. Measured on an H200 (SDXL LoRA, 1024 px, block_swap=5 of 7): the peak rose 0.46 GiB while the
-    denoiser's parameters on the device fell 1.66 GiB. (The backward's prefetch of the previous block is
-    left out: by then the later blocks' activations are freed.)"""
+    more. (The likely mechanism, read from training/block_swap.py, not isolated on a GPU.) Measured on an
+    H200 (SDXL LoRA, 1024 px, block_swap=5 of 7): the peak rose 0.46 GiB while the denoiser's parameters
+    on the device fell 1.66 GiB. The backward's prefetch of the previous block is left out: by then the
+    later blocks' activations are freed."""
     params = den["params"]
     linear = max(0.0, 1 - (params - den["quantizable"][0]) * DTYPE_BYTES[w_dtype] / denoiser_w)
     swapped, largest = sum(blocks) / params, max(blocks) / params
