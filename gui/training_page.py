@@ -29,7 +29,7 @@ class TrainingPage:
     inspected: gr.State
     start_button: gr.Button
     secret_boxes: list              # (name, value) textboxes, flat
-    triggers: list                  # the form's change events (a Textbox's blur/submit, the others' change)
+    triggers: list                  # the form's edit events (a Textbox's blur/submit, the others' input)
 
     shown: gr.State = None          # keys of the error-line and cell updates the browser has (only_changed)
 
@@ -122,7 +122,10 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         if isinstance(widget, gr.Textbox):
             triggers += [widget.blur, widget.submit]
         else:
-            triggers.append(widget.change)
+            # .input, not .change: a value set by a function (preset load, draft restore, a run's
+            # config) fires .change on every field it touches, one full refresh each; those paths
+            # chain one refresh themselves (studio.after_load)
+            triggers.append(widget.input)
     def refresh_with_visibility(*args):
         """The refresh, plus only the options that apply to the current values shown (fields with a
         problem highlighted); error lines and cells the browser already shows that way are skipped."""
