@@ -139,6 +139,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected, shown],
           outputs=[*form.errors, *outputs, *form.visibility_outputs, shown], trigger_mode="always_last",
+          show_progress_on=message,
           show_progress="hidden")
 
     memory_warned = gr.State(None)
@@ -177,6 +178,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     start.click(on_start, inputs=[*form.inputs, *secret_boxes, memory_warned],
                 outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown],
+                show_progress_on=message,
                 concurrency_limit=1, concurrency_id="run-control")
     return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs, shown],
                         refresh=refresh_with_visibility,
