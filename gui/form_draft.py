@@ -64,32 +64,43 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
-def wire_form_draft(app: gr.Blocks, studio: Studio, inputs: list, dropdown: gr.Dropdown, triggers: list,
-                    marker: gr.Markdown, refresh_event) -> None:
-    """Register the save-on-change and restore-on-load events. `refresh_event(event)` chains the
-    form's refresh after restored values were set; `marker` shows which fields differ from the preset."""
-    fields = studio.fields
-    draft = gr.BrowserState(None, storage_key=STORAGE_KEY)
+class FormDraft:
+    """The draft in the browser and the "differs from the preset" line. `remember_after(event)`
+    saves the draft after a function set the form's values (edits save it through `wire`)."""
 
-    def remember(preset, *values):
-        return draft_of(fields, preset, list(values)), modified_markdown(studio, preset, list(values))
+    def __init__(self, studio: Studio, inputs: list, dropdown: gr.Dropdown, marker: gr.Markdown):
+        self.studio, self.inputs, self.dropdown, self.marker = studio, inputs, dropdown, marker
+        self.state = gr.BrowserState(None, storage_key=STORAGE_KEY)
 
-    gr.on([*triggers, dropdown.change], remember, inputs=[dropdown, *inputs], outputs=[draft, marker],
-          trigger_mode="always_last", show_progress="hidden")
+    def remember(self, preset, *values):
+        fields = self.studio.fields
+        return draft_of(fields, preset, list(values)), modified_markdown(self.studio, preset, list(values))
 
-    def restore(stored, preset):
-        found = restored_values(fields, stored)
-        if found is None:
-            return [gr.skip()] * (len(inputs) + 2)
-        label = stored.get("preset") or preset
-        if label not in studio.store.labels():
-            label = None   # deleted meanwhile: the values stay, nothing to compare them with
-        _, initial = studio.initial_values()
-        values = [found.get(i, v) for i, v in enumerate(initial)]
-        updates = [found[i] if i in found else gr.skip() for i in range(len(fields))]
-        # the page's choices were built with the studio: presets saved since must be choices too
-        return [*updates, gr.update(choices=studio.store.labels(), value=label),
-                modified_markdown(studio, label, values)]
+    def remember_after(self, event):
+        return event.then(self.remember, inputs=[self.dropdown, *self.inputs], outputs=[self.state, self.marker],
+                          show_progress="hidden", show_progress_on=self.marker)
 
-    refresh_event(app.load(restore, inputs=[draft, dropdown], outputs=[*inputs, dropdown, marker],
-                           show_progress="hidden"))
+    def wire(self, app: gr.Blocks, triggers: list, refresh_event) -> None:
+        """Save on every edit and whenever the chosen preset changes (Save as, Delete); restore on page
+        load, then `refresh_event(event)` (which refreshes the form and saves the draft again)."""
+        studio, fields, inputs = self.studio, self.studio.fields, self.inputs
+        gr.on([*triggers, self.dropdown.change], self.remember, inputs=[self.dropdown, *inputs],
+              outputs=[self.state, self.marker], trigger_mode="always_last", show_progress="hidden",
+              show_progress_on=self.marker)
+
+        def restore(stored, preset):
+            found = restored_values(fields, stored)
+            if found is None:
+                return [gr.skip()] * (len(inputs) + 2)
+            label = stored.get("preset") or preset
+            if label not in studio.store.labels():
+                label = None   # deleted meanwhile: the values stay, nothing to compare them with
+            _, initial = studio.initial_values()
+            values = [found.get(i, v) for i, v in enumerate(initial)]
+            updates = [found[i] if i in found else gr.skip() for i in range(len(fields))]
+            # the page's choices were built with the studio: presets saved since must be choices too
+            return [*updates, gr.update(choices=studio.store.labels(), value=label),
+                    modified_markdown(studio, label, values)]
+
+        refresh_event(app.load(restore, inputs=[self.state, self.dropdown], outputs=[*inputs, self.dropdown, self.marker],
+                               show_progress="hidden", show_progress_on=self.marker))

@@ -97,7 +97,8 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
         return [*changed_only(values, list(current)), f"Loaded **{preset.label}**{note}.",
                 "" if preset.builtin else preset.name]
 
-    ev = panel.load.click(on_load, inputs=[panel.dropdown, *inputs], outputs=[*inputs, panel.message, panel.name])
+    ev = panel.load.click(on_load, inputs=[panel.dropdown, *inputs], outputs=[*inputs, panel.message, panel.name],
+                          show_progress_on=panel.message)
     after_load(ev)
 
     def save_named(name: str, values: list, overwrite: bool):
@@ -164,7 +165,8 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
         values = with_current_secrets(config_to_values(fields, studio.defaults()), list(current))
         return [*changed_only(values, list(current)), "Reset to the schema defaults.", gr.update(value=None)]
 
-    ev = panel.reset.click(on_reset, inputs=inputs, outputs=[*inputs, panel.message, panel.dropdown])
+    ev = panel.reset.click(on_reset, inputs=inputs, outputs=[*inputs, panel.message, panel.dropdown],
+                           show_progress_on=panel.message)
     after_load(ev)
 
     def on_import(path, name, *current):
@@ -181,5 +183,6 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
         return [*changed_only(values, list(current)), report, "", choices(preset.label)]
 
     ev = panel.kohya_button.click(on_import, inputs=[panel.kohya_file, panel.kohya_name, *inputs],
-                                  outputs=[*inputs, panel.kohya_report, panel.message, panel.dropdown])
+                                  outputs=[*inputs, panel.kohya_report, panel.message, panel.dropdown],
+                                  show_progress_on=panel.message)
     after_load(ev)

@@ -103,7 +103,7 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
                 gr.Tabs(selected="training")]
 
     ev = load_cfg.click(on_load_config, inputs=[selector, *form_inputs],
-                        outputs=[*form_inputs, message, main_tabs])
+                        outputs=[*form_inputs, message, main_tabs], show_progress_on=message)
     form_after_load(ev)
 
     def on_follow(selected):

@@ -8,7 +8,7 @@ import gradio as gr
 from trainer_backend.config import ConfigError, from_dict
 
 from gui.shared_state import Studio, overlay
-from gui.form_draft import wire_form_draft
+from gui.form_draft import FormDraft
 from gui.preset_panel import build_preset_panel, wire_preset_panel
 from gui.run_control import StartRefused
 from gui.run_page import build_run_page
@@ -61,21 +61,36 @@ def build_app(studio: Studio) -> gr.Blocks:
                 panel = build_preset_panel(studio, label)
                 modified = gr.Markdown("", elem_id="form-modified")   # which fields differ from the preset
                 page = build_training_page(studio, values, main_tabs)
+                draft = FormDraft(studio, page.form.inputs, panel.dropdown, modified)
 
             def after_load(event):
-                """Values were set programmatically: validate, re-plan, re-preview."""
+                """Values were set by a function (their fields fire no edit event): validate, re-plan,
+                re-preview once, then keep the form as the browser's draft."""
                 event.then(page.refresh, inputs=page.refresh_inputs,
-                           outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
+                           outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden",
+                           show_progress_on=page.message)
+                draft.remember_after(event)   # beside the refresh, not after it: one round trip
             with gr.Tab("Run", id="run", elem_id="page-run") as run_tab:
                 build_run_page(studio, page.secret_boxes, run_tab)
             with gr.Tab("Runs", id="runs", elem_id="page-runs") as runs_tab:
                 build_runs_page(studio, page.form.inputs, after_load, main_tabs, page.secret_boxes, runs_tab)
         wire_preset_panel(panel, studio, page.form.inputs, after_load)
         # a reload keeps the form: the draft in the browser is restored, then the form is refreshed
-        wire_form_draft(app, studio, page.form.inputs, panel.dropdown, page.triggers, modified, after_load)
+        draft.wire(app, page.triggers, after_load)
 
         def start_toml(config_toml: str) -> str:
             """Start a run from TOML text (preset or full config); returns the run directory or 'error: ...'."""
             return start_from_toml(studio, config_toml)
         gr.api(start_toml, api_name="start_from_toml", concurrency_id="run-control")
+    track_progress_lightly(app)
     return app
+
+
+def track_progress_lightly(app: gr.Blocks) -> None:
+    """The page updates the loading status of every progress target of every event that has run,
+    on every status change of any event, each update searching the ~900 components: with the form's
+    fields as targets, a preset load spent most of its seconds there (docs/gui.md). An event that
+    shows no progress tracks one component; the others name theirs (`show_progress_on`)."""
+    for fn in app.fns.values():
+        if fn.show_progress_on is None and len(fn.outputs) > 1 and fn.show_progress == "hidden":
+            fn.show_progress_on = [fn.outputs[0]]

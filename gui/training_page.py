@@ -29,7 +29,7 @@ class TrainingPage:
     inspected: gr.State
     start_button: gr.Button
     secret_boxes: list              # (name, value) textboxes, flat
-    triggers: list                  # the form's change events (a Textbox's blur/submit, the others' change)
+    triggers: list                  # the form's edit events (a Textbox's blur/submit, the others' input)
 
     shown: gr.State = None          # keys of the error-line and cell updates the browser has (only_changed)
 
@@ -122,7 +122,10 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         if isinstance(widget, gr.Textbox):
             triggers += [widget.blur, widget.submit]
         else:
-            triggers.append(widget.change)
+            # .input, not .change: a value set by a function (preset load, draft restore, a run's
+            # config) fires .change on every field it touches, one full refresh each; those paths
+            # chain one refresh themselves (studio.after_load)
+            triggers.append(widget.input)
     def refresh_with_visibility(*args):
         """The refresh, plus only the options that apply to the current values shown (fields with a
         problem highlighted); error lines and cells the browser already shows that way are skipped."""
@@ -136,6 +139,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected, shown],
           outputs=[*form.errors, *outputs, *form.visibility_outputs, shown], trigger_mode="always_last",
+          show_progress_on=message,
           show_progress="hidden")
 
     memory_warned = gr.State(None)
@@ -174,6 +178,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     start.click(on_start, inputs=[*form.inputs, *secret_boxes, memory_warned],
                 outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown],
+                show_progress_on=message,
                 concurrency_limit=1, concurrency_id="run-control")
     return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs, shown],
                         refresh=refresh_with_visibility,

@@ -106,3 +106,33 @@ def test_a_repeated_form_refresh_re_renders_no_error_line_or_cell(studio):
     second = refresh(*values, *secrets, first[n + 10], first[-1])   # inspected signature, what was sent
     form_part = second[:n] + second[n + 11:-1]   # error lines, then cells and section headings
     assert _sent(form_part) == [], f"{len(_sent(form_part))} unchanged error lines/cells re-sent"
+
+
+def _page_config(studio) -> dict:
+    from gui.studio import build_app
+    return build_app(studio).get_config_file()
+
+
+def test_values_set_by_a_function_fire_no_per_field_refresh(studio):
+    """A preset load sets many fields at once: their edit events must be user-only (`input`, a
+    textbox's blur/submit), not `change`, which fires for every field a function sets and queued
+    one full form refresh per changed field (14 events per Load instead of 3)."""
+    config = _page_config(studio)
+    form_ids = {f"field-{f.section}-{f.key}" for f in studio.fields}
+    ids = {c["id"] for c in config["components"] if c.get("props", {}).get("elem_id") in form_ids}
+    assert len(ids) == len(form_ids)
+    listened = [(target, event) for dep in config["dependencies"] for target, event in dep["targets"]
+                if target in ids]
+    assert listened, "the form's fields trigger nothing"
+    assert not [e for _, e in listened if e == "change"], sorted({e for _, e in listened})
+
+
+def test_no_event_tracks_progress_on_the_whole_form(studio):
+    """The browser updates the loading status of every progress target of every event that ran,
+    at each status change, searching all components each time: an event whose outputs are the form
+    must show its progress on one component, or a preset load blocks the page for seconds."""
+    config = _page_config(studio)
+    for dep in config["dependencies"]:
+        targets = dep.get("show_progress_on") or dep["outputs"]
+        # a Run page's status, charts and log (11) are fine; the form's fields (hundreds) are not
+        assert len(targets) <= 20 < len(studio.fields), (dep.get("api_name"), len(dep["outputs"]))
