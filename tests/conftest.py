@@ -13,6 +13,11 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+# One thread per torch process: the suite runs one pytest worker per core (pytest-xdist), and the
+# tests start trainers and two-rank launches of their own; torch's spinning intra-op threads on
+# oversubscribed cores made the parallel suite slower than the serial one. Set before any worker
+# or trainer imports torch (workers and subprocesses inherit it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -34,10 +34,18 @@ def summarise(path: Path) -> dict:
     return out
 
 
+RECORDED_THREADS = 2   # torch's intra-op threads when the goldens were recorded (sums depend on them)
+
+
 def golden_run(tmp_path: Path, arch: str, model_dir: Path) -> dict:
     data = make_dataset(tmp_path / "data", n=4, size=32)
-    run, _, cfg = train_run(tmp_path, model_dir, data, f"golden-{arch}", "schedule.max_steps=3",
-                            "schedule.seed=7", "optimizer.lr=1e-3", *RUNS[arch])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(RECORDED_THREADS)
+    try:
+        run, _, cfg = train_run(tmp_path, model_dir, data, f"golden-{arch}", "schedule.max_steps=3",
+                                "schedule.seed=7", "optimizer.lr=1e-3", *RUNS[arch])
+    finally:
+        torch.set_num_threads(threads)
     return summarise(run / f"{cfg.output.name}.safetensors")
 
 
