@@ -90,10 +90,10 @@ def test_demo_samples_turn_toward_the_taught_colour_and_stay_shapes(demo_run):
     # samples before the first step, halfway and at the end
     assert sorted(int(s) for s in report["mean_distance_by_step"]) == [0, steps // 2, steps]
     assert report["samples_before_step"] == 0 and report["samples_after_step"] == steps
-    # the shapes end clearly closer to pink on average (measured 153 -> 119), and the circle, which the base
-    # draws olive, visibly so (194 -> 122)
-    assert report["mean_distance_after"] < 0.85 * report["mean_distance_before"], report
-    assert max(r["distance_before"] - r["distance_after"] for r in report["prompts"]) > 40, report
+    # the shapes end clearly closer to pink on average (measured 226 -> 141), each of them visibly so:
+    # the olive circle 194 -> 122, the teal square 259 -> 160
+    assert report["mean_distance_after"] < 0.75 * report["mean_distance_before"], report
+    assert min(r["distance_before"] - r["distance_after"] for r in report["prompts"]) > 40, report
     # and they are still shapes on a background, not a pink wash or noise
     last = [e for e in map(json.loads, (demo_run / "events.jsonl").read_text().splitlines())
             if e["event"] == "sample"][-1]
