@@ -101,6 +101,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--only", default="", help="mode names separated by | (default: all)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every mode, e.g. precision.gradient_checkpointing=true")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: JSON overrides, run in a child
     args = parser.parse_args()
     if args.measure:
@@ -126,7 +128,7 @@ def main() -> int:
                      f"output.dir={work / 'runs'}", f"output.name=m{len(results)}", "logging.tensorboard=false",
                      f"hardware.cpu={str(args.device == 'cpu').lower()}", f"schedule.max_steps={args.steps}",
                      "checkpoints.at_end=false", "checkpoints.resume=none", "optimizer.lr=1e-4",
-                     "precision.mixed=" + ("no" if args.device == "cpu" else "bf16"), *mode]
+                     "precision.mixed=" + ("no" if args.device == "cpu" else "bf16"), *args.set, *mode]
             out = subprocess.run([sys.executable, __file__, "--measure", json.dumps(child)], capture_output=True,
                                  text=True, cwd=ROOT)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
