@@ -78,15 +78,14 @@ class FormDraft:
 
     def remember_after(self, event):
         return event.then(self.remember, inputs=[self.dropdown, *self.inputs], outputs=[self.state, self.marker],
-                          show_progress="hidden", show_progress_on=self.marker)
+                          show_progress="hidden")
 
     def wire(self, app: gr.Blocks, triggers: list, refresh_event) -> None:
         """Save on every edit and whenever the chosen preset changes (Save as, Delete); restore on page
         load, then `refresh_event(event)` (which refreshes the form and saves the draft again)."""
         studio, fields, inputs = self.studio, self.studio.fields, self.inputs
         gr.on([*triggers, self.dropdown.change], self.remember, inputs=[self.dropdown, *inputs],
-              outputs=[self.state, self.marker], trigger_mode="always_last", show_progress="hidden",
-              show_progress_on=self.marker)
+              outputs=[self.state, self.marker], trigger_mode="always_last", show_progress="hidden")
 
         def restore(stored, preset):
             found = restored_values(fields, stored)
@@ -103,4 +102,4 @@ class FormDraft:
                     modified_markdown(studio, label, values)]
 
         refresh_event(app.load(restore, inputs=[self.state, self.dropdown], outputs=[*inputs, self.dropdown, self.marker],
-                               show_progress="hidden", show_progress_on=self.marker))
+                               show_progress="hidden"))

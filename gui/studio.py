@@ -67,8 +67,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 """Values were set by a function (their fields fire no edit event): validate, re-plan,
                 re-preview once, then keep the form as the browser's draft."""
                 event.then(page.refresh, inputs=page.refresh_inputs,
-                           outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden",
-                           show_progress_on=page.message)
+                           outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
                 draft.remember_after(event)   # beside the refresh, not after it: one round trip
             with gr.Tab("Run", id="run", elem_id="page-run") as run_tab:
                 build_run_page(studio, page.secret_boxes, run_tab)
@@ -90,7 +89,8 @@ def track_progress_lightly(app: gr.Blocks) -> None:
     """The page updates the loading status of every progress target of every event that has run,
     on every status change of any event, each update searching the ~900 components: with the form's
     fields as targets, a preset load spent most of its seconds there (docs/gui.md). An event that
-    shows no progress tracks one component; the others name theirs (`show_progress_on`)."""
+    shows no progress tracks its first output here; the ones that show it name their message
+    (`show_progress_on`), where tests/test_gui_responsiveness.py checks both."""
     for fn in app.fns.values():
         if fn.show_progress_on is None and len(fn.outputs) > 1 and fn.show_progress == "hidden":
             fn.show_progress_on = [fn.outputs[0]]
