@@ -146,7 +146,8 @@ def message_update(meta: dict | None, run_dir: Path | None, status: str, now: fl
     return gr.skip(), meta
 
 
-def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
+def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> gr.Timer:
+    """The Run page; returns its refresh timer (it runs while the tab is shown: gui/studio.py)."""
     header = gr.Markdown("", elem_id="run-header")
     with gr.Row(equal_height=True):
         stop = gr.Button("■ Stop (save state)", variant="stop", elem_id="run-stop")
@@ -174,7 +175,7 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
     armed = gr.State(None)
     shown = gr.State("")        # the run this page shows: its buttons act on it, never on a newer one
     said = gr.State(None)       # message_meta of the message under the buttons
-    timer = gr.Timer(studio.settings.refresh_s)
+    timer = gr.Timer(studio.settings.refresh_s, active=False)
 
     def tick(price_value, seen_value, said_value):
         studio.manager.reap()
@@ -187,7 +188,7 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
             off = gr.update(interactive=False)
             return [f"### Run: {name}", gr.update(visible=False), None, off, off, off, off, html,
                     *[gr.skip()] * (len(view.components()) - 1), system_markdown(studio.manager.runs_dir), {},
-                    "", "", None, gr.update(value=None, visible=False)]
+                    "", "", None, gr.update(value=None, visible=False), gr.Timer(value=studio.settings.refresh_s)]
         run_dir = studio.manager.current_run()
         seen_value = seen_value or {}
         updates, now = view_updates(studio, run_dir, seen_value, float(price_value or 0))
@@ -206,6 +207,10 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
         else:
             files_update = gr.skip()
         alive = bool(state and state.alive)
+        # a live run is followed every refresh_s; an ended one or none only every idle_refresh_s (a new
+        # Start selects this tab, which sends everything; a run started elsewhere shows within that time)
+        interval = changed(seen_value, now, "interval",
+                           studio.settings.refresh_s if alive else studio.settings.idle_refresh_s)
         msg, said_next = message_update(said_value, run_dir, state.status if state else "")
         # only what changed since the last tick goes to the browser (a tick without news sends ~nothing)
         live = _as_update(changed(seen_value, now, "alive", alive), lambda v: gr.update(interactive=v))
@@ -215,10 +220,11 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
                 _as_update(changed(seen_value, now, "resumable", bool(state and state.resumable)),
                            lambda v: gr.update(interactive=v)),
                 *updates, changed(seen_value, now, "system", system_markdown(studio.manager.runs_dir)), now,
-                str(run_dir or ""), msg, said_next if said_next != said_value else gr.skip(), files_update]
+                str(run_dir or ""), msg, said_next if said_next != said_value else gr.skip(), files_update,
+                _as_update(interval, lambda v: gr.Timer(value=v))]
 
     outputs = [header, kill, download, stop, save_now, sample_now, resume, *view.components(), system, seen, shown,
-               message, said, outputs_files]
+               message, said, outputs_files, timer]
     # a tick and a tab selection never overlap (one group, one at a time): `seen` is read when an
     # event runs, so an older event finishing last could leave a button disabled that the page
     # believes it already enabled (Start and the buttons keep their own group, so a tick never waits
@@ -256,7 +262,10 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
             return f"⚠️ Cannot resume: {e}"
         return f"Resuming **{started.name}** from its last checkpoint…"
 
-    resume.click(control(do_resume), inputs=[shown, *secret_boxes], outputs=[message, said],
+    def resume_and_follow(*args):   # the page follows the resumed run at once, not at the idle pace
+        return (*control(do_resume)(*args), gr.Timer(value=studio.settings.refresh_s))
+
+    resume.click(resume_and_follow, inputs=[shown, *secret_boxes], outputs=[message, said, timer],
                  concurrency_id="run-control")
 
     def kill_handler(shown_run, armed_at):
@@ -291,3 +300,4 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> None:
         return gr.update(value=run_tools.run_zip(Path(shown_run)), visible=True)
 
     zip_button.click(zip_run, inputs=shown, outputs=zip_file)
+    return timer

@@ -44,7 +44,8 @@ def run_choices(studio: Studio) -> list[tuple[str, str]]:
 
 
 def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tabs: gr.Tabs,
-                    secret_boxes: list, tab: gr.Tab) -> None:
+                    secret_boxes: list, tab: gr.Tab) -> gr.Timer:
+    """The Runs page; returns its refresh timer (it runs while the tab is shown: gui/studio.py)."""
     with gr.Row(equal_height=True):
         refresh = gr.Button("Refresh", elem_id="runs-refresh", scale=0, min_width=120, size="md")
         gr.Markdown(f"Runs folder: `{studio.manager.runs_dir}`", elem_id="runs-folder")
@@ -63,9 +64,17 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
         config_code = gr.Code(language=None, interactive=False, elem_id="runs-config")
     seen = gr.State({})
     armed = gr.State(None)
-    timer = gr.Timer(studio.settings.refresh_s * 2)
+    timer = gr.Timer(studio.settings.refresh_s * 2, active=False)
 
     def show(selected, seen_value):
+        return [*table_and_view(selected, seen_value), gr.Timer(value=pace())]
+
+    def pace() -> float:
+        """Every 2 × refresh_s while a run is live, else every idle_refresh_s (a tick costs the browser
+        about half a CPU-second; see gui/run_page.py)."""
+        return studio.settings.refresh_s * 2 if studio.manager.live_runs() else studio.settings.idle_refresh_s
+
+    def table_and_view(selected, seen_value):
         table_value = runs_table(studio)
         choices = run_choices(studio)
         if not selected and choices:
@@ -78,7 +87,7 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
         text = config.read_text(encoding="utf-8") if config.is_file() else "(no config.toml)"
         return [table_value, chooser, *updates, text if seen_value.get("run") != selected else gr.skip(), now]
 
-    outputs = [table, selector, *view.components(), config_code, seen]
+    outputs = [table, selector, *view.components(), config_code, seen, timer]
     # the events that send the view take turns: each reads `seen` when it runs (see run_page)
     one_at_a_time = {"concurrency_limit": 1, "concurrency_id": "runs-view"}
     selector.change(show, inputs=[selector, seen], outputs=outputs, show_progress="hidden", **one_at_a_time)
@@ -156,3 +165,4 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
         return gr.update(value=str(match[0])) if match else gr.skip()
 
     table.select(on_table_select, outputs=selector, show_progress="hidden")
+    return timer

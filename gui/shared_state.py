@@ -25,6 +25,7 @@ class Settings:
     initial_preset: str = DEMO_PRESET
     stop_timeout_s: float = 120.0
     refresh_s: float = 1.5
+    idle_refresh_s: float = 10.0    # the Run page while no run is live: each tick costs the browser ~1 CPU-s
     allowed_output_dirs: list[Path] = field(default_factory=list)   # besides runs_dir (--allow-output-dir)
 
 

@@ -57,7 +57,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                     "press **Start training** and compare the samples before and after.",
                     elem_id="studio-title")
         with gr.Tabs(elem_id="main-tabs") as main_tabs:
-            with gr.Tab("Training", id="training", elem_id="page-training"):
+            with gr.Tab("Training", id="training", elem_id="page-training") as training_tab:
                 panel = build_preset_panel(studio, label)
                 modified = gr.Markdown("", elem_id="form-modified")   # which fields differ from the preset
                 page = build_training_page(studio, values, main_tabs)
@@ -70,9 +70,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                            outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
                 draft.remember_after(event)   # beside the refresh, not after it: one round trip
             with gr.Tab("Run", id="run", elem_id="page-run") as run_tab:
-                build_run_page(studio, page.secret_boxes, run_tab)
+                run_timer = build_run_page(studio, page.secret_boxes, run_tab)
             with gr.Tab("Runs", id="runs", elem_id="page-runs") as runs_tab:
-                build_runs_page(studio, page.form.inputs, after_load, main_tabs, page.secret_boxes, runs_tab)
+                runs_timer = build_runs_page(studio, page.form.inputs, after_load, main_tabs, page.secret_boxes,
+                                             runs_tab)
+        tick_only_while_shown([(training_tab, None), (run_tab, run_timer), (runs_tab, runs_timer)])
         wire_preset_panel(panel, studio, page.form.inputs, after_load)
         # a reload keeps the form: the draft in the browser is restored, then the form is refreshed
         draft.wire(app, page.triggers, after_load)
@@ -83,6 +85,19 @@ def build_app(studio: Studio) -> gr.Blocks:
         gr.api(start_toml, api_name="start_from_toml", concurrency_id="run-control")
     track_progress_lightly(app)
     return app
+
+
+def tick_only_while_shown(pages: list[tuple[gr.Tab, gr.Timer | None]]) -> None:
+    """A page's refresh timer runs while its tab is shown, the others' stop (a tab selected by a
+    button, as Start selects the Run page, fires `select` too). A page keeps its timer once it has
+    been shown: after a look at the Run page, the Runs page cost the browser 20 CPU-s per idle
+    20 s with both ticking, 9 with its own alone (/tmp idle measurement in docs/gui.md)."""
+    timers = [timer for _, timer in pages if timer is not None]
+
+    def switch_to(own: gr.Timer | None):
+        return lambda: [gr.Timer(active=timer is own) for timer in timers]
+    for tab, own in pages:
+        tab.select(switch_to(own), outputs=timers, show_progress="hidden")
 
 
 def track_progress_lightly(app: gr.Blocks) -> None:

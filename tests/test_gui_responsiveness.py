@@ -5,6 +5,8 @@ sends only the values that change, and a repeated form refresh re-renders no err
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -136,3 +138,34 @@ def test_no_event_tracks_progress_on_the_whole_form(studio):
         targets = dep.get("show_progress_on") or dep["outputs"]
         # a Run page's status, charts and log (11) are fine; the form's fields (hundreds) are not
         assert len(targets) <= 20 < len(studio.fields), (dep.get("api_name"), len(dep["outputs"]))
+
+
+
+def test_only_the_shown_page_ticks_and_an_idle_run_page_ticks_slowly(studio, live_run):
+    """A tick of the Run page cost the browser ~0.7 CPU-s with this form (every status change of any
+    event updates the loading status of every input an event has read): the Run and Runs pages tick
+    only while their tab is shown, and the Run page follows a live run every refresh_s but an ended
+    one, or none, every idle_refresh_s."""
+    from gui.studio import build_app
+    app = build_app(studio)
+    timers = sorted((b for b in app.blocks.values() if isinstance(b, gr.Timer) and b.value < 5),
+                    key=lambda t: t.value)
+    run_timer, runs_timer = timers                   # refresh_s, 2 × refresh_s
+    assert not run_timer.active and not runs_timer.active   # the page opens on Training
+    tab_ids = {b._id: b.id for b in app.blocks.values() if isinstance(b, gr.Tab)}
+    switched = {tab_ids[f.targets[0][0]]: [u.constructor_args["active"] for u in f.fn()]
+                for f in app.fns.values() if f.outputs == [run_timer, runs_timer] and f.targets[0][1] == "select"}
+    assert switched == {"training": [False, False], "run": [True, False], "runs": [False, True]}
+
+    (runs_tick,) = [f for f in app.fns.values() if f.targets == [(runs_timer._id, "tick")]]
+    assert runs_tick.fn(None, {})[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # none live
+    (tick,) = [f for f in app.fns.values() if f.targets == [(run_timer._id, "tick")]]
+    assert tick.outputs[-1] is run_timer
+    assert tick.fn(0, {}, None)[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # no run
+    studio.manager.current = live_run                                       # the run the page shows
+    assert tick.fn(0, {}, None)[-1].constructor_args == {"value": studio.settings.refresh_s}   # the live run
+    os.kill(json.loads((live_run / "process.json").read_text())["pid"], signal.SIGKILL)
+    deadline = time.time() + 30
+    while procs.is_alive(procs.read_process_record(live_run)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert tick.fn(0, {}, None)[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # ended
