@@ -327,7 +327,20 @@ def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
                                " return t.scrollHeight - t.clientHeight - t.scrollTop < 30; }", timeout=60_000)
     except sync_api.TimeoutError:
         raise AssertionError("the log box does not follow its newest line") from None
-    # 20: TensorBoard on the run's tb/, on the loopback, answering
+
+    click_run_button(page, "#run-stop")
+    # "stopping, saving state…" shows only while the run stops: a quiet machine saves the tiny LoRA's state
+    # between two page polls, so the state is checked where it stays, in the progress line
+    stopped = wait_text(page, "#run-progress", r"state saved", 180)
+    shot(page, "studio-run-stopped")
+    wait_text(page, "#run-progress", r"resumable", 60)        # the process has exited
+    assert "error" not in stopped.lower()
+    # 2: neither "checkpoint requested…" nor "stopping, saving state…" stays next to the ended run
+    page.wait_for_function("() => { const m = document.querySelector('#run-message').innerText;"
+                           " return !m.includes('stopping') && !m.includes('checkpoint requested'); }",
+                           timeout=30_000)
+    # 20: TensorBoard on the run's tb/, on the loopback, answering (after the Stop: the tools serve an
+    # ended run as well, and the trainer no longer competes with the browser for the cores)
     page.click("#run-tensorboard")
     link = wait_text(page, "#run-tensorboard-link", r"http://127\.0\.0\.1:\d+/", 30)
     url = re.search(r"http://127\.0\.0\.1:\d+/", link).group(0)
@@ -343,18 +356,6 @@ def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
     page.click("#run-zip-button")
     page.wait_for_selector("#run-zip a", timeout=60_000)
     shot(page, "issue16-run-tools")
-
-    click_run_button(page, "#run-stop")
-    # "stopping, saving state…" shows only while the run stops: a quiet machine saves the tiny LoRA's state
-    # between two page polls, so the state is checked where it stays, in the progress line
-    stopped = wait_text(page, "#run-progress", r"state saved", 180)
-    shot(page, "studio-run-stopped")
-    wait_text(page, "#run-progress", r"resumable", 60)        # the process has exited
-    assert "error" not in stopped.lower()
-    # 2: neither "checkpoint requested…" nor "stopping, saving state…" stays next to the ended run
-    page.wait_for_function("() => { const m = document.querySelector('#run-message').innerText;"
-                           " return !m.includes('stopping') && !m.includes('checkpoint requested'); }",
-                           timeout=30_000)
 
     # a restarted GUI finds the run in its folder and offers to resume it
     server.stop()
