@@ -89,9 +89,10 @@ def build_app(studio: Studio) -> gr.Blocks:
 
 def tick_only_while_shown(pages: list[tuple[gr.Tab, gr.Timer | None]]) -> None:
     """A page's refresh timer runs while its tab is shown, the others' stop (a tab selected by a
-    button, as Start selects the Run page, fires `select` too). A page keeps its timer once it has
-    been shown: after a look at the Run page, the Runs page cost the browser 20 CPU-s per idle
-    20 s with both ticking, 9 with its own alone (/tmp idle measurement in docs/gui.md)."""
+    button, as Start selects the Run page, fires `select` too). Gradio keeps a tab's components,
+    its timer among them, once the tab has been shown: after a look at the Run page an idle Runs
+    page cost the browser 20 CPU-s in 20 s with both ticking, 9 with its own alone (docs/gui.md,
+    Run page)."""
     timers = [timer for _, timer in pages if timer is not None]
 
     def switch_to(own: gr.Timer | None):
