@@ -13,7 +13,7 @@ from gui.preset_panel import build_preset_panel, wire_preset_panel
 from gui.run_control import StartRefused
 from gui.run_page import build_run_page
 from gui.runs_page import build_runs_page
-from gui.training_page import build_training_page
+from gui.training_page import FORM_REFRESH, build_training_page
 
 TITLE = "SD Training Studio"
 
@@ -67,7 +67,8 @@ def build_app(studio: Studio) -> gr.Blocks:
                 """Values were set by a function (their fields fire no edit event): validate, re-plan,
                 re-preview once, then keep the form as the browser's draft."""
                 event.then(page.refresh, inputs=page.refresh_inputs,
-                           outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden")
+                           outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden",
+                           concurrency_id=FORM_REFRESH)
                 draft.remember_after(event)   # beside the refresh, not after it: one round trip
             with gr.Tab("Run", id="run", elem_id="page-run") as run_tab:
                 run_timer = build_run_page(studio, page.secret_boxes, run_tab)

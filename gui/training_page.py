@@ -19,6 +19,11 @@ from gui.system_monitor import gpus_markdown
 from gui.widgets import (FormWidgets, error_updates, only_changed, render_form, shown_errors, tab_id,
                          unplaced_errors)
 
+# A field's edit and the refresh a load chains (page load, preset, a run's config) take turns in the
+# order they were sent: run side by side, the load's refresh, started with the old values, could
+# finish last and leave the plan of values the form no longer shows (seen once in the browser test).
+FORM_REFRESH = "form-refresh"
+
 
 @dataclass
 class TrainingPage:
@@ -139,7 +144,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected, shown],
           outputs=[*form.errors, *outputs, *form.visibility_outputs, shown], trigger_mode="always_last",
-          show_progress="hidden")
+          show_progress="hidden", concurrency_id=FORM_REFRESH)
 
     memory_warned = gr.State(None)
 
