@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     studio = Studio.create(settings, gpu_count=gpu_count())
     app = build_app(studio)
     app.queue(default_concurrency_limit=4)
+    _close_on_signals()
     print(f"{TITLE}: http://{'127.0.0.1' if host == '0.0.0.0' else host}:{args.port}{args.root_path or ''}/"
           f"  (runs in {runs_dir.resolve()})", flush=True)
     app.launch(server_name=host, server_port=args.port, auth=auth, share=args.share,
@@ -80,3 +82,15 @@ def main(argv: list[str] | None = None) -> int:
                # share-link fallback that check exists for
                _frontend=False)
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _close_on_signals() -> None:
+    """SIGINT and SIGTERM close the server and exit normally, so the studio's exit handlers run (they
+    end the TensorBoards it started): SIGINT even when the studio was started with it ignored (nohup,
+    a launcher's background job, pytest-xdist's workers), SIGTERM as a service manager sends it."""
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)

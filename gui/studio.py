@@ -68,7 +68,7 @@ def build_app(studio: Studio) -> gr.Blocks:
                 re-preview once, then keep the form as the browser's draft."""
                 event.then(page.refresh, inputs=page.refresh_inputs,
                            outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden",
-                           concurrency_id=FORM_REFRESH)
+                           concurrency_id=FORM_REFRESH, concurrency_limit=1)
                 draft.remember_after(event)   # beside the refresh, not after it: one round trip
             with gr.Tab("Run", id="run", elem_id="page-run") as run_tab:
                 run_timer = build_run_page(studio, page.secret_boxes, run_tab)

@@ -144,7 +144,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected, shown],
           outputs=[*form.errors, *outputs, *form.visibility_outputs, shown], trigger_mode="always_last",
-          show_progress="hidden", concurrency_id=FORM_REFRESH)
+          show_progress="hidden", concurrency_id=FORM_REFRESH, concurrency_limit=1)
 
     memory_warned = gr.State(None)
 

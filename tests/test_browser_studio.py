@@ -43,9 +43,10 @@ def _free_port() -> int:
 class Server:
     """`python app.py` as a user starts it, on a free port, with its own runs/presets folders."""
 
-    def __init__(self, tmp: Path, extra_args: tuple[str, ...] = ()):
+    def __init__(self, tmp: Path, extra_args: tuple[str, ...] = (), sigint_ignored: bool = False):
         self.tmp = tmp
         self.extra_args = list(extra_args)
+        self.sigint_ignored = sigint_ignored   # as under nohup, or a pytest-xdist worker's children
         self.runs = tmp / "runs"
         self.presets = tmp / "presets"
         self.proc: subprocess.Popen | None = None
@@ -60,7 +61,9 @@ class Server:
                                      cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                      # the trainer it starts inherits this: one compute thread, so the
                                      # browser and the server keep a core of a 2-core CI machine
-                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                     preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                                     if self.sigint_ignored else None)
         deadline = time.time() + 120
         while time.time() < deadline:
             assert self.proc.poll() is None, (self.tmp / f"app-{port}.log").read_text()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,7 +126,7 @@ def test_a_rebound_host_name_is_refused(tmp_path):
     import http.client
     from urllib.parse import urlparse
     from test_browser_studio import Server
-    server = Server(tmp_path).start()
+    server = Server(tmp_path, sigint_ignored=True).start()
     try:
         port = urlparse(server.url).port
 
@@ -140,5 +141,10 @@ def test_a_rebound_host_name_is_refused(tmp_path):
         assert status(f"127.0.0.1:{port}") == 200 and status(f"localhost:{port}") == 200
         assert status(f"evil.example:{port}") == 400
         assert status(f"evil.example:{port}", "POST", "/gradio_api/run/predict") == 400
+        # Ctrl+C closes the studio (its exit handlers end its TensorBoards) even when it was started
+        # with SIGINT ignored; before, it ignored it and the caller had to kill it after a timeout
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(timeout=60) == 0
+        assert "closing server" in next(tmp_path.glob("app-*.log")).read_text()
     finally:
         server.stop()
