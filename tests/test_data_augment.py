@@ -127,11 +127,13 @@ def test_dataset_follows_the_counts_the_plan_gives_it(tmp_path):
 
 
 def test_worker_processes_give_the_same_batches_and_automatic_picks_them_only_for_a_gpu(tmp_path):
-    """dataset.num_workers changes where samples are made, never what they are: the loop's loader
-    with 2 worker processes yields the very batches it yields in-process (random crop, flip,
-    tag shuffle and dropout on), also after skipping into the epoch as a resume does."""
+    """dataset.num_workers changes where samples are made, never what they are: the loop's loaders
+    with 2 worker processes yield the very batches they yield in-process (random crop, flip,
+    tag shuffle and dropout on), epoch after epoch while the next epoch's workers start ahead, and
+    after skipping into an epoch as a resume does."""
     from trainer_backend.data.indexed import loader_workers
-    from trainer_backend.training.loop import epoch_loader, make_sampler
+    from trainer_backend.training.epoch_loaders import EpochLoaders
+    from trainer_backend.training.loop import make_sampler
 
     class OneProcess:
         num_processes, process_index = 1, 0
@@ -142,9 +144,16 @@ def test_worker_processes_give_the_same_batches_and_automatic_picks_them_only_fo
         cfg = config({"path": str(data), "repeats": 3, "flip": True, "center_crop": False, "shuffle_tags": True,
                       "tag_dropout": 0.2, "num_workers": workers}, schedule={"batch_size": 2})
         ds = TrainDataset(scan_dataset(cfg), cfg)
-        sampler = make_sampler(cfg, ds, OneProcess())
-        batches[workers] = [list(epoch_loader(cfg, ds, sampler, epoch, skip=skip))
-                            for epoch, skip in ((0, 0), (1, 2))]
+        loaders = EpochLoaders(cfg, ds, make_sampler(cfg, ds, OneProcess()), epochs=4)
+        batches[workers] = []
+        for epoch, skip in ((0, 0), (1, 0), (2, 2), (3, 0)):
+            batches[workers].append(list(loaders.epoch(epoch, skip=skip)))
+            started_ahead = loaders.ahead is not None and loaders.ahead[0] == epoch + 1
+            assert started_ahead == (workers > 0 and epoch < 3), (workers, epoch)  # the next epoch's workers run
+            if started_ahead:
+                assert all(w.is_alive() for w in loaders.ahead[1]._workers)
+        loaders.close()
+    assert len(batches[2]) == len(batches[0]) == 4
     for with_workers, in_process in zip(batches[2], batches[0]):
         assert len(with_workers) == len(in_process) > 0
         for a, b in zip(with_workers, in_process):

@@ -54,6 +54,26 @@ def test_forced_cpu_accelerator_and_helpers(tmp_path):
     assert "cpu:" in stats.describe()
 
 
+def test_training_leaves_cudnn_attention_out_unless_asked(tmp_path):
+    """precision.attention = "sdpa" (the default) turns off cuDNN's SDPA kernel before training:
+    on an H200 with torch 2.11 it broke Flux.1 LoRA (NaN loss at step 2; README "Measured on a GPU").
+    The switch is PyTorch's own, process-wide; "sdpa_cudnn" leaves PyTorch's choice alone."""
+    from trainer_backend.config import load_config
+    from trainer_backend.training.setup import load_base_model, make_accelerator, place_denoiser
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        for attention, expected in (("sdpa", False), ("sdpa_cudnn", True), ("sdpa", False)):
+            cfg = load_config(None, ["hardware.cpu=true", "precision.mixed=no", "model.path=builtin:tiny-sd1",
+                                     f"precision.attention={attention}", f"output.dir={tmp_path}"])
+            accelerator = make_accelerator(cfg)
+            model = load_base_model(cfg, accelerator)
+            torch.backends.cuda.enable_cudnn_sdp(not expected)
+            place_denoiser(model, cfg, accelerator)
+            assert torch.backends.cuda.cudnn_sdp_enabled() is expected, attention
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 PEAK_PROBE = """
 import json, torch
 from trainer_backend.training import devices

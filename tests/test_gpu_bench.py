@@ -1,5 +1,6 @@
-"""bench/gpu.py's pure parts (no torch, well under a second): the plan splits into device calls
-that run every case once, and the report reads a results file from a run that was cut off."""
+"""bench/gpu.py's pure parts (well under a second; torch only for the attention switch): the plan
+splits into device calls that run every case once, the report reads a results file from a run that
+was cut off, and both programs get the same attention kernels."""
 import json
 import sys
 from pathlib import Path
@@ -85,3 +86,25 @@ def test_the_peak_table_knows_the_lent_gpus():
     assert report.peak_tflops("NVIDIA H200") == 989.4
     assert report.peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert report.peak_tflops("cpu") is None
+
+
+def test_both_programs_get_the_same_attention_kernels(tmp_path, monkeypatch):
+    """--attention no-cudnn (the default) keeps cuDNN's SDPA kernel out of both programs: ours through
+    precision.attention, the example through observe.py's switch; pytorch gives both PyTorch's choice."""
+    import torch
+    from gpubench import commands, observe, runner
+    case = next(c for c in cases.catalogue() if c.name == "flux-lora/ours/gc")
+    kw = dict(model_dir=tmp_path, images=tmp_path, run_root=tmp_path, run_name="r", steps_log=tmp_path / "s",
+              tiny=True, cpu=True)
+    assert "precision.attention=sdpa" in commands.ours_argv(case, **kw)
+    assert "precision.attention=sdpa_cudnn" in commands.ours_argv(case, attention="pytorch", **kw)
+    assert runner.child_env(None, tmp_path, True)["GPUBENCH_SDPA"] == "flash,efficient,math"
+    assert runner.child_env(None, tmp_path, True, "pytorch")["GPUBENCH_SDPA"] == ""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert observe.choose_sdpa_backends("flash,efficient,math") == ["flash", "efficient", "math"]
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+        assert observe.choose_sdpa_backends("") == [] and not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -19,7 +19,7 @@ MODELS = {
                  targets=("to_q", "to_k", "to_v", "to_out.0")),
     "sdxl": dict(arch="sdxl", example="train_dreambooth_lora_sdxl.py", resolution=1024, build_s=60,
                  targets=("to_q", "to_k", "to_v", "to_out.0")),
-    "flux": dict(arch="flux", example="train_dreambooth_lora_flux.py", resolution=1024, build_s=150,
+    "flux": dict(arch="flux", example="train_dreambooth_lora_flux.py", resolution=1024, build_s=60,
                  targets=("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
                           "to_add_out")),
 }
@@ -93,7 +93,7 @@ def catalogue() -> list[Case]:
                  needs=("bitsandbytes",), est_s=75),
             Case("sdxl-optimizers", "ours", "prodigy", "sdxl", 1024, sets=("optimizer.name=prodigy", "optimizer.lr=1.0"),
                  needs=("prodigyopt",), est_s=75)]
-    out += _pair("flux-lora", "flux", {"gc": (GC, gc)}, 150)
+    out += _pair("flux-lora", "flux", {"gc": (GC, gc)}, 90)
     return out
 
 

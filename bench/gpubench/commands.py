@@ -18,7 +18,11 @@ from .cases import MODELS, Case
 ROOT = Path(__file__).resolve().parents[2]
 OBSERVE = Path(__file__).resolve().parent / "observe.py"
 PROMPT = "a photo of sks dog"
-T5_LENGTH = {False: 512, True: 32}  # Flux.1 dev's T5 length; the tiny model's tokenizer holds 32
+T5_LENGTH = {False: 512, True: 32}
+# --attention: the SDPA kernels both programs may use (observe.py's GPUBENCH_SDPA) and our matching
+# precision.attention. no-cudnn is our default; the example runs without cuDNN's kernel too, so both
+# use the same kernels (with it, full-size Flux.1 broke on an H200: docs/gpu-bench.md)
+ATTENTION = {"no-cudnn": ("flash,efficient,math", "sdpa"), "pytorch": ("", "sdpa_cudnn")}  # Flux.1 dev's T5 length; the tiny model's tokenizer holds 32
 
 
 def steps_plan(tiny: bool) -> tuple[int, int]:
@@ -50,7 +54,8 @@ def observer_argv(case: Case, steps_log: Path, tiny: bool, stop_after: int = 0) 
 
 
 def ours_argv(case: Case, *, model_dir: Path, images: Path, run_root: Path, run_name: str, steps_log: Path,
-              tiny: bool, cpu: bool, stop_after: int = 0, steps_before: int = 0) -> list[str]:
+              tiny: bool, cpu: bool, stop_after: int = 0, steps_before: int = 0,
+              attention: str = "no-cudnn") -> list[str]:
     """`stop_after`: SIGTERM after that step (the first run of the resume case); `steps_before`: the
     steps a resumed run already has (the resume case's both runs)."""
     sets = [f"model.path={json.dumps(str(model_dir))}", f"dataset.path={json.dumps(str(images))}",
@@ -58,7 +63,7 @@ def ours_argv(case: Case, *, model_dir: Path, images: Path, run_root: Path, run_
             "dataset.cache_text_encoder_outputs=true", f"output.dir={json.dumps(str(run_root))}",
             f"output.name={run_name}", f"schedule.max_steps={total_steps(tiny, steps_before)}",
             f"schedule.batch_size={case.batch}", f"precision.mixed={mixed_precision(case)}", "optimizer.lr=1e-4",
-            "schedule.seed=42"]
+            "schedule.seed=42", f"precision.attention={ATTENTION[attention][1]}"]
     if case.method == "lora":
         targets = json.dumps(list(MODELS[case.model]["targets"]))
         sets += [f"network.rank={case.rank}", f"network.alpha={case.rank}", f"network.target_modules={targets}"]

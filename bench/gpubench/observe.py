@@ -114,6 +114,25 @@ class StepObserver:
                     f.write(f"(table by {key}: {exc})\n")
 
 
+SDPA_SWITCHES = {"cudnn": "enable_cudnn_sdp", "flash": "enable_flash_sdp", "efficient": "enable_mem_efficient_sdp",
+                 "math": "enable_math_sdp"}
+
+
+def choose_sdpa_backends(names: str) -> list[str]:
+    """GPUBENCH_SDPA=flash,efficient,math: only these attention kernels, for both programs alike
+    (sdpa_check.py finds which one breaks at a model's shapes)."""
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    if not chosen:
+        return []
+    unknown = sorted(set(chosen) - set(SDPA_SWITCHES))
+    if unknown:
+        raise SystemExit(f"GPUBENCH_SDPA: unknown backend(s) {unknown}; known: {sorted(SDPA_SWITCHES)}")
+    import torch
+    for name, switch in SDPA_SWITCHES.items():
+        getattr(torch.backends.cuda, switch)(name in chosen)
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
@@ -134,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # our files never shadow theirs
     from torch.optim.optimizer import register_optimizer_step_post_hook
     observer = StepObserver(args.log, args.warmup, args.measure, not args.no_flops, args.stop_after)
-    observer.write({"event": "start", "time": time.time(), "pid": os.getpid()})
+    sdpa = choose_sdpa_backends(os.environ.get("GPUBENCH_SDPA", ""))
+    observer.write({"event": "start", "time": time.time(), "pid": os.getpid(), **({"sdpa": sdpa} if sdpa else {})})
     register_optimizer_step_post_hook(observer.after_step)
     if args.module:
         sys.argv = [args.module, *program_args]

@@ -73,8 +73,9 @@ def install_wheels(bundle: Path, site: Path) -> bool:
     return True
 
 
-def child_env(site: Path | None, work: Path, cpu: bool) -> dict:
+def child_env(site: Path | None, work: Path, cpu: bool, attention: str = "no-cudnn") -> dict:
     env = dict(os.environ)
+    env["GPUBENCH_SDPA"] = commands.ATTENTION[attention][0]  # both programs, the same kernels
     paths = ([str(site)] if site else []) + [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env.update(PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", SD_STUDIO_CACHE=str(work / "cache"),
@@ -140,7 +141,7 @@ class Runner:
             t = time.monotonic()
             if install_wheels(self.bundle, site):
                 print(f"installed the carried wheels into {site} in {time.monotonic() - t:.0f} s", flush=True)
-        self.env = child_env(site, self.work, self.cpu)
+        self.env = child_env(site, self.work, self.cpu, self.args.attention)
         probe = subprocess.run([sys.executable, "-c", SESSION_PROBE], env=self.env, capture_output=True, text=True,
                                cwd=str(ROOT))
         line = next((ln for ln in probe.stdout.splitlines() if ln.startswith("GPUBENCH ")), None)
@@ -151,7 +152,8 @@ class Runner:
         manifest = self.bundle / "bundle.json"
         bundle_info = json.loads(manifest.read_text()).get("diffusers", {}) if manifest.is_file() else {}
         record = {"kind": "session", "time": time.time(), "tiny": self.tiny, "device": self.session["device_name"],
-                  "budget_s": self.args.budget_s, "cases": self.args.cases, "part": self.args.part,
+                  "budget_s": self.args.budget_s, "attention": self.args.attention, "cases": self.args.cases,
+                  "part": self.args.part,
                   "examples": bundle_info, "peak_tflops": report.peak_tflops(self.session["device_name"]),
                   **{k: v for k, v in self.session.items() if k not in ("option_keys", "device_name")}}
         self.append(record)
@@ -226,7 +228,8 @@ class Runner:
             def argv(stop_after=0, log_path=steps_log):
                 return commands.ours_argv(case, model_dir=model_dir, images=images, run_root=run_root,
                                           run_name=slug, steps_log=log_path, tiny=self.tiny, cpu=self.cpu,
-                                          stop_after=stop_after, steps_before=stop_at)
+                                          stop_after=stop_after, steps_before=stop_at,
+                                          attention=self.args.attention)
             if case.kind == "resume":  # the first run is stopped by SIGTERM after a few steps; the second resumes
                 first_log = logs / f"{slug}.first.steps.jsonl"
                 first_log.unlink(missing_ok=True)
@@ -281,4 +284,7 @@ def add_arguments(p) -> None:
                                                                   "is 600 per command)")
     p.add_argument("--install", choices=("auto", "yes", "no"), default="auto",
                    help="install the carried wheels into <work>/site (auto: unless --tiny)")
+    p.add_argument("--attention", choices=sorted(commands.ATTENTION), default="no-cudnn",
+                   help="SDPA kernels for both programs: no-cudnn (flash, memory-efficient, math; our default) or "
+                        "pytorch (PyTorch's own choice, cuDNN included)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense bf16 peak, if not in the table")

@@ -154,8 +154,12 @@ class Precision(Section):
                                                      "fp32.",
                                              resume="safe")
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.", resume="safe")
-    attention: Literal["sdpa", "default"] = F("sdpa", "Attention kernel: PyTorch SDPA or the plain one.",
-                                               advanced=True, resume="safe")
+    attention: Literal["sdpa", "sdpa_cudnn", "default"] = F(
+        "sdpa", "Attention kernel. sdpa: PyTorch's scaled_dot_product_attention with its flash, memory-efficient "
+                "and math kernels but not cuDNN's (on an H200 with torch 2.11, cuDNN's kernel, PyTorch's first "
+                "choice there, turned a full-size Flux.1 LoRA's loss to NaN at step 2; without it the same run "
+                "trained cleanly); sdpa_cudnn: PyTorch's own choice, cuDNN included; default: the plain attention "
+                "(slowest, most memory).", advanced=True, resume="safe")
     full_bf16: bool = F(False, "Keep the trained weights themselves in bf16, with no fp32 master copy (weights, "
                                "gradients and optimizer state take about half the memory; what made full fine-tunes "
                                "and DreamBooth fit on 24 GB cards). Needs mixed = bf16. Meant for network.type = "

@@ -10,13 +10,17 @@ from . import collate
 class IndexedDataset(torch.utils.data.Dataset):
     """The dataset's samples plus their index: the per-sample noise seed (see families/objectives.py)."""
 
-    def __init__(self, dataset):
-        self.dataset = dataset
+    def __init__(self, dataset, epoch: int | None = None):
+        self.dataset, self.epoch = dataset, epoch
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, i: int) -> tuple[int, dict]:
+        # the epoch travels with the loader: a worker started ahead (training/epoch_loaders.py) makes
+        # the next epoch's samples while the trainer's own dataset is still on this epoch
+        if self.epoch is not None:
+            self.dataset.set_epoch(self.epoch)
         return i, self.dataset[i]
 
 

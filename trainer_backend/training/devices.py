@@ -181,6 +181,14 @@ def memory_stats(device: torch.device | str | None = None) -> MemoryStats:
     return MemoryStats(kind, rss, rss, cpu_peak_rss_bytes(), int(total))
 
 
+def allow_cudnn_attention(allowed: bool) -> None:
+    """Whether scaled_dot_product_attention may pick cuDNN's kernel (process-wide; it exists on CUDA
+    only, so elsewhere this changes nothing). precision.attention = "sdpa" leaves it out: on an H200
+    with torch 2.11 it was PyTorch's first choice for Flux.1's attention and its backward corrupted
+    training (NaN loss at step 2), while the flash and memory-efficient kernels trained cleanly."""
+    torch.backends.cuda.enable_cudnn_sdp(allowed)
+
+
 def accelerator_rng_state() -> tuple[str, object] | None:
     """The accelerator's RNG state(s) (every device of the current type), or None on the CPU;
     torch's CPU generator is saved with torch.get_rng_state() as usual."""

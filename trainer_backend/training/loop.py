@@ -12,14 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import time
 
 import torch
-from torch.utils.data import DataLoader
 
 from ..config import TrainConfig, rules
-from ..data.indexed import IndexedDataset, collate_with_index, loader_workers
 from ..methods import method_loss, method_run_config, method_validator, save_outputs, setup_method
 from ..methods.class_images import prepare_class_images
 from ..remote.wandb_tracking import start_tracking
@@ -28,9 +25,9 @@ from ..run.checkpoint_files import TrainState
 from ..run.checkpointer import Checkpointer
 from ..run.contract import Event
 from ..run.stop_signals import StopSignals
-from .devices import device_kind
 from .diffusion_loss import LossParts
 from .ema import make_ema
+from .epoch_loaders import EpochLoaders
 from .full_half_precision import keep_half_weights
 from .memory_setup import install_after_prepare
 from .optimizers import build_lr_scheduler, build_optimizer
@@ -85,7 +82,8 @@ def train(cfg: TrainConfig) -> int:
                                 export=lambda file_name: save_outputs(cfg, accelerator, run, model, trainable, state,
                                                                       scan, ema, file_name=file_name))
     state = checkpointer.resume(plan=plan, scan=scan, optimizer=optimizer, lr_scheduler=lr_scheduler)
-    sampler = make_sampler(cfg, dataset, accelerator)
+    loaders = EpochLoaders(cfg, dataset, make_sampler(cfg, dataset, accelerator), plan.multi.epochs,
+                           accelerator.device, accelerator.num_processes)  # the next epoch's workers start early
     progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
     images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema)
     images.maybe_sample(state, before_training=True)
@@ -96,8 +94,7 @@ def train(cfg: TrainConfig) -> int:
             if state.global_step >= total_steps:  # resumed from the final checkpoint: that epoch
                 state.epoch, state.batch_in_epoch = epoch + 1, 0  # counts, as in the uninterrupted run
                 break
-            loader = epoch_loader(cfg, dataset, sampler, epoch, skip=state.batch_in_epoch,
-                                  device=accelerator.device, num_processes=accelerator.num_processes)
+            loader = loaders.epoch(epoch, skip=state.batch_in_epoch)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
                 group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
@@ -128,6 +125,7 @@ def train(cfg: TrainConfig) -> int:
     finally:
         if not stop:  # a stop keeps its handlers until the checkpoint is uploaded (finish_stopped)
             signals.restore()
+        loaders.close()
         progress.close()
 
     if stop:
@@ -180,19 +178,6 @@ def make_sampler(cfg: TrainConfig, dataset, accelerator):
     from ..methods.dreambooth import batch_sampler  # pairs instance and class samples when there are both
     return batch_sampler(dataset, cfg.schedule.batch_size, num_processes=accelerator.num_processes,
                          process_index=accelerator.process_index, seed=cfg.schedule.seed)
-
-
-def epoch_loader(cfg: TrainConfig, dataset, sampler, epoch: int, skip: int = 0, device="cpu",
-                 num_processes: int = 1) -> DataLoader:
-    """This process's batches of `epoch`, after the first `skip` (already trained before a resume).
-    The loader gets a private generator: creating its iterator must not draw from the global RNG,
-    whose state (adapter dropout) a resume restores as it was at the checkpoint."""
-    dataset.set_epoch(epoch)
-    workers = loader_workers(cfg.dataset.num_workers, device_kind(device) != "cpu", cfg.dataset.cache_latents,
-                             num_processes, os.cpu_count())
-    return DataLoader(IndexedDataset(dataset), batch_sampler=sampler.batches(epoch)[skip:],
-                      collate_fn=collate_with_index, num_workers=workers,
-                      generator=torch.Generator().manual_seed(cfg.schedule.seed + epoch))
 
 
 def count_step(state: TrainState, batches: int, group_loss: torch.Tensor, plan, accelerator,

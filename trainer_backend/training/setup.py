@@ -132,6 +132,7 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
     from .quantize import quantize_module
     from .block_swap import place_without
     from .memory_setup import swapped_blocks
+    from .devices import allow_cudnn_attention
     # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
     trained = torch.float32 if cfg.network.type == "full" else WEIGHT_DTYPES[cfg.precision.mixed]
     keep, device = getattr(model.family, "keep_unquantized", ()), accelerator.device
@@ -144,6 +145,7 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
             model.denoiser.to(device, dtype=trained)
         if cfg.precision.attention == "default":
             model.family.use_plain_attention(model)
+    allow_cudnn_attention(cfg.precision.attention == "sdpa_cudnn")
     if cfg.precision.gradient_checkpointing:
         (model.vae if model.denoiser is None else model.denoiser).enable_gradient_checkpointing()
     model.denoiser_placed = True
