@@ -3,6 +3,7 @@ device helpers work with the device forced to the CPU."""
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainer_backend.training import devices
@@ -72,6 +73,20 @@ def test_training_leaves_cudnn_attention_out_unless_asked(tmp_path):
             assert torch.backends.cuda.cudnn_sdp_enabled() is expected, attention
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_a_nan_loss_with_cudnn_attention_allowed_names_that_setting_first(tmp_path):
+    from trainer_backend.config import load_config
+    from trainer_backend.training.loop import TrainingDiverged, check_finite
+    messages = {}
+    for attention in ("sdpa", "sdpa_cudnn"):
+        cfg = load_config(None, ["hardware.cpu=true", f"precision.attention={attention}", f"output.dir={tmp_path}"])
+        check_finite(0.5, cfg, 1)  # a finite loss passes
+        with pytest.raises(TrainingDiverged) as caught:
+            check_finite(float("nan"), cfg, 2)
+        messages[attention] = str(caught.value)
+    assert messages["sdpa_cudnn"].startswith("loss became nan at step 2: first try precision.attention = \"sdpa\"")
+    assert "precision.attention" not in messages["sdpa"] and "optimizer.lr" in messages["sdpa"]
 
 
 PEAK_PROBE = """

@@ -224,6 +224,9 @@ def check_finite(loss: float, cfg: TrainConfig, step: int) -> None:
     advice = ("fp16 overflows easily: switch precision.mixed to bf16 (or no), lower optimizer.lr, "
               "or keep optimizer.max_grad_norm > 0") if cfg.precision.mixed == "fp16" else \
         "lower optimizer.lr, set optimizer.max_grad_norm (e.g. 1.0), or check the dataset for broken images"
+    if cfg.precision.attention == "sdpa_cudnn":  # seen on an H200: NaN at step 2 from this kernel alone
+        advice = ('first try precision.attention = "sdpa" (cuDNN\'s attention kernel, which "sdpa_cudnn" '
+                  "allows, turned a Flux.1 LoRA's loss to NaN on an H200); else " + advice)
     raise TrainingDiverged(f"loss became {loss} at step {step}: {advice}")
 
 
