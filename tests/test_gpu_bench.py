@@ -108,3 +108,11 @@ def test_both_programs_get_the_same_attention_kernels(tmp_path, monkeypatch):
         assert observe.choose_sdpa_backends("") == [] and not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_a_case_starts_when_most_of_its_estimate_is_left():
+    """A case cut at the budget still reports its timed steps (status "timeout"), so one that may not
+    finish starts; one that would not reach its timed steps does not."""
+    from gpubench.runner import worth_starting
+    assert worth_starting(90, 90) and worth_starting(88, 90) and worth_starting(54, 90)
+    assert not worth_starting(53, 90) and not worth_starting(0, 90)
