@@ -23,11 +23,17 @@ COLUMNS = ["run", "status", "started", "steps", "final loss", "outputs"]
 
 
 def runs_table(studio: Studio) -> pd.DataFrame:
-    rows = []
+    return runs_overview(studio)[0]
+
+
+def runs_overview(studio: Studio) -> tuple[pd.DataFrame, bool]:
+    """The runs table, and whether any run in it is live (one scan of the runs folder for both)."""
+    rows, any_alive = [], False
     studio.manager.reap()   # exit codes of finished runs first: a failed run is not "interrupted"
     for run_dir in studio.manager.run_dirs():
         snap = snapshot(run_dir)
         status = run_status(run_dir, snap)
+        any_alive = any_alive or status.alive
         started = run_started_at(run_dir)
         last = snap.last_step
         loss = last.get("loss")
@@ -36,7 +42,7 @@ def runs_table(studio: Studio) -> pd.DataFrame:
                      f"{last.get('step', 0)}/{last.get('total_steps', '?')}" if last else "0",
                      f"{loss:.4f}" if isinstance(loss, (int, float)) else "",
                      ", ".join(Path(o).name for o in snap.outputs)])
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=COLUMNS), any_alive
 
 
 def run_choices(studio: Studio) -> list[tuple[str, str]]:
@@ -67,15 +73,13 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
     timer = gr.Timer(studio.settings.refresh_s * 2, active=False)
 
     def show(selected, seen_value):
-        return [*table_and_view(selected, seen_value), gr.Timer(value=pace())]
+        table_value, any_alive = runs_overview(studio)
+        # every 2 × refresh_s while a run is live, else every idle_refresh_s (a tick costs the browser
+        # about half a CPU-second; see gui/run_page.py)
+        pace = studio.settings.refresh_s * 2 if any_alive else studio.settings.idle_refresh_s
+        return [*table_and_view(table_value, selected, seen_value), gr.Timer(value=pace)]
 
-    def pace() -> float:
-        """Every 2 × refresh_s while a run is live, else every idle_refresh_s (a tick costs the browser
-        about half a CPU-second; see gui/run_page.py)."""
-        return studio.settings.refresh_s * 2 if studio.manager.live_runs() else studio.settings.idle_refresh_s
-
-    def table_and_view(selected, seen_value):
-        table_value = runs_table(studio)
+    def table_and_view(table_value, selected, seen_value):
         choices = run_choices(studio)
         if not selected and choices:
             selected = choices[0][1]          # open the newest run until the user picks another

@@ -101,19 +101,6 @@ def launched_runs(request, tmp_path_factory, tiny_models):
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _in_process_run(arch: str, model_dir, folder):
-    from accelerate.state import AcceleratorState
-    from trainer_backend.config import load_config
-    from trainer_backend.config.checks import validate_for_run
-    from trainer_backend.training.loop import train
-    AcceleratorState._reset_state(reset_partial_state=True)  # a per-process singleton: this run's own
-    try:
-        assert train(validate_for_run(load_config(None, _run_settings(arch, model_dir, folder)))) == 0
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-    return folder / "runs" / f"{arch}-lora"
-
-
 @pytest.mark.parametrize("arch", MODELS)
 def test_lora_end_to_end(arch, tiny_models, launched_runs, tmp_path):
     model_dir = tiny_models(arch)
@@ -124,8 +111,9 @@ def test_lora_end_to_end(arch, tiny_models, launched_runs, tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         # what the launcher and the trainer's own command line add around a run
         assert (run / "command.txt").is_file() and (run / "train.log").is_file()
-    else:
-        run = _in_process_run(arch, model_dir, tmp_path)
+    else:  # the same settings (they come after train_run's own, so they win), TensorBoard on as in a launch
+        run, _, _ = train_run(tmp_path, model_dir, tmp_path / "data", f"{arch}-lora",
+                              *_run_settings(arch, model_dir, tmp_path), "logging.tensorboard=true")
     out = run / f"{arch}-lora.safetensors"
     with safe_open(str(out), "pt") as f:
         keys, meta = list(f.keys()), f.metadata()

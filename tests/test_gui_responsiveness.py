@@ -158,10 +158,12 @@ def test_only_the_shown_page_ticks_and_an_idle_run_page_ticks_slowly(studio, liv
     assert switched == {"training": [False, False], "run": [True, False], "runs": [False, True]}
 
     (runs_tick,) = [f for f in app.fns.values() if f.targets == [(runs_timer._id, "tick")]]
-    assert runs_tick.fn(None, {})[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # none live
+    assert runs_tick.fn(None, {})[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # none listed
     (tick,) = [f for f in app.fns.values() if f.targets == [(run_timer._id, "tick")]]
     assert tick.outputs[-1] is run_timer
     assert tick.fn(0, {}, None)[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # no run
+    (live_run / "config.toml").write_text("")     # now a run folder the Runs page lists, and it is live
+    assert runs_tick.fn(None, {})[-1].constructor_args == {"value": studio.settings.refresh_s * 2}
     studio.manager.current = live_run                                       # the run the page shows
     assert tick.fn(0, {}, None)[-1].constructor_args == {"value": studio.settings.refresh_s}   # the live run
     os.kill(json.loads((live_run / "process.json").read_text())["pid"], signal.SIGKILL)
@@ -169,3 +171,4 @@ def test_only_the_shown_page_ticks_and_an_idle_run_page_ticks_slowly(studio, liv
     while procs.is_alive(procs.read_process_record(live_run)) and time.time() < deadline:
         time.sleep(0.1)
     assert tick.fn(0, {}, None)[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # ended
+    assert runs_tick.fn(None, {})[-1].constructor_args == {"value": studio.settings.idle_refresh_s}

@@ -18,11 +18,11 @@ from .cases import MODELS, Case
 ROOT = Path(__file__).resolve().parents[2]
 OBSERVE = Path(__file__).resolve().parent / "observe.py"
 PROMPT = "a photo of sks dog"
-T5_LENGTH = {False: 512, True: 32}
+T5_LENGTH = {False: 512, True: 32}  # Flux.1 dev's T5 length; the tiny model's tokenizer holds 32
 # --attention: the SDPA kernels both programs may use (observe.py's GPUBENCH_SDPA) and our matching
 # precision.attention. no-cudnn is our default; the example runs without cuDNN's kernel too, so both
 # use the same kernels (with it, full-size Flux.1 broke on an H200: docs/gpu-bench.md)
-ATTENTION = {"no-cudnn": ("flash,efficient,math", "sdpa"), "pytorch": ("", "sdpa_cudnn")}  # Flux.1 dev's T5 length; the tiny model's tokenizer holds 32
+ATTENTION = {"no-cudnn": ("flash,efficient,math", "sdpa"), "pytorch": ("", "sdpa_cudnn")}
 
 
 def steps_plan(tiny: bool) -> tuple[int, int]:

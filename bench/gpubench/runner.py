@@ -4,9 +4,9 @@ append one JSON line per case to <out>/results.jsonl as soon as it ends, print t
 Fits short device bookings: `--budget-s` is the whole call (installs and model builds included);
 a case starts if at least 60% of its estimate is left (`worth_starting`) and is killed when the
 budget ends, and its line then holds what its steps so far measured (status "timeout": on an H200 a
-Flux.1 case cut at step 19 of 26 still gave its it/s and peak; skipped at 88 s of 90 it gave nothing). Cases that cannot run here
-(an option this trainer does not have, a missing package or example script) get a "skipped" line
-saying why, so the report shows every planned case. Only results.jsonl goes to <out> (the device
+Flux.1 case cut at step 19 of 26 still gave its it/s and peak; skipped at 88 s of 90 it gave
+nothing). Cases that cannot run here (an option this trainer does not have, a missing package or
+example script) get a "skipped" line saying why, so the report shows every planned case. Only results.jsonl goes to <out> (the device
 returns at most 8 files); models, images, run folders and logs stay in --work.
 """
 from __future__ import annotations
