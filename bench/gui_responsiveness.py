@@ -11,6 +11,8 @@ Starts the studio (`app.py`) on a free loopback port and drives Debian's chromiu
     (`output.name`), until the page settles (the command preview names the preset and the form
     stops changing), the Gradio events that fired (POST .../queue/join) and the longest
     main-thread task (PerformanceObserver 'longtask').
+(c) field edit: hardware.num_processes set to 2, then back to 1; time until the plan table shows
+    it, the events it fired and the main thread's long tasks meanwhile.
 
 `--trees A B` runs the same measurements on several checkouts in turn (interleaved rounds), so
 before/after come from one run:
@@ -170,6 +172,24 @@ def measure_preset(page, name: str, joins: list) -> dict:
             "longest_task_ms": max(tasks, default=0), "blocked_ms": sum(tasks)}
 
 
+def measure_edit(page, gpus: str, joins: list) -> dict:
+    """One field edit (hardware.num_processes on the GPUs tab): until the plan shows it, the events
+    it fired and the main thread's long tasks meanwhile."""
+    box = page.locator("#field-hardware-num_processes").locator("input").first
+    time.sleep(2)
+    n0 = len(joins)
+    t0 = page.evaluate("performance.timeOrigin + performance.now()")
+    box.fill(gpus)
+    box.press("Tab")
+    page.wait_for_function("n => { const t = document.querySelector('#plan-table')?.innerText || '';"
+                           " return n === '1' ? !t.includes('2 GPUs') : t.includes(n + ' GPUs'); }", arg=gpus,
+                           timeout=120_000, polling=20)
+    t_plan = page.evaluate("performance.timeOrigin + performance.now()")
+    time.sleep(2)   # the edit's events end
+    tasks = [d for start, d in page.evaluate("window.__longtasks") if start >= t0]
+    return {"plan_s": (t_plan - t0) / 1000, "events": len(joins) - n0, "blocked_ms": sum(tasks)}
+
+
 def run_tree(tree: Path, args, browser) -> dict:
     with tempfile.TemporaryDirectory(prefix="gui-resp-") as tmp:
         tmp = Path(tmp)
@@ -192,6 +212,8 @@ def run_tree(tree: Path, args, browser) -> dict:
             page.wait_for_function(wait_cmd, timeout=120_000)
             time.sleep(3)
             presets = [measure_preset(page, name, joins) for name in [PRESET_A, PRESET_B] * args.repeats]
+            page.get_by_role("tab", name="GPUs").click()
+            edits = [measure_edit(page, gpus, joins) for gpus in ["2", "1"] * args.repeats]
             live = measure_live(page, cdp, run, args.history + 1, args.steps, args.interval, args.history + 1000)
             page.close()
         finally:
@@ -205,7 +227,7 @@ def run_tree(tree: Path, args, browser) -> dict:
             for b in busy:
                 b.kill()
                 b.wait()
-    return {"live": live, "presets": presets}
+    return {"live": live, "presets": presets, "edits": edits}
 
 
 def summary(result: dict) -> str:
@@ -218,7 +240,14 @@ def summary(result: dict) -> str:
             f"{worst['values_s']:.2f} s, settled {med['settled_s']:.2f} | {worst['settled_s']:.2f} s, "
             f"events fired {med['events']:.0f} | {worst['events']:.0f}, longest main-thread task "
             f"{med['longest_task_ms']:.0f} | {worst['longest_task_ms']:.0f} ms, blocked in total "
-            f"{med['blocked_ms']:.0f} | {worst['blocked_ms']:.0f} ms")
+            f"{med['blocked_ms']:.0f} | {worst['blocked_ms']:.0f} ms\n"
+            + edit_summary(result["edits"]))
+
+
+def edit_summary(edits: list[dict]) -> str:
+    med = {k: statistics.median(e[k] for e in edits) for k in edits[0]}
+    return (f"  field edit (median of {len(edits)}): plan updated {med['plan_s']:.2f} s, events fired "
+            f"{med['events']:.0f}, main thread blocked {med['blocked_ms']:.0f} ms")
 
 
 def main() -> int:

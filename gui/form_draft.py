@@ -11,6 +11,7 @@ import gradio as gr
 from gui.presets import PresetError
 from gui.schema_form import FormField, config_to_values
 from gui.shared_state import Studio
+from gui.training_page import EditHook
 
 STORAGE_KEY = "sd-studio-training-form"
 SHOWN_NAMES = 6   # the changed fields named in the line; the rest are counted
@@ -65,27 +66,29 @@ def _jsonable(value: Any) -> Any:
 
 
 class FormDraft:
-    """The draft in the browser and the "differs from the preset" line. `remember_after(event)`
-    saves the draft after a function set the form's values (edits save it through `wire`)."""
+    """The draft in the browser and the "differs from the preset" line. The draft is saved by the
+    form's own refresh (`on_edit`: every edit and every load chains one) and when the chosen preset
+    changes (Save as, Delete)."""
 
-    def __init__(self, studio: Studio, inputs: list, dropdown: gr.Dropdown, marker: gr.Markdown):
-        self.studio, self.inputs, self.dropdown, self.marker = studio, inputs, dropdown, marker
+    def __init__(self, studio: Studio, dropdown: gr.Dropdown, marker: gr.Markdown):
+        self.studio, self.dropdown, self.marker = studio, dropdown, marker
         self.state = gr.BrowserState(None, storage_key=STORAGE_KEY)
 
     def remember(self, preset, *values):
         fields = self.studio.fields
         return draft_of(fields, preset, list(values)), modified_markdown(self.studio, preset, list(values))
 
-    def remember_after(self, event):
-        return event.then(self.remember, inputs=[self.dropdown, *self.inputs], outputs=[self.state, self.marker],
-                          show_progress="hidden")
+    def on_edit(self) -> EditHook:
+        """The draft's part of the form refresh: the preset label in, the draft and the line out."""
+        return EditHook(inputs=[self.dropdown], outputs=[self.state, self.marker],
+                        fn=lambda values, preset: list(self.remember(preset, *values)))
 
-    def wire(self, app: gr.Blocks, triggers: list, refresh_event) -> None:
-        """Save on every edit and whenever the chosen preset changes (Save as, Delete); restore on page
-        load, then `refresh_event(event)` (which refreshes the form and saves the draft again)."""
-        studio, fields, inputs = self.studio, self.studio.fields, self.inputs
-        gr.on([*triggers, self.dropdown.change], self.remember, inputs=[self.dropdown, *inputs],
-              outputs=[self.state, self.marker], trigger_mode="always_last", show_progress="hidden")
+    def wire(self, app: gr.Blocks, inputs: list, refresh_event) -> None:
+        """Save when the chosen preset changes; restore on page load, then `refresh_event(event)`
+        (which refreshes the form and saves the draft again)."""
+        studio, fields = self.studio, self.studio.fields
+        self.dropdown.change(self.remember, inputs=[self.dropdown, *inputs], outputs=[self.state, self.marker],
+                             trigger_mode="always_last", show_progress="hidden")
 
         def restore(stored, preset):
             found = restored_values(fields, stored)

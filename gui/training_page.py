@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import gradio as gr
 
@@ -26,6 +27,17 @@ FORM_REFRESH = "form-refresh"
 
 
 @dataclass
+class EditHook:
+    """Work that rides on the form's refresh: one round trip per edit, not two. Each event Gradio's
+    page sends walks its whole component tree once per input and per trigger, and an event on
+    every field has ~280 triggers: a second event per edit (the browser's draft of the form) cost
+    the page ~40 % of an edit's CPU (docs/gui.md)."""
+    inputs: list                    # after the form's own inputs
+    outputs: list                   # after the refresh's own outputs
+    fn: Callable                    # (form_values: list, *extra_values) -> one value per output
+
+
+@dataclass
 class TrainingPage:
     form: FormWidgets
     message: gr.Markdown            # page-level messages (Start, presets)
@@ -37,10 +49,11 @@ class TrainingPage:
     triggers: list                  # the form's edit events (a Textbox's blur/submit, the others' input)
 
     shown: gr.State = None          # keys of the error-line and cell updates the browser has (only_changed)
+    on_edit_inputs: list = field(default_factory=list)   # the EditHook's inputs (after `shown`)
 
     @property
     def refresh_inputs(self) -> list:
-        return [*self.form.inputs, *self.secret_boxes, self.inspected, self.shown]
+        return [*self.form.inputs, *self.secret_boxes, self.inspected, self.shown, *self.on_edit_inputs]
 
 
 def _inspector(ui: dict) -> None:
@@ -75,7 +88,8 @@ def _preview(ui: dict) -> None:
                                  lines=1, max_lines=40)
 
 
-def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs) -> TrainingPage:
+def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs,
+                        on_edit: EditHook | None = None) -> TrainingPage:
     ui: dict = {}
     form = render_form(studio.fields, initial_values,
                        extras={"Dataset": lambda: _inspector(ui), "GPUs": lambda: _gpus(ui)})
@@ -131,19 +145,24 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             # config) fires .change on every field it touches, one full refresh each; those paths
             # chain one refresh themselves (studio.after_load)
             triggers.append(widget.input)
+    hook = on_edit or EditHook(inputs=[], outputs=[], fn=lambda values: [])
+
     def refresh_with_visibility(*args):
         """The refresh, plus only the options that apply to the current values shown (fields with a
-        problem highlighted); error lines and cells the browser already shows that way are skipped."""
-        *args, previous = args
+        problem highlighted); error lines and cells the browser already shows that way are skipped;
+        then the edit hook's outputs."""
+        split = len(args) - len(hook.inputs)
+        extra = list(args[split:])
+        *args, previous = args[:split]
         out = refresh(*args)
         n = len(fields)
         visible = field_visibility(fields, list(args[:n]))
         form_updates, keys = only_changed([*out[:n], *form.visibility_updates(visible, shown_errors(out[:n]))],
                                           previous)
-        return [*form_updates[:n], *out[n:], *form_updates[n:], keys]
+        return [*form_updates[:n], *out[n:], *form_updates[n:], keys, *hook.fn(list(args[:n]), *extra)]
 
-    gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected, shown],
-          outputs=[*form.errors, *outputs, *form.visibility_outputs, shown], trigger_mode="always_last",
+    gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected, shown, *hook.inputs],
+          outputs=[*form.errors, *outputs, *form.visibility_outputs, shown, *hook.outputs], trigger_mode="always_last",
           show_progress="hidden", concurrency_id=FORM_REFRESH, concurrency_limit=1)
 
     memory_warned = gr.State(None)
@@ -184,8 +203,9 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                 outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown],
                 show_progress_on=message,
                 concurrency_limit=1, concurrency_id="run-control")
-    return TrainingPage(form=form, message=message, refresh_outputs=[*outputs, *form.visibility_outputs, shown],
+    return TrainingPage(form=form, message=message,
+                        refresh_outputs=[*outputs, *form.visibility_outputs, shown, *hook.outputs],
                         refresh=refresh_with_visibility,
                         inspected=inspected, start_button=start, secret_boxes=secret_boxes,
-                        triggers=[t for t in triggers], shown=shown)
+                        triggers=[t for t in triggers], shown=shown, on_edit_inputs=list(hook.inputs))
 

@@ -29,8 +29,9 @@ CHROMIUM = "/usr/bin/chromium"
 
 # setup.sh installs chromium; on a developer machine without it the browser tests skip, in CI
 # (CI set) they fail instead, so a broken install can never pass silently.
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="Debian chromium not installed (apt-get install chromium)")
+pytestmark = [pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+                                 reason="Debian chromium not installed (apt-get install chromium)"),
+              pytest.mark.both_cores]   # the studio, chromium and a trainer (tests/conftest.py)
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
@@ -101,12 +102,32 @@ def server(tmp_path):
     srv.kill_trainers()
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
+def training_page_server(tmp_path_factory):
+    """One studio for the Training-page tests (each opens its own page: a fresh browser context,
+    so no draft carries over; only the presets folder is shared): a studio start is seconds of a
+    loaded 2-core machine's time."""
+    srv = Server(tmp_path_factory.mktemp("training-page")).start()
+    yield srv
+    srv.stop()
+    srv.kill_trainers()
+
+
+@pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         yield b
         b.close()
+
+
+@pytest.fixture(autouse=True)
+def _close_pages(request):
+    """The browser outlives a test: its pages (and their timers) do not."""
+    yield
+    if "browser" in request.fixturenames:
+        for context in request.getfixturevalue("browser").contexts:
+            context.close()
 
 
 def open_page(browser, url: str):
@@ -168,7 +189,8 @@ def choose_preset(page, label: str) -> None:
                            timeout=30_000)
 
 
-def test_training_page_demo_plan_presets_and_validation(server, browser):
+def test_training_page_demo_plan_presets_and_validation(training_page_server, browser):
+    server = training_page_server
     page = open_page(browser, server.url)
     assert field_input(page, "model", "path").input_value() == "assets/demo_model"
     assert "demo-sd1-lora" in page.locator("#preset-select input").first.input_value()
@@ -218,7 +240,8 @@ def test_training_page_demo_plan_presets_and_validation(server, browser):
     page.wait_for_selector("#err-schedule-batch_size", state="hidden", timeout=60_000)   # hang guard
 
 
-def test_training_page_inspector_messages_and_labels(server, browser, tmp_path):  # noqa: F811
+def test_training_page_inspector_messages_and_labels(training_page_server, browser, tmp_path):  # noqa: F811
+    server = training_page_server
     page = open_page(browser, server.url)
     # 22: words next to the TOML key; the command preview is on the page, not behind a tab
     page.get_by_role("tab", name="Optimizer & schedule").click()
@@ -361,6 +384,7 @@ def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
     shot(page, "issue16-run-tools")
 
     # a restarted GUI finds the run in its folder and offers to resume it
+    page.context.close()   # the old page would poll a studio that is gone
     server.stop()
     server.start()
     page = open_page(browser, server.url)

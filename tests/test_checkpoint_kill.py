@@ -185,6 +185,7 @@ class _Launch:
         return self.proc.wait(timeout=timeout)
 
 
+@pytest.mark.both_cores
 def test_sigkill_with_two_ranks_resumes_bitwise(fast_inputs, tmp_path):
     """Two CPU ranks under DDP: one rank SIGKILLed (the OOM killer's way), later the whole process
     group (a lost machine); each restart with resume = "auto" continues from the newest complete

@@ -61,6 +61,7 @@ def _run(tmp_path, name: str, common: list[str], strategy: list[str],
     return events, load_file(run / f"{name}.safetensors")
 
 
+@pytest.mark.both_cores
 def test_zero2_on_two_ranks_matches_one_process_and_resumes_exactly(tmp_path, tiny_models):
     model_dir = tiny_models("sd1")
     data = make_dataset(tmp_path / "data", n=6, size=32)
@@ -99,6 +100,7 @@ def test_zero2_on_two_ranks_matches_one_process_and_resumes_exactly(tmp_path, ti
     assert all(torch.equal(resumed_lora[k], ds_lora[k]) for k in ds_lora)
 
 
+@pytest.mark.both_cores
 def test_zero3_full_fine_tune_matches_one_process(tmp_path, tiny_models):
     """ZeRO-3 partitions the UNet across ranks (the frozen text encoder and VAE load whole: under
     ZeRO-3 transformers would otherwise partition them while rank 0 loads alone, a deadlock);

@@ -14,6 +14,7 @@ from trainer_backend.training.loop import train
 from trainer_backend.config.checks import validate_for_run
 
 
+@pytest.mark.both_cores
 def test_two_processes_match_one_process_with_double_batch(tmp_path, tiny_models):
     """2 processes × batch 1 vs 1 process × batch 2, same seed and data order. SGD (see the
     accumulation test for why not Adam), no adapter dropout; per-sample noise is seeded by the

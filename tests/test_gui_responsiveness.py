@@ -5,6 +5,7 @@ sends only the values that change, and a repeated form refresh re-renders no err
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import signal
 import subprocess
@@ -98,16 +99,37 @@ def test_a_preset_load_sends_only_the_values_that_change(studio):
 def test_a_repeated_form_refresh_re_renders_no_error_line_or_cell(studio):
     from gui.studio import build_app
     app = build_app(studio)
-    _, values = studio.initial_values()
+    label, values = studio.initial_values()
     refresh = _fn(app, "refresh_with_visibility")[0]
     n = len(studio.fields)
     refresh_fn = next(f for f in app.fns.values() if f.name == "refresh_with_visibility")
-    secrets = [""] * (len(refresh_fn.inputs) - n - 2)   # the secrets panel's name/value boxes
-    first = refresh(*values, *secrets, "", None)
+    secrets = [""] * (len(refresh_fn.inputs) - n - 3)   # the secrets panel's name/value boxes
+    # inputs end with the inspected signature, what was sent, the preset label (the draft's);
+    # outputs with what was sent, then the browser's draft of the form and its "differs" line
+    first = refresh(*values, *secrets, "", None, label)
     assert len(_sent(first[:n])) == n          # the first refresh sets every error line
-    second = refresh(*values, *secrets, first[n + 10], first[-1])   # inspected signature, what was sent
-    form_part = second[:n] + second[n + 11:-1]   # error lines, then cells and section headings
+    draft, differs = first[-2:]
+    model_path = values[[f.dotted for f in studio.fields].index("model.path")]
+    assert draft["preset"] == label and draft["values"]["model.path"] == model_path and differs == ""
+    second = refresh(*values, *secrets, first[n + 10], first[-3], label)   # inspected signature, what was sent
+    form_part = second[:n] + second[n + 11:-3]   # error lines, then cells and section headings
     assert _sent(form_part) == [], f"{len(_sent(form_part))} unchanged error lines/cells re-sent"
+
+
+def test_an_edit_is_one_event(studio):
+    """Each event the page sends walks Gradio's component tree once per input and per trigger (the
+    refresh has ~280): the browser's draft of the form is saved by the refresh itself, so an edit
+    is one event, not two (a second one cost ~40 % of an edit's CPU in chromium, docs/gui.md)."""
+    config = _page_config(studio)
+    form_ids = {c["id"] for c in config["components"]
+                if str(c.get("props", {}).get("elem_id", "")).startswith("field-")}
+    listeners = Counter((target, event) for dep in config["dependencies"] if dep.get("backend_fn")
+                        for target, event in dep["targets"] if target in form_ids)
+    assert len({t for t, _ in listeners}) == len(studio.fields)
+    assert set(listeners.values()) == {1}, [k for k, v in listeners.items() if v > 1][:5]
+    refresh = next(d for d in config["dependencies"] if d.get("api_name") == "refresh_with_visibility")
+    storage = [c["id"] for c in config["components"] if c["type"] == "browserstate"]
+    assert storage and storage[0] in refresh["outputs"]     # the draft is kept by the edit's own event
 
 
 def _page_config(studio) -> dict:

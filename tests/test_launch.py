@@ -180,6 +180,7 @@ state.end_training()  # destroys the process group: gloo threads left at exit ca
 """
 
 
+@pytest.mark.both_cores
 def test_real_two_process_cpu_launch(tmp_path):
     """The launcher part of the argv really starts 2 synchronised gloo ranks on the CPU."""
     cfg = cfg_with(num_processes=2, cpu=True, _extra={"precision": {"mixed": "no"}})

@@ -164,6 +164,7 @@ def test_allowed_combinations_pass():
         assert [p for p in rules.problems(load_config(None, overrides)) if p.key.startswith("model.")] == []
 
 
+@pytest.mark.both_cores
 def test_two_ddp_processes_with_a_quantized_base_match_one_process(tmp_path, tiny_models):
     """Two real CPU ranks (gloo) × batch 1 equal one process × batch 2 with the UNet int8 and the text
     encoder nf4, adapters on both: DDP leaves the frozen quantized weights alone and still averages the

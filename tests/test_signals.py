@@ -98,6 +98,7 @@ def _rank_pids(launcher: psutil.Process) -> dict[int, int]:
     return ranks
 
 
+@pytest.mark.both_cores
 def test_two_ranks_stop_at_the_same_step(fast_inputs, tmp_path):
     """SIGTERM reaches rank 1 only: both ranks stop after the same step (the flags are summed
     over the ranks after every step), the checkpoint holds both ranks' RNG states, nobody

@@ -108,6 +108,7 @@ def test_validation_loss_drops_while_overfitting(tmp_path, tiny_models):
     assert min(losses) in [metrics["validation_loss"] for _, metrics in kept]
 
 
+@pytest.mark.both_cores
 def test_two_ranks_give_the_one_process_value(tmp_path, tiny_models):
     """Two gloo ranks share 3 validation images (one rank runs a zero-weighted padding batch);
     the all-reduced loss equals a one-process evaluation of the run's exported LoRA."""
