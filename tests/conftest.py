@@ -81,44 +81,33 @@ def free_port() -> int:
 
 # ----------------------------------------------------------------------------- tests that need both cores
 # Some tests keep both cores of the 2-core CI machine busy on their own: two training ranks, which wait
-# for each other at every collective, or the studio with chromium and a trainer. Beside each other they
-# slowed down far more than beside a busy loop (ZeRO-2 on two ranks: 52 s alone, 65-72 s beside one or
-# two busy loops, 127-212 s beside the browser test), so they take turns: a lock shared by the
-# pytest-xdist workers of one run. Their files are spread through the queue so that the other worker
-# mostly has something else to do meanwhile.
+# for each other at every collective, or the studio with chromium and a trainer. Side by side they slow
+# each other down far more than a busy loop does (ZeRO-2 on two ranks: 52 s alone, 65-72 s beside one or
+# two busy loops, 127-212 s beside the browser tests). pytest-xdist hands out whole files in queue order:
+# the browser file first, then a quarter of the others (about as long as the browser tests take on the
+# other worker), then the other two-rank files spread evenly among the rest. (A lock shared by the workers
+# was tried: a worker waiting on it holds its file and idles, and two files with such tests took turns
+# for minutes.)
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "both_cores: keeps two cores busy (two ranks, or the studio with "
-                                       "chromium); never runs beside another such test")
-
-
-@pytest.fixture(autouse=True)
-def _both_cores_take_turns(request, tmp_path_factory):
-    if request.node.get_closest_marker("both_cores") is None:
-        yield
-        return
-    import fcntl
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent   # popen-gwN's parent: one folder per run, shared by its workers
-    with open(root / "both-cores.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    config.addinivalue_line("markers", "both_cores: keeps two cores busy on its own (two ranks, or the studio "
+                                       "with chromium); tests/conftest.py orders the files that have one")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files with both-cores tests spread evenly through the run (the one with the most first), the
-    others in their usual order: the queue pytest-xdist hands out file by file."""
     by_file: dict = {}
     for item in items:
         by_file.setdefault(item.path, []).append(item)
     heavy = {path: sum(1 for i in group if i.get_closest_marker("both_cores")) for path, group in by_file.items()}
     spread = sorted((p for p, n in heavy.items() if n), key=lambda p: -heavy[p])
-    others = [p for p, n in heavy.items() if not n]
     if not spread:
         return
-    gap = (len(others) + len(spread)) / len(spread)
-    order = list(others)
-    for k, path in enumerate(spread):
-        order.insert(min(round(k * gap), len(order)), path)
+    first, rest = spread[0], spread[1:]
+    others = [p for p, n in heavy.items() if not n]
+    lead = len(others) // 4
+    tail = others[lead:]
+    gap = len(tail) / (len(rest) + 1)
+    for k, path in enumerate(rest, start=1):
+        tail.insert(min(round(k * gap) + k - 1, len(tail)), path)
+    order = [first, *others[:lead], *tail]
     items[:] = [item for path in order for item in by_file[path]]
