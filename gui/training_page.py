@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import gradio as gr
@@ -42,18 +42,16 @@ class TrainingPage:
     form: FormWidgets
     message: gr.Markdown            # page-level messages (Start, presets)
     refresh_outputs: list           # what `refresh` updates (after the error lines)
-    refresh: callable               # (*values, *secret_boxes, inspected_signature) -> updates
+    refresh: callable               # (*values of refresh_inputs) -> updates of [*form.errors, *refresh_outputs]
     inspected: gr.State
     start_button: gr.Button
     secret_boxes: list              # (name, value) textboxes, flat
-    triggers: list                  # the form's edit events (a Textbox's blur/submit, the others' input)
-
-    shown: gr.State = None          # keys of the error-line and cell updates the browser has (only_changed)
-    on_edit_inputs: list = field(default_factory=list)   # the EditHook's inputs (after `shown`)
+    shown: gr.State                 # keys of the error-line and cell updates the browser has (only_changed)
+    edit_hook: EditHook             # rides on every refresh (its inputs after `shown`, its outputs last)
 
     @property
     def refresh_inputs(self) -> list:
-        return [*self.form.inputs, *self.secret_boxes, self.inspected, self.shown, *self.on_edit_inputs]
+        return [*self.form.inputs, *self.secret_boxes, self.inspected, self.shown, *self.edit_hook.inputs]
 
 
 def _inspector(ui: dict) -> None:
@@ -207,5 +205,5 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                         refresh_outputs=[*outputs, *form.visibility_outputs, shown, *hook.outputs],
                         refresh=refresh_with_visibility,
                         inspected=inspected, start_button=start, secret_boxes=secret_boxes,
-                        triggers=[t for t in triggers], shown=shown, on_edit_inputs=list(hook.inputs))
+                        shown=shown, edit_hook=hook)
 

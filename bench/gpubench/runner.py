@@ -6,8 +6,9 @@ a case starts if at least 60% of its estimate is left (`worth_starting`) and is 
 budget ends, and its line then holds what its steps so far measured (status "timeout": on an H200 a
 Flux.1 case cut at step 19 of 26 still gave its it/s and peak; skipped at 88 s of 90 it gave
 nothing). Cases that cannot run here (an option this trainer does not have, a missing package or
-example script) get a "skipped" line saying why, so the report shows every planned case. Only results.jsonl goes to <out> (the device
-returns at most 8 files); models, images, run folders and logs stay in --work.
+example script) get a "skipped" line saying why, so the report shows every planned case. Only
+results.jsonl goes to <out> (the device returns at most 8 files); models, images, run folders and
+logs stay in --work.
 """
 from __future__ import annotations
 
