@@ -1,5 +1,5 @@
 """The rules of the memory options (config/rules.py runs them with the others): what
-optimizer.fused_backward and memory.block_swap cannot be combined with, each refusal naming the
+optimizer.fused_backward, optimizer.fused and memory.block_swap cannot be combined with, each refusal naming the
 keys to change. Pure: no torch, nothing above config/."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from .schema import TrainConfig
 
 RULES: list[tuple[str, Callable[[TrainConfig], Iterator[Problem]]]] = []   # (group, rule)
 # optimizers whose update of one weight depends on every other weight's gradient in the same step
+FUSED_OPTIMIZERS = ("adamw", "sgd")  # torch.optim's with a fused implementation among optimizer.name's
 WHOLE_STEP_OPTIMIZERS = {"prodigy": "prodigy's step size is estimated from all gradients of the step together"}
 
 
@@ -55,6 +56,18 @@ def _fused_backward(cfg: TrainConfig) -> Iterator[Problem]:
     if cfg.optimizer.name in WHOLE_STEP_OPTIMIZERS:
         yield Problem(key, f"{WHOLE_STEP_OPTIMIZERS[cfg.optimizer.name]}: choose another optimizer.name or turn "
                            f"fused_backward off")
+
+
+@_rule("memory")
+def _fused_optimizer(cfg: TrainConfig) -> Iterator[Problem]:
+    if not cfg.optimizer.fused:
+        return
+    if cfg.optimizer.name not in FUSED_OPTIMIZERS:
+        yield Problem("optimizer.fused", f"PyTorch has a fused kernel for {' and '.join(FUSED_OPTIMIZERS)} only, not "
+                                         f"'{cfg.optimizer.name}': choose one of them or turn fused off")
+    if cfg.precision.full_bf16 or cfg.precision.full_fp16:
+        yield Problem("optimizer.fused", "precision.full_bf16/full_fp16 use their own optimizer, which rounds each "
+                                         "weight as it steps: turn one of them off")
 
 
 @_rule("memory")

@@ -20,10 +20,12 @@ def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float
                                     weight_decay=o.weight_decay, rounding=rounding, seed=seed)
         return HalfWeightsSGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay, rounding=rounding,
                               seed=seed)
+    fused = o.fused or None  # None: torch's default (foreach on a GPU); the rules refuse fused elsewhere
     if o.name == "adamw":
-        return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+        return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                                 fused=fused)
     if o.name == "sgd":
-        return torch.optim.SGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay)
+        return torch.optim.SGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay, fused=fused)
     if o.name == "adafactor":
         from transformers.optimization import Adafactor
         return Adafactor(groups, lr=o.lr, relative_step=False, scale_parameter=False, warmup_init=False,
