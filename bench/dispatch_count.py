@@ -13,7 +13,9 @@ out. Settings compared (LoRA on the attention targets, bf16 autocast as on a GPU
 - `mixed bf16`: our default, adapters in fp32 under bf16 autocast (small updates are kept);
 - `full_bf16`: `precision.full_bf16 = true`, adapters in bf16 like the diffusers examples' bf16
   runs (their LoRA weights take the UNet's dtype; they upcast only for fp16), with stochastic
-  rounding of the updates.
+  rounding of the updates;
+- `optimizer.fused = true`: PyTorch's fused AdamW kernel, on the fp32 adapters or (with `full_bf16` and nearest
+  rounding) stepping the bf16 adapters itself, as the examples' bf16 runs do with torch's AdamW.
 
 Prints ops per step, casts/copies per step (`_to_copy`, `copy_`), and the ratios. Counts are
 deterministic; the bf16 autocast on a CPU is slow, so keep the resolution small.
@@ -86,7 +88,10 @@ def main() -> None:
         settings = {"mixed bf16 (fp32 adapters)": [],
                     "full_bf16, stochastic rounding": ["precision.full_bf16=true"],
                     "full_bf16, nearest rounding": ["precision.full_bf16=true",
-                                                    'precision.half_weights_rounding="nearest"']}
+                                                    'precision.half_weights_rounding="nearest"'],
+                    "mixed bf16, fused AdamW": ["optimizer.fused=true"],
+                    "full_bf16, nearest, fused AdamW": ["precision.full_bf16=true", "optimizer.fused=true",
+                                                        'precision.half_weights_rounding="nearest"']}
         counts = {name: per_step(base, extra, args.steps, tmp / "runs", f"r{i}")
                   for i, (name, extra) in enumerate(settings.items())}
     print(f"tiny {args.arch}, {args.resolution}², LoRA on {args.targets}, ops dispatched per optimizer step")

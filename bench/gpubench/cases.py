@@ -80,6 +80,9 @@ def catalogue() -> list[Case]:
         "cache-latents": ("dataset.cache_latents=true",),
         "in-process-data": ("dataset.num_workers=0",),  # the baseline decodes in workers (automatic)
         "fused-adamw": ("optimizer.fused=true",),
+        # bf16 adapters stepped by torch's fused AdamW: what the examples train (bf16 LoRA weights, torch's AdamW)
+        "bf16-fused-adamw": ("precision.full_bf16=true", 'precision.half_weights_rounding="nearest"',
+                             "optimizer.fused=true"),
         "compile": ("precision.compile=true",),
         "channels-last": ("precision.channels_last=true",),
     }

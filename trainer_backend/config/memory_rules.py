@@ -65,9 +65,16 @@ def _fused_optimizer(cfg: TrainConfig) -> Iterator[Problem]:
     if cfg.optimizer.name not in FUSED_OPTIMIZERS:
         yield Problem("optimizer.fused", f"PyTorch has a fused kernel for {' and '.join(FUSED_OPTIMIZERS)} only, not "
                                          f"'{cfg.optimizer.name}': choose one of them or turn fused off")
-    if cfg.precision.full_bf16 or cfg.precision.full_fp16:
-        yield Problem("optimizer.fused", "precision.full_bf16/full_fp16 use their own optimizer, which rounds each "
-                                         "weight as it steps: turn one of them off")
+    if cfg.precision.full_fp16:
+        yield Problem("optimizer.fused", "precision.full_fp16 keeps the optimizer's moments in bf16 (fp16 would "
+                                         "underflow them), which PyTorch's fused kernel cannot: turn one of them off")
+    elif cfg.precision.full_bf16 and cfg.optimizer.name != "adamw":
+        yield Problem("optimizer.fused", f"with precision.full_bf16 only adamw has a fused kernel here, not "
+                                         f"'{cfg.optimizer.name}': choose adamw or turn fused off")
+    elif cfg.precision.full_bf16 and cfg.precision.half_weights_rounding != "nearest":
+        yield Problem("optimizer.fused", f"with precision.full_bf16, PyTorch's fused AdamW rounds each update to the "
+                                         f"nearest bf16 value: set precision.half_weights_rounding = \"nearest\" "
+                                         f"(got \"{cfg.precision.half_weights_rounding}\") or turn fused off")
 
 
 @_rule("memory")

@@ -90,8 +90,9 @@ class Optimizer(Section):
     fused: bool = F(False, "adamw and sgd: PyTorch's fused kernel, which updates a whole group of weights in one "
                            "launch instead of several per weight or per chunk. The same update up to floating-point "
                            "rounding; on a GPU the optimizer step costs fewer kernel launches (worth it for LoRA's "
-                           "many small weights). Not with precision.full_bf16/full_fp16 (their optimizer rounds "
-                           "each weight itself).", advanced=True, resume="safe",
+                           "many small weights). With precision.full_bf16 and half_weights_rounding = nearest, "
+                           "adamw's fused kernel steps the bf16 weights (as the diffusers examples train bf16 "
+                           "adapters); not with full_fp16.", advanced=True, resume="safe",
                     when={"optimizer.name": ("adamw", "sgd")})
     scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts",
                        "polynomial"] = F("constant", "Learning-rate schedule.", resume="safe")

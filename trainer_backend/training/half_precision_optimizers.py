@@ -125,6 +125,8 @@ class HalfWeightsOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         params = [p for group in self.param_groups for p in group["params"]]
         for i, entries in saved.items():
+            if torch.is_tensor(entries.get("step")):  # saved by torch's fused AdamW (optimizer.fused)
+                self.state[params[i]]["step"] = int(entries["step"].item())
             for key, value in entries.items():
                 if torch.is_tensor(value) and value.is_floating_point() and key in ("exp_avg", "exp_avg_sq",
                                                                                    "momentum"):

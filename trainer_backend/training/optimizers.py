@@ -12,7 +12,7 @@ def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float
     o = cfg.optimizer
     groups = [{"params": g["params"], "lr": g["lr"] * lr_factor} for g in param_groups]
     rules.check(cfg, "optimizer_package")  # its package is installed (config/rules.py)
-    if half_weights_dtype(cfg) and o.name in ("adamw", "sgd"):  # precision.full_bf16/full_fp16
+    if half_weights_dtype(cfg) and o.name in ("adamw", "sgd") and not o.fused:  # precision.full_bf16/full_fp16
         from .half_precision_optimizers import HalfWeightsAdamW, HalfWeightsSGD
         rounding, seed = cfg.precision.half_weights_rounding, cfg.schedule.seed
         if o.name == "adamw":
@@ -20,12 +20,15 @@ def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float
                                     weight_decay=o.weight_decay, rounding=rounding, seed=seed)
         return HalfWeightsSGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay, rounding=rounding,
                               seed=seed)
-    fused = o.fused or None  # None: torch's default (foreach on a GPU); the rules refuse fused elsewhere
+    # None: torch's default (foreach on a GPU). With precision.full_bf16 (and nearest rounding, config/memory_rules.py)
+    # the fused AdamW steps the bf16 weights itself: fp32 arithmetic, weights and moments rounded to nearest.
+    fused = o.fused or None
     if o.name == "adamw":
-        return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                                 fused=fused)
+        return _keeping_implementation(torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                                         weight_decay=o.weight_decay, fused=fused))
     if o.name == "sgd":
-        return torch.optim.SGD(groups, lr=o.lr, momentum=o.beta1, weight_decay=o.weight_decay, fused=fused)
+        return _keeping_implementation(torch.optim.SGD(groups, lr=o.lr, momentum=o.beta1,
+                                                       weight_decay=o.weight_decay, fused=fused))
     if o.name == "adafactor":
         from transformers.optimization import Adafactor
         return Adafactor(groups, lr=o.lr, relative_step=False, scale_parameter=False, warmup_init=False,
@@ -42,6 +45,27 @@ def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float
         from lion_pytorch import Lion
         return Lion(groups, lr=o.lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
     raise ConfigError(f"optimizer.name: unsupported '{o.name}'")
+
+
+IMPLEMENTATION_FLAGS = ("fused", "foreach")
+
+
+def _keeping_implementation(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """torch's load_state_dict takes the param groups' flags from the checkpoint, so a resume would silently keep
+    the implementation the checkpoint was saved with: the config's optimizer.fused wins instead."""
+    own = [{k: g.get(k) for k in IMPLEMENTATION_FLAGS} for g in optimizer.param_groups]
+
+    def keep(opt: torch.optim.Optimizer, state_dict: dict) -> dict:
+        for group, flags in zip(state_dict["param_groups"], own):
+            group.update(flags)
+        if own and own[0]["fused"]:  # precision.full_bf16's own AdamW counts steps in ints, the fused kernel in tensors
+            for entries in state_dict["state"].values():
+                if isinstance(entries.get("step"), int):
+                    entries["step"] = torch.tensor(float(entries["step"]))
+        return state_dict
+
+    optimizer.register_load_state_dict_pre_hook(keep)
+    return optimizer
 
 
 def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int,
