@@ -97,6 +97,35 @@ def test_eight_bit_and_sgd_states_follow_their_rules():
         assert plan_memory(cfg, ARCH, table=tiny_counts()).resident["optimizer state"] == nbytes(state), name
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_optimizer_step_temporaries_are_the_planned_ones(fused):
+    """What AdamW's step allocates beyond its state, from torch.profiler's allocation events: CUDA's default
+    (foreach) a square-root temporary the size of every weight; optimizer.fused's kernel nothing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainer_backend.training.optimizers import build_optimizer
+    cfg = config({"type": "full"}, optimizer={"name": "adamw", "fused": fused})
+    model, weight_dtype, trainable = real_setup(cfg)
+    mp.probe_train_step(model, (32, 32), 1, torch.device("cpu"), weight_dtype, cfg)
+    optimizer = build_optimizer(cfg, trainable.param_groups)
+    for group in optimizer.param_groups:
+        assert group["fused"] is (True if fused else None)
+        group["foreach"] = not fused   # the CPU's default is a loop per weight; the plan is for CUDA's
+    optimizer.step()                   # the first step allocates the state; the second shows the temporaries
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        optimizer.step()
+    live = peak = 0
+    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    plan = plan_memory(cfg, ARCH, table=tiny_counts())
+    planned = plan.phases["optimizer step"] - plan.grads
+    weights = nbytes(trainable.parameters())
+    assert planned == (0 if fused else weights)
+    assert peak <= 0.01 * weights if fused else peak == pytest.approx(weights, rel=0.01)
+
+
 def profiled_peak(cfg, side: int) -> int:
     """Peak bytes of one real forward and backward on the CPU, from torch.profiler's allocation events
     (a different measurement from the planner's tally), minus the gradients it leaves."""

@@ -87,13 +87,13 @@ class Optimizer(Section):
     beta2: float = F(0.999, "Adam beta2.", ge=0.0, lt=1.0, advanced=True, resume="safe")
     eps: float = F(1e-8, "Adam epsilon.", gt=0.0, advanced=True, resume="safe")
     max_grad_norm: float = F(1.0, "Clip gradients to this norm; 0 = off.", ge=0.0, resume="safe")
-    fused: bool = F(False, "adamw and sgd: PyTorch's fused kernel, which updates a whole group of weights in one "
-                           "launch instead of several per weight or per chunk. The same update up to floating-point "
-                           "rounding; on a GPU the optimizer step costs fewer kernel launches (worth it for LoRA's "
-                           "many small weights). With precision.full_bf16 and half_weights_rounding = nearest, "
-                           "adamw's fused kernel steps the bf16 weights (as the diffusers examples train bf16 "
-                           "adapters); not with full_fp16.", advanced=True, resume="safe",
-                    when={"optimizer.name": ("adamw", "sgd")})
+    fused: bool = F(False, "adamw and sgd: PyTorch's fused kernel (a speed option; not fused_backward), which "
+                           "updates a whole group of weights in one launch instead of several per chunk. The same "
+                           "update up to floating-point rounding; on a GPU the optimizer step costs fewer kernel "
+                           "launches (worth it for LoRA's many small weights). With precision.full_bf16 and "
+                           "half_weights_rounding = nearest, adamw's fused kernel steps the bf16 weights (as the "
+                           "diffusers examples train bf16 adapters); not with full_fp16. See docs/memory.md.",
+                    advanced=True, resume="safe", when={"optimizer.name": ("adamw", "sgd")})
     scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts",
                        "polynomial"] = F("constant", "Learning-rate schedule.", resume="safe")
     warmup_steps: int = F(0, "Warmup optimizer steps.", ge=0, resume="safe")

@@ -235,7 +235,8 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
                          "Linear weights on the GPU until the backward, so the forward/backward's peak "
                          "does not fall (turn on precision.gradient_checkpointing)")
     phases["forward/backward"] = act + (0 if fused_bw else grads)
-    temp = optimizer_temp_bytes(name, tensors, train_bytes, fused_bw or half_weights, cfg.optimizer.weight_decay)
+    temp = optimizer_temp_bytes(name, tensors, train_bytes, fused_bw or half_weights, cfg.optimizer.weight_decay,
+                                fused_kernel=cfg.optimizer.fused)
     phases["optimizer step"] = (0 if fused_bw else grads) + temp
     cache = cache_phases(table, cfg, te_weights, vae_w, trained_tes, offload, pixels)
     counts = {"denoiser": den["params"], "text_encoders": sum(comps[n]["params"] for n in table["text_encoders"]),

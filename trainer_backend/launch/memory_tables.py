@@ -166,11 +166,13 @@ def optimizer_state_bytes(name: str, tensors: list[int], param_bytes: int, half_
 
 
 def optimizer_temp_bytes(name: str, tensors: list[int], param_bytes: int, fused_backward: bool,
-                         weight_decay: float) -> float:
+                         weight_decay: float, fused_kernel: bool = False) -> float:
     """What one optimizer step allocates on top: torch's foreach AdamW (the default on CUDA) makes one
     temporary the size of every parameter (the square root of exp_avg_sq); SGD with weight decay makes
     a decayed copy of the gradients. Per-parameter optimizers and a fused backward pass make only
-    per-tensor ones."""
+    per-tensor ones; torch's fused AdamW/SGD kernel (optimizer.fused) none."""
+    if fused_kernel and name in ("adamw", "sgd"):
+        return 0.0
     if fused_backward or not tensors:
         return max(tensors, default=0) * param_bytes
     if name == "adamw" or (name == "sgd" and weight_decay > 0):
