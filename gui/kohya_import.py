@@ -268,6 +268,11 @@ def _optimizer_args(args: dict[str, str], b: _Builder) -> None:
                 b.put("optimizer_args betas", "optimizer.beta2", beta2)
             elif key == "eps":
                 b.put("optimizer_args eps", "optimizer.eps", _num(value))
+            elif key == "fused" and b.result.data.get("optimizer", {}).get("name", "adamw") in ("adamw", "sgd"):
+                # torch's fused AdamW/SGD kernel (kohya passes the argument to the torch optimizer)
+                if value.lower() not in ("true", "false"):
+                    raise ValueError(value)
+                b.put("optimizer_args fused", "optimizer.fused", value.lower() == "true")
             else:
                 b.result.unsupported.append((f"optimizer_args {key}", value))
         except ValueError:

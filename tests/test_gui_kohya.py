@@ -48,6 +48,14 @@ def test_supported_keys_are_mapped_to_the_studio_schema():
     assert cfg.checkpoints.every_n_steps == 200
 
 
+def test_fused_optimizer_argument_maps_only_where_a_fused_kernel_exists():
+    fused = {**KOHYA_LORA, "optimizer": "AdamW", "optimizer_args": "fused=True weight_decay=0.1"}
+    cfg = import_kohya(fused).config()
+    assert cfg.optimizer.name == "adamw" and cfg.optimizer.fused and cfg.optimizer.weight_decay == 0.1
+    eight_bit = import_kohya({**fused, "optimizer": "AdamW8bit"})
+    assert not eight_bit.config().optimizer.fused and "optimizer_args fused" in dict(eight_bit.unsupported)
+
+
 def test_report_lists_unsupported_keys_and_never_imports_secrets():
     result = import_kohya(KOHYA_LORA)
     unsupported = dict(result.unsupported)
