@@ -83,10 +83,40 @@ def test_calibration_reproduces_the_measured_h100_runs_within_the_stated_error()
         assert factor <= st.FIT_ERROR, (name, measured, estimated)
 
 
+def h200_runs() -> list[dict]:
+    """Our trainer's cases measured on an H200 (2026-11-27), as bench/measured_h100.json's cases: the ones
+    that encode latents every step (as the calibration's), batch 1."""
+    runs = []
+    for path in sorted((ROOT / "bench" / "measured-h200-2026-11-27").glob("call*-results.jsonl")):
+        for row in map(json.loads, path.read_text().splitlines()):
+            sets = dict(s.split("=", 1) for s in row.get("sets", []))
+            if row.get("trainer") != "ours" or row.get("status") not in ("ok", "timeout") or "dataset.cache_latents" in sets:
+                continue
+            if row.get("method") == "full":
+                sets["network.type"] = "full"
+            sets = {k: v.strip('"') if v not in ("true", "false") else v == "true" for k, v in sets.items()}
+            runs.append({"name": f"{path.stem}:{row['name']}", "arch": row["model"], "resolution": row["resolution"],
+                         "sets": sets, "it_s": row["it_s"]})
+    return runs
+
+
+def test_measured_h200_runs_are_within_the_stated_error_of_the_h100_calibration():
+    """The H200 has the H100 SXM's tensor throughput: the H100's efficiency must hold there too (its steps,
+    bound by the host's CPU, ran faster: 1.16–2.20× the estimate)."""
+    runs = h200_runs()
+    assert len(runs) >= 6 and any(r["sets"].get("network.type") == "full" for r in runs)
+    for run in runs:
+        estimated = st.case_it_s(family_table(run["arch"]), run, "H200")
+        factor = max(run["it_s"] / estimated, estimated / run["it_s"])
+        assert factor <= st.FIT_ERROR, (run["name"], run["it_s"], estimated)
+
+
 def test_card_names_as_drivers_report_them():
     assert st.card_for("NVIDIA GeForce RTX 4090") == "RTX 4090"
     assert st.card_for("NVIDIA GeForce RTX 4060 Ti") == "RTX 4060 Ti"
     assert st.card_for("NVIDIA H100 80GB HBM3") == "H100"
+    assert st.card_for("NVIDIA H100 PCIe") == "H100 PCIe" and st.card_for("NVIDIA H100 NVL") == "H100 NVL"
+    assert st.card_for("NVIDIA H200") == "H200"
     assert st.card_for("NVIDIA A100-SXM4-80GB") == "A100"
     assert st.card_for("Some Other GPU") is None
 
