@@ -126,6 +126,34 @@ def test_optimizer_step_temporaries_are_the_planned_ones(fused):
     assert peak <= 0.01 * weights if fused else peak == pytest.approx(weights, rel=0.01)
 
 
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest", "kahan"])
+def test_half_weights_step_temporaries_are_the_planned_bytes_per_element(rounding):
+    """precision.full_bf16's own AdamW computes each weight's update in fp32 temporaries: the planner's
+    bytes per element of the largest tensor are what torch.profiler sees the step allocate at its peak."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainer_backend.launch.memory_tables import HALF_WEIGHTS_TEMP_BYTES, optimizer_temp_bytes
+    from trainer_backend.training.optimizers import build_optimizer
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(700, 900).bfloat16()), torch.nn.Parameter(torch.randn(300, 30).bfloat16())]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    cfg = from_dict({"precision": {"full_bf16": True, "half_weights_rounding": rounding}})
+    optimizer = build_optimizer(cfg, [{"params": params, "lr": 1e-3}])
+    optimizer.step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        optimizer.step()
+    live = peak = 0
+    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    planned = optimizer_temp_bytes("adamw", [p.numel() for p in params], 2, True, 0.01,
+                                   half_weights_rounding=rounding)
+    assert planned == HALF_WEIGHTS_TEMP_BYTES[rounding] * params[0].numel()
+    assert peak == pytest.approx(planned, rel=0.02)
+
+
 def profiled_peak(cfg, side: int) -> int:
     """Peak bytes of one real forward and backward on the CPU, from torch.profiler's allocation events
     (a different measurement from the planner's tally), minus the gradients it leaves."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .memory_tables import (DTYPE_BYTES, GiB, family_table, optimizer_state_bytes, optimizer_temp_bytes,
-                            pipeline_outside_table, trainable_tensors, variant_names, variant_table,
-                            weight_bytes)
+from .memory_tables import (DTYPE_BYTES, GiB, family_table, largest_trained_tensor, optimizer_state_bytes,
+                            optimizer_temp_bytes, pipeline_outside_table, trainable_tensors, variant_names,
+                            variant_table, weight_bytes)
 
 CARDS_GB = (8, 12, 16, 24, 48, 80)
 OVERHEAD_GIB = 0.6     # CUDA context, cuBLAS/cuDNN handles: outside max_memory_allocated
@@ -236,7 +236,8 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
                          "does not fall (turn on precision.gradient_checkpointing)")
     phases["forward/backward"] = act + (0 if fused_bw else grads)
     temp = optimizer_temp_bytes(name, tensors, train_bytes, fused_bw or half_weights, cfg.optimizer.weight_decay,
-                                fused_kernel=cfg.optimizer.fused)
+                                fused_kernel=cfg.optimizer.fused, largest=largest_trained_tensor(table, cfg),
+                                half_weights_rounding=prec.half_weights_rounding if half_weights else None)
     phases["optimizer step"] = (0 if fused_bw else grads) + temp
     cache = cache_phases(table, cfg, te_weights, vae_w, trained_tes, offload, pixels)
     counts = {"denoiser": den["params"], "text_encoders": sum(comps[n]["params"] for n in table["text_encoders"]),

@@ -147,6 +147,21 @@ def trainable_tensors(table: dict, cfg) -> list[int]:
     return out
 
 
+def largest_trained_tensor(table: dict, cfg) -> int | None:
+    """A full fine-tune's largest trained tensor (elements): the denoiser's largest layer weight, or a
+    trained text encoder taken whole (its token embedding is most of it; an upper bound). None for
+    adapters, whose trainable_tensors are already per tensor."""
+    if cfg.network.type != "full":
+        return None
+    comps = table["components"]
+    layers = comps[table["denoiser"]].get("layers") or []
+    if not layers:
+        return None
+    largest = max(i * o * max(k, 1) for _, i, o, k, _ in layers)
+    trained_tes = table["trained_text_encoders"] if cfg.network.train_text_encoder else []
+    return max([largest] + [comps[name]["params"] for name in trained_tes])
+
+
 def optimizer_state_bytes(name: str, tensors: list[int], param_bytes: int, half_weights: bool,
                           kahan: bool = False, rank: int = 0) -> float:
     """Optimizer state on the GPU for trained tensors of these element counts.
@@ -165,16 +180,28 @@ def optimizer_state_bytes(name: str, tensors: list[int], param_bytes: int, half_
     return count * param_bytes * STATE_FACTOR.get(name, 2.0)
 
 
+# precision.full_bf16/full_fp16's own AdamW/SGD (training/half_precision_optimizers.py) computes each
+# weight's update in fp32 temporaries: bytes per element of the largest trained tensor at the step's peak,
+# measured with torch.profiler's allocation events (tests/test_memory_plan.py; SGD gets AdamW's, an upper bound)
+HALF_WEIGHTS_TEMP_BYTES = {"stochastic": 31, "kahan": 31, "nearest": 20}
+
+
 def optimizer_temp_bytes(name: str, tensors: list[int], param_bytes: int, fused_backward: bool,
-                         weight_decay: float, fused_kernel: bool = False) -> float:
+                         weight_decay: float, fused_kernel: bool = False, largest: int | None = None,
+                         half_weights_rounding: str | None = None) -> float:
     """What one optimizer step allocates on top: torch's foreach AdamW (the default on CUDA) makes one
     temporary the size of every parameter (the square root of exp_avg_sq); SGD with weight decay makes
     a decayed copy of the gradients. Per-parameter optimizers and a fused backward pass make only
-    per-tensor ones; torch's fused AdamW/SGD kernel (optimizer.fused) none."""
+    per-tensor ones, sized by the largest tensor (`largest` where `tensors` lists whole components, as a
+    full fine-tune's do); precision.full_bf16's own optimizer several fp32 ones of it; torch's fused
+    AdamW/SGD kernel (optimizer.fused) none."""
     if fused_kernel and name in ("adamw", "sgd"):
         return 0.0
+    biggest = largest if largest is not None else max(tensors, default=0)
+    if half_weights_rounding and name in ("adamw", "sgd"):
+        return biggest * HALF_WEIGHTS_TEMP_BYTES[half_weights_rounding]
     if fused_backward or not tensors:
-        return max(tensors, default=0) * param_bytes
+        return biggest * param_bytes
     if name == "adamw" or (name == "sgd" and weight_decay > 0):
         return sum(tensors) * param_bytes
     return max(tensors) * param_bytes * 2
