@@ -97,12 +97,25 @@ def test_eight_bit_and_sgd_states_follow_their_rules():
         assert plan_memory(cfg, ARCH, table=tiny_counts()).resident["optimizer state"] == nbytes(state), name
 
 
+def second_step_peak(optimizer) -> int:
+    """Peak bytes an optimizer step allocates, from torch.profiler's allocation events; the first step
+    (which allocates the state) runs before, unmeasured."""
+    from torch.profiler import ProfilerActivity, profile
+    optimizer.step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        optimizer.step()
+    live = peak = 0
+    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 def test_optimizer_step_temporaries_are_the_planned_ones(fused):
     """What AdamW's step allocates beyond its state, from torch.profiler's allocation events: CUDA's default
     (foreach) a square-root temporary the size of every weight; optimizer.fused's kernel nothing."""
-    from torch.profiler import ProfilerActivity, profile
-
     from trainer_backend.training.optimizers import build_optimizer
     cfg = config({"type": "full"}, optimizer={"name": "adamw", "fused": fused})
     model, weight_dtype, trainable = real_setup(cfg)
@@ -111,14 +124,7 @@ def test_optimizer_step_temporaries_are_the_planned_ones(fused):
     for group in optimizer.param_groups:
         assert group["fused"] is (True if fused else None)
         group["foreach"] = not fused   # the CPU's default is a loop per weight; the plan is for CUDA's
-    optimizer.step()                   # the first step allocates the state; the second shows the temporaries
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        optimizer.step()
-    live = peak = 0
-    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live)
+    peak = second_step_peak(optimizer)
     plan = plan_memory(cfg, ARCH, table=tiny_counts())
     planned = plan.phases["optimizer step"] - plan.grads
     weights = nbytes(trainable.parameters())
@@ -130,24 +136,16 @@ def test_optimizer_step_temporaries_are_the_planned_ones(fused):
 def test_half_weights_step_temporaries_are_the_planned_bytes_per_element(rounding):
     """precision.full_bf16's own AdamW computes each weight's update in fp32 temporaries: the planner's
     bytes per element of the largest tensor are what torch.profiler sees the step allocate at its peak."""
-    from torch.profiler import ProfilerActivity, profile
-
     from trainer_backend.launch.memory_tables import HALF_WEIGHTS_TEMP_BYTES, optimizer_temp_bytes
     from trainer_backend.training.optimizers import build_optimizer
     torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(700, 900).bfloat16()), torch.nn.Parameter(torch.randn(300, 30).bfloat16())]
+    params = [torch.nn.Parameter(torch.randn(700, 900).bfloat16()),
+              torch.nn.Parameter(torch.randn(300, 30).bfloat16())]
     for p in params:
         p.grad = torch.randn_like(p)
     cfg = from_dict({"precision": {"full_bf16": True, "half_weights_rounding": rounding}})
     optimizer = build_optimizer(cfg, [{"params": params, "lr": 1e-3}])
-    optimizer.step()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        optimizer.step()
-    live = peak = 0
-    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live)
+    peak = second_step_peak(optimizer)
     planned = optimizer_temp_bytes("adamw", [p.numel() for p in params], 2, True, 0.01,
                                    half_weights_rounding=rounding)
     assert planned == HALF_WEIGHTS_TEMP_BYTES[rounding] * params[0].numel()
