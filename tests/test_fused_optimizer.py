@@ -80,10 +80,13 @@ def test_fused_adamw_steps_bf16_weights_like_full_bf16_nearest_and_trades_checkp
         for step in range(6):
             if switch and step in (2, 4):
                 state = copy.deepcopy(opt.state_dict())
+                saved = copy.deepcopy(state)
                 opt = optimizer(model, fused=step == 2)
                 assert type(opt) is (torch.optim.AdamW if step == 2 else type(optimizer(Chain(), False)))
                 opt.load_state_dict(state)
                 assert step == 4 or all(group["fused"] for group in opt.param_groups), "the checkpoint's flag won"
+                assert [g.get("fused") for g in state["param_groups"]] == [g.get("fused") for g in saved["param_groups"]]
+                assert all(type(state["state"][k]["step"]) is type(saved["state"][k]["step"]) for k in saved["state"])
             x, y = torch.randn(2, 4, generator=g), torch.randn(2, 4, generator=g)
             torch.nn.functional.mse_loss(model(x.bfloat16()).float(), y).backward()
             opt.step()

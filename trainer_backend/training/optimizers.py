@@ -56,12 +56,12 @@ def _keeping_implementation(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
     own = [{k: g.get(k) for k in IMPLEMENTATION_FLAGS} for g in optimizer.param_groups]
 
     def keep(opt: torch.optim.Optimizer, state_dict: dict) -> dict:
-        for group, flags in zip(state_dict["param_groups"], own):
-            group.update(flags)
+        # new dicts: torch hands the hook a shallow copy, whose groups and entries are the caller's
+        state_dict["param_groups"] = [{**group, **flags} for group, flags in zip(state_dict["param_groups"], own)]
         if own and own[0]["fused"]:  # precision.full_bf16's own AdamW counts steps in ints, the fused kernel in tensors
-            for entries in state_dict["state"].values():
-                if isinstance(entries.get("step"), int):
-                    entries["step"] = torch.tensor(float(entries["step"]))
+            state_dict["state"] = {key: {**entries, "step": torch.tensor(float(entries["step"]))}
+                                   if isinstance(entries.get("step"), int) else entries
+                                   for key, entries in state_dict["state"].items()}
         return state_dict
 
     optimizer.register_load_state_dict_pre_hook(keep)
