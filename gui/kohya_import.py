@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer_backend.config import ConfigError, TrainConfig, from_dict
+from trainer_backend.config.memory_rules import FUSED_OPTIMIZERS
 
 from gui.kohya_keys import (APPROX_OPTIMIZERS, COMPONENT_FILES, DIRECT, FAMILY_KEYS, LOCON_TYPES, NETWORK_TYPES,
                             OPTIMIZERS, SAMPLERS, SECRET_KEYS, SPECIAL, TIMESTEP_SAMPLING, WEIGHTING_SCHEME, _blank,
@@ -268,7 +269,7 @@ def _optimizer_args(args: dict[str, str], b: _Builder) -> None:
                 b.put("optimizer_args betas", "optimizer.beta2", beta2)
             elif key == "eps":
                 b.put("optimizer_args eps", "optimizer.eps", _num(value))
-            elif key == "fused" and b.result.data.get("optimizer", {}).get("name", "adamw") in ("adamw", "sgd"):
+            elif key == "fused" and b.result.data.get("optimizer", {}).get("name", "adamw") in FUSED_OPTIMIZERS:
                 # torch's fused AdamW/SGD kernel (kohya passes the argument to the torch optimizer)
                 if value.lower() not in ("true", "false"):
                     raise ValueError(value)

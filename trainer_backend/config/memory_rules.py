@@ -9,8 +9,8 @@ from .base import Problem
 from .schema import TrainConfig
 
 RULES: list[tuple[str, Callable[[TrainConfig], Iterator[Problem]]]] = []   # (group, rule)
-# optimizers whose update of one weight depends on every other weight's gradient in the same step
 FUSED_OPTIMIZERS = ("adamw", "sgd")  # torch.optim's with a fused implementation among optimizer.name's
+# optimizers whose update of one weight depends on every other weight's gradient in the same step
 WHOLE_STEP_OPTIMIZERS = {"prodigy": "prodigy's step size is estimated from all gradients of the step together"}
 
 

@@ -10,6 +10,9 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from ..config.memory_rules import FUSED_OPTIMIZERS
+from ..training.full_half_precision import ROUNDED_OPTIMIZERS  # pure, like this module
+
 TABLES = Path(__file__).resolve().parents[2] / "assets" / "memory_tables.json"
 GiB = 2 ** 30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -195,10 +198,10 @@ def optimizer_temp_bytes(name: str, tensors: list[int], param_bytes: int, fused_
     per-tensor ones, sized by the largest tensor (`largest` where `tensors` lists whole components, as a
     full fine-tune's do); precision.full_bf16's own optimizer several fp32 ones of it; torch's fused
     AdamW/SGD kernel (optimizer.fused) none."""
-    if fused_kernel and name in ("adamw", "sgd"):
+    if fused_kernel and name in FUSED_OPTIMIZERS:
         return 0.0
     biggest = largest if largest is not None else max(tensors, default=0)
-    if half_weights_rounding and name in ("adamw", "sgd"):
+    if half_weights_rounding and name in ROUNDED_OPTIMIZERS:
         return biggest * HALF_WEIGHTS_TEMP_BYTES[half_weights_rounding]
     if fused_backward or not tensors:
         return biggest * param_bytes
