@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ConfigError, TrainConfig, rules
-from .full_half_precision import half_weights_dtype
+from .full_half_precision import ROUNDED_OPTIMIZERS, half_weights_dtype
 
 
 def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float = 1.0) -> torch.optim.Optimizer:
@@ -12,7 +12,7 @@ def build_optimizer(cfg: TrainConfig, param_groups: list[dict], lr_factor: float
     o = cfg.optimizer
     groups = [{"params": g["params"], "lr": g["lr"] * lr_factor} for g in param_groups]
     rules.check(cfg, "optimizer_package")  # its package is installed (config/rules.py)
-    if half_weights_dtype(cfg) and o.name in ("adamw", "sgd") and not o.fused:  # precision.full_bf16/full_fp16
+    if half_weights_dtype(cfg) and o.name in ROUNDED_OPTIMIZERS and not o.fused:  # precision.full_bf16/full_fp16
         from .half_precision_optimizers import HalfWeightsAdamW, HalfWeightsSGD
         rounding, seed = cfg.precision.half_weights_rounding, cfg.schedule.seed
         if o.name == "adamw":
