@@ -3,8 +3,11 @@ same tensors as it did before the model-family engine existed.
 
 tests/golden/lora_tensors.json was recorded by `python tests/test_family_golden.py --write` on
 the code before the port (commit 61727cc); each tensor is summarised by its shape, sum, sum of
-absolute values and first values, compared at a tolerance far below what one changed noise draw,
-timestep, conditioning or key name would move.
+absolute values and first values. The tolerances allow for another CPU's float kernels and stay far
+below what a real change moves. Measured (2026-11-27, an AMD EPYC Zen 5 against the goldens recorded on
+an Intel machine): another CPU moved a tensor's absolute sum by at most 2.1e-5 of itself, its sum by
+2.1e-5 of the absolute sum and its first values by 5.2e-4 of their largest; a 1 % higher learning rate
+moves them 1.0e-2, 1.7e-3 and 1.1e-2, another seed 0.22, 0.24 and 3.4.
 """
 from __future__ import annotations
 
@@ -57,9 +60,12 @@ def test_lora_run_writes_the_same_tensors_as_before_the_port(tmp_path, tiny_mode
     for key, (shape, total, abs_total, head) in want.items():
         g_shape, g_total, g_abs, g_head = got[key]
         assert g_shape == shape, key
-        assert g_abs == pytest.approx(abs_total, rel=1e-5, abs=1e-6), key
-        assert g_total == pytest.approx(total, rel=1e-4, abs=1e-5), key
-        assert g_head == pytest.approx(head, rel=1e-4, abs=1e-6), key
+        assert g_abs == pytest.approx(abs_total, rel=1e-4, abs=1e-6), key
+        # sums of signed values can be near zero: measured against the tensor's absolute sum
+        assert abs(g_total - total) <= 2e-4 * abs_total + 1e-6, key
+        # one value of an Adam step starting from zero (lora_up) moves with its gradient's rounding
+        head_scale = max(abs(v) for v in head)
+        assert g_head == pytest.approx(head, rel=0, abs=2e-3 * head_scale + 1e-9), key
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
