@@ -6,7 +6,9 @@ Starts the studio (`app.py`) on a free loopback port and drives Debian's chromiu
     events, train.log, process.json naming a live `sleep` process) is shown on the Run page; the
     script appends one `step` event (and a log line) every `interval` seconds and the page records,
     with a MutationObserver, when its progress line first shows that step. Lag = shown - written.
-    Also the bytes the page received per second (Chrome DevTools' Network.dataReceived).
+    Also the bytes the page received per second (Chrome DevTools' Network.dataReceived) and how
+    busy the browser's main thread was: CDP Performance's TaskDuration per second, while steps
+    arrive and then for `--quiet-s` seconds with no news (the page still ticks: the run is live).
 (b) preset load: choose a preset and press Load; time until the form shows its values
     (`output.name`), until the page settles (the command preview names the preset and the form
     stops changing), the Gradio events that fired (POST .../queue/join) and the longest
@@ -117,12 +119,14 @@ def fake_run(runs: Path, history: int, total: int) -> tuple[Path, subprocess.Pop
     return run, sleeper
 
 
-def measure_live(page, cdp, run: Path, first: int, steps: int, interval: float, total: int) -> dict:
+def measure_live(page, cdp, run: Path, first: int, steps: int, interval: float, total: int,
+                 quiet_s: float) -> dict:
     page.get_by_role("tab", name="Run", exact=True).click()
     page.wait_for_function(f"() => /step {first - 1}\\b/.test(document.querySelector('#run-progress')?.innerText)",
                            timeout=120_000)
     time.sleep(2 * interval)
     received = [0]
+    busy_from = _task_seconds(cdp)
     cdp.on("Network.dataReceived", lambda e: received.__setitem__(0, received[0] + e.get("dataLength", 0)))
     t_start = time.time()
     written = {}
@@ -135,12 +139,22 @@ def measure_live(page, cdp, run: Path, first: int, steps: int, interval: float, 
         time.sleep(interval)
     page.wait_for_function(f"() => {first + steps - 1} in window.__seenSteps", timeout=120_000)
     seconds = time.time() - t_start
+    busy_live = (_task_seconds(cdp) - busy_from) / seconds
     seen = {int(k): v / 1000 for k, v in page.evaluate("window.__seenSteps").items()}
     lags = []
     for step, t in written.items():
         shown = [v for k, v in seen.items() if k >= step]
         lags.append(min(shown) - t)
-    return {"lag_median": statistics.median(lags), "lag_max": max(lags), "kib_per_s": received[0] / 1024 / seconds}
+    quiet_from, t_quiet = _task_seconds(cdp), time.time()
+    time.sleep(quiet_s)
+    busy_quiet = (_task_seconds(cdp) - quiet_from) / (time.time() - t_quiet)
+    return {"lag_median": statistics.median(lags), "lag_max": max(lags), "kib_per_s": received[0] / 1024 / seconds,
+            "busy_live": busy_live, "busy_quiet": busy_quiet}
+
+
+def _task_seconds(cdp) -> float:
+    """The page's main-thread task time so far (CDP Performance.getMetrics' TaskDuration, seconds)."""
+    return next(m["value"] for m in cdp.send("Performance.getMetrics")["metrics"] if m["name"] == "TaskDuration")
 
 
 def choose_preset(page, label: str) -> None:
@@ -206,6 +220,7 @@ def run_tree(tree: Path, args, browser) -> dict:
                     ("queue/join" in r.url or "/run/" in r.url) else None)
             cdp = page.context.new_cdp_session(page)
             cdp.send("Network.enable")
+            cdp.send("Performance.enable")
             page.goto(url)
             page.wait_for_selector("#field-model-path", timeout=120_000)
             wait_cmd = "() => (document.querySelector('#cmd-shell')?.innerText || '').includes('demo-sd1-lora')"
@@ -214,7 +229,8 @@ def run_tree(tree: Path, args, browser) -> dict:
             presets = [measure_preset(page, name, joins) for name in [PRESET_A, PRESET_B] * args.repeats]
             page.get_by_role("tab", name="GPUs").click()
             edits = [measure_edit(page, gpus, joins) for gpus in ["2", "1"] * args.repeats]
-            live = measure_live(page, cdp, run, args.history + 1, args.steps, args.interval, args.history + 1000)
+            live = measure_live(page, cdp, run, args.history + 1, args.steps, args.interval, args.history + 1000,
+                                args.quiet_s)
             page.close()
         finally:
             studio.send_signal(signal.SIGINT)
@@ -235,7 +251,8 @@ def summary(result: dict) -> str:
     med = {k: statistics.median(p[k] for p in presets) for k in presets[0]}
     worst = {k: max(p[k] for p in presets) for k in presets[0]}
     return (f"  live view lag: median {live['lag_median']:.2f} s, max {live['lag_max']:.2f} s; "
-            f"page received {live['kib_per_s']:.0f} KiB/s\n"
+            f"page received {live['kib_per_s']:.0f} KiB/s; browser main thread busy "
+            f"{live['busy_live']:.2f} s/s with steps arriving, {live['busy_quiet']:.2f} s/s with no news\n"
             f"  preset load (median | worst of {len(presets)}): values shown {med['values_s']:.2f} | "
             f"{worst['values_s']:.2f} s, settled {med['settled_s']:.2f} | {worst['settled_s']:.2f} s, "
             f"events fired {med['events']:.0f} | {worst['events']:.0f}, longest main-thread task "
@@ -258,6 +275,7 @@ def main() -> int:
     ap.add_argument("--history", type=int, default=2000, help="step events already in the run")
     ap.add_argument("--steps", type=int, default=12, help="step events written while measuring")
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between written steps")
+    ap.add_argument("--quiet-s", type=float, default=20, help="seconds measured after the last step")
     ap.add_argument("--busy", type=int, default=1, help="CPU-bound processes standing in for the trainer")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright

@@ -12,6 +12,7 @@ from gui.presets import PresetError
 from gui.schema_form import FormField, config_to_values
 from gui.shared_state import Studio
 from gui.training_page import EditHook
+from gui.widgets import FormWidgets
 
 STORAGE_KEY = "sd-studio-training-form"
 SHOWN_NAMES = 6   # the changed fields named in the line; the rest are counted
@@ -83,26 +84,25 @@ class FormDraft:
         return EditHook(inputs=[self.dropdown], outputs=[self.state, self.marker],
                         fn=lambda values, preset: list(self.remember(preset, *values)))
 
-    def wire(self, app: gr.Blocks, inputs: list, refresh_event) -> None:
+    def wire(self, app: gr.Blocks, form: FormWidgets, refresh_event) -> None:
         """Save when the chosen preset changes; restore on page load, then `refresh_event(event)`
         (which refreshes the form and saves the draft again)."""
-        studio, fields = self.studio, self.studio.fields
-        self.dropdown.change(self.remember, inputs=[self.dropdown, *inputs], outputs=[self.state, self.marker],
-                             trigger_mode="always_last", show_progress="hidden")
+        studio, fields, inputs = self.studio, self.studio.fields, form.inputs
+        self.dropdown.change(form.reading(self.remember, at=1), inputs=[self.dropdown, form.values],
+                             outputs=[self.state, self.marker], trigger_mode="always_last", show_progress="hidden")
 
-        def restore(stored, preset):
+        def restore(stored, preset, *current):
             found = restored_values(fields, stored)
             if found is None:
                 return [gr.skip()] * (len(inputs) + 2)
             label = stored.get("preset") or preset
             if label not in studio.store.labels():
                 label = None   # deleted meanwhile: the values stay, nothing to compare them with
-            _, initial = studio.initial_values()
-            values = [found.get(i, v) for i, v in enumerate(initial)]
+            values = [found.get(i, v) for i, v in enumerate(current)]
             updates = [found[i] if i in found else gr.skip() for i in range(len(fields))]
             # the page's choices were built with the studio: presets saved since must be choices too
             return [*updates, gr.update(choices=studio.store.labels(), value=label),
                     modified_markdown(studio, label, values)]
 
-        refresh_event(app.load(restore, inputs=[self.state, self.dropdown], outputs=[*inputs, self.dropdown, self.marker],
-                               show_progress="hidden"))
+        refresh_event(app.load(form.loading(restore, at=2), inputs=[self.state, self.dropdown, form.values],
+                               outputs=[*inputs, self.dropdown, self.marker, form.patch], show_progress="hidden"))

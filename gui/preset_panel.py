@@ -13,6 +13,7 @@ from gui.shared_state import Studio, overlay, preset_error_text
 from gui.kohya_import import ImportProblem, import_kohya, report_markdown
 from gui.presets import PresetError, sanitize_name
 from gui.schema_form import config_to_values, validate_values
+from gui.widgets import FormWidgets
 
 CONFIRM_WINDOW_S = 10.0
 
@@ -62,9 +63,10 @@ def build_preset_panel(studio: Studio, initial_label: str | None) -> PresetPanel
                        kohya_button, kohya_report, gr.State(None), gr.Timer(CONFIRM_WINDOW_S, active=False))
 
 
-def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_load) -> None:
-    """Connect the buttons; `after_load(event)` chains the form refresh after values change."""
-    fields = studio.fields
+def wire_preset_panel(panel: PresetPanel, studio: Studio, form: FormWidgets, after_load) -> None:
+    """Connect the buttons; `after_load(event)` chains the form refresh after values change. The
+    buttons read the form's values from `form.values` (gui/widgets.py says why)."""
+    fields, inputs = studio.fields, form.inputs
     secret_idx = [i for i, f in enumerate(fields) if f.secret]
 
     def with_current_secrets(values: list, current: list) -> list:
@@ -97,7 +99,8 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
         return [*changed_only(values, list(current)), f"Loaded **{preset.label}**{note}.",
                 "" if preset.builtin else preset.name]
 
-    ev = panel.load.click(on_load, inputs=[panel.dropdown, *inputs], outputs=[*inputs, panel.message, panel.name],
+    ev = panel.load.click(form.loading(on_load, at=1), inputs=[panel.dropdown, form.values],
+                          outputs=[*inputs, panel.message, panel.name, form.patch],
                           show_progress_on=panel.message)
     after_load(ev)
 
@@ -122,7 +125,8 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
             return [f"⚠️ {preset.label} is read-only: type a name and use **Save as**.", gr.skip()]
         return save_named(preset.name, values, overwrite=True)
 
-    panel.save.click(on_save, inputs=[panel.dropdown, *inputs], outputs=[panel.message, panel.dropdown])
+    panel.save.click(form.reading(on_save, at=1), inputs=[panel.dropdown, form.values],
+                     outputs=[panel.message, panel.dropdown])
 
     def on_save_as(name, *values):
         if not (name or "").strip():
@@ -136,7 +140,8 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
                     f"overwrite it, or choose another name.", gr.skip()]
         return save_named(name, values, overwrite=False)
 
-    panel.save_as.click(on_save_as, inputs=[panel.name, *inputs], outputs=[panel.message, panel.dropdown])
+    panel.save_as.click(form.reading(on_save_as, at=1), inputs=[panel.name, form.values],
+                        outputs=[panel.message, panel.dropdown])
 
     def on_delete(label, armed):
         """Two clicks within CONFIRM_WINDOW_S: the first arms, the second deletes."""
@@ -165,7 +170,8 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
         values = with_current_secrets(config_to_values(fields, studio.defaults()), list(current))
         return [*changed_only(values, list(current)), "Reset to the schema defaults.", gr.update(value=None)]
 
-    ev = panel.reset.click(on_reset, inputs=inputs, outputs=[*inputs, panel.message, panel.dropdown],
+    ev = panel.reset.click(form.loading(on_reset), inputs=[form.values],
+                           outputs=[*inputs, panel.message, panel.dropdown, form.patch],
                            show_progress_on=panel.message)
     after_load(ev)
 
@@ -182,7 +188,7 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, inputs: list, after_lo
         report = f"Saved as preset **{preset.name}** and loaded into the form.\n\n" + report_markdown(result)
         return [*changed_only(values, list(current)), report, "", choices(preset.label)]
 
-    ev = panel.kohya_button.click(on_import, inputs=[panel.kohya_file, panel.kohya_name, *inputs],
-                                  outputs=[*inputs, panel.kohya_report, panel.message, panel.dropdown],
+    ev = panel.kohya_button.click(form.loading(on_import, at=2), inputs=[panel.kohya_file, panel.kohya_name, form.values],
+                                  outputs=[*inputs, panel.kohya_report, panel.message, panel.dropdown, form.patch],
                                   show_progress_on=panel.message)
     after_load(ev)

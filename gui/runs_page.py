@@ -17,6 +17,7 @@ from gui.run_page import build_run_view, view_updates
 from gui.run_state import run_status, snapshot
 from gui.schema_form import config_to_values
 from gui.secrets_panel import env_from_rows
+from gui.widgets import FormWidgets
 
 CONFIRM_WINDOW_S = 10.0
 COLUMNS = ["run", "status", "started", "steps", "final loss", "outputs"]
@@ -49,9 +50,10 @@ def run_choices(studio: Studio) -> list[tuple[str, str]]:
     return [(d.name if d.parent == studio.manager.runs_dir else str(d), str(d)) for d in studio.manager.run_dirs()]
 
 
-def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tabs: gr.Tabs,
+def build_runs_page(studio: Studio, form: FormWidgets, form_after_load, main_tabs: gr.Tabs,
                     secret_boxes: list, tab: gr.Tab) -> gr.Timer:
     """The Runs page; returns its refresh timer (it runs while the tab is shown: gui/studio.py)."""
+    form_inputs = form.inputs
     with gr.Row(equal_height=True):
         refresh = gr.Button("Refresh", elem_id="runs-refresh", scale=0, min_width=120, size="md")
         gr.Markdown(f"Runs folder: `{studio.manager.runs_dir}`", elem_id="runs-folder")
@@ -115,8 +117,8 @@ def build_runs_page(studio: Studio, form_inputs: list, form_after_load, main_tab
         return [*values, f"Loaded the config of **{Path(selected).name}** into the Training page.",
                 gr.Tabs(selected="training")]
 
-    ev = load_cfg.click(on_load_config, inputs=[selector, *form_inputs],
-                        outputs=[*form_inputs, message, main_tabs], show_progress_on=message)
+    ev = load_cfg.click(form.loading(on_load_config, at=1), inputs=[selector, form.values],
+                        outputs=[*form_inputs, message, main_tabs, form.patch], show_progress_on=message)
     form_after_load(ev)
 
     def on_follow(selected):

@@ -64,20 +64,21 @@ def build_app(studio: Studio) -> gr.Blocks:
                 page = build_training_page(studio, values, main_tabs, on_edit=draft.on_edit())
 
             def after_load(event):
-                """Values were set by a function (their fields fire no edit event): validate, re-plan,
-                re-preview once and keep the form as the browser's draft (the refresh's edit hook)."""
-                event.then(page.refresh, inputs=page.refresh_inputs,
+                """Values were set by a function (their fields fire no edit event): the form's values in
+                the browser take them (`merge_patch`), then validate, re-plan, re-preview once and keep
+                the form as the browser's draft (the refresh's edit hook)."""
+                page.form.merge_patch(event).then(page.refresh, inputs=page.refresh_inputs,
                            outputs=[*page.form.errors, *page.refresh_outputs], show_progress="hidden",
                            concurrency_id=FORM_REFRESH, concurrency_limit=1)
             with gr.Tab("Run", id="run", elem_id="page-run") as run_tab:
                 run_timer = build_run_page(studio, page.secret_boxes, run_tab)
             with gr.Tab("Runs", id="runs", elem_id="page-runs") as runs_tab:
-                runs_timer = build_runs_page(studio, page.form.inputs, after_load, main_tabs, page.secret_boxes,
+                runs_timer = build_runs_page(studio, page.form, after_load, main_tabs, page.secret_boxes,
                                              runs_tab)
         tick_only_while_shown([(training_tab, None), (run_tab, run_timer), (runs_tab, runs_timer)])
-        wire_preset_panel(panel, studio, page.form.inputs, after_load)
+        wire_preset_panel(panel, studio, page.form, after_load)
         # a reload keeps the form: the draft in the browser is restored, then the form is refreshed
-        draft.wire(app, page.form.inputs, after_load)
+        draft.wire(app, page.form, after_load)
 
         def start_toml(config_toml: str) -> str:
             """Start a run from TOML text (preset or full config); returns the run directory or 'error: ...'."""

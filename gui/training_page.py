@@ -17,8 +17,8 @@ from gui.run_control import StartRefused
 from gui.schema_form import error_field, field_visibility, form_problems
 from gui.secrets_panel import build_secrets_panel, env_from_rows, status_markdown
 from gui.system_monitor import gpus_markdown
-from gui.widgets import (FormWidgets, error_updates, only_changed, render_form, shown_errors, tab_id,
-                         unplaced_errors)
+from gui.widgets import (FormWidgets, edit_triggers, error_updates, only_changed, render_form, shown_errors,
+                         tab_id, unplaced_errors)
 
 # A field's edit and the refresh a load chains (page load, preset, a run's config) take turns in the
 # order they were sent: run side by side, the load's refresh, started with the old values, could
@@ -42,7 +42,7 @@ class TrainingPage:
     form: FormWidgets
     message: gr.Markdown            # page-level messages (Start, presets)
     refresh_outputs: list           # what `refresh` updates (after the error lines)
-    refresh: callable               # (*values of refresh_inputs) -> updates of [*form.errors, *refresh_outputs]
+    refresh: callable               # (values of refresh_inputs) -> updates of [*form.errors, *refresh_outputs]
     inspected: gr.State
     start_button: gr.Button
     secret_boxes: list              # (name, value) textboxes, flat
@@ -51,7 +51,7 @@ class TrainingPage:
 
     @property
     def refresh_inputs(self) -> list:
-        return [*self.form.inputs, *self.secret_boxes, self.inspected, self.shown, *self.edit_hook.inputs]
+        return [self.form.values, *self.secret_boxes, self.inspected, self.shown, *self.edit_hook.inputs]
 
 
 def _inspector(ui: dict) -> None:
@@ -134,15 +134,9 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     outputs = [message, ui["plan_md"], ui["cmd_shell"], ui["cmd_argv"], ui["cmd_toml"],
                ui["inspect_md"], ui["buckets"], ui["tags"], ui["thumbs"], secret_status, inspected]
-    triggers = []
-    for widget in [*form.inputs, *secret_boxes]:
-        if isinstance(widget, gr.Textbox):
-            triggers += [widget.blur, widget.submit]
-        else:
-            # .input, not .change: a value set by a function (preset load, draft restore, a run's
-            # config) fires .change on every field it touches, one full refresh each; those paths
-            # chain one refresh themselves (studio.after_load)
-            triggers.append(widget.input)
+    # a user's edits only: a value set by a function (preset load, draft restore, a run's config)
+    # fires no edit event; those paths chain one refresh themselves (studio.after_load)
+    triggers = [trigger for widget in [*form.inputs, *secret_boxes] for trigger in edit_triggers(widget)]
     hook = on_edit or EditHook(inputs=[], outputs=[], fn=lambda values: [])
 
     def refresh_with_visibility(*args):
@@ -159,7 +153,8 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                                           previous)
         return [*form_updates[:n], *out[n:], *form_updates[n:], keys, *hook.fn(list(args[:n]), *extra)]
 
-    gr.on(triggers, refresh_with_visibility, inputs=[*form.inputs, *secret_boxes, inspected, shown, *hook.inputs],
+    refresh_with_visibility = form.reading(refresh_with_visibility)
+    gr.on(triggers, refresh_with_visibility, inputs=[form.values, *secret_boxes, inspected, shown, *hook.inputs],
           outputs=[*form.errors, *outputs, *form.visibility_outputs, shown, *hook.outputs], trigger_mode="always_last",
           show_progress="hidden", concurrency_id=FORM_REFRESH, concurrency_limit=1)
 
@@ -197,7 +192,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                 gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip(), None,
                 only_changed(placed, None)[1]]
 
-    start.click(on_start, inputs=[*form.inputs, *secret_boxes, memory_warned],
+    start.click(form.reading(on_start), inputs=[form.values, *secret_boxes, memory_warned],
                 outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown],
                 show_progress_on=message,
                 concurrency_limit=1, concurrency_id="run-control")

@@ -1,8 +1,17 @@
 """Gradio widgets for the schema form: one tab per schema TAB, advanced fields collapsed,
-and an (initially hidden) error line under every widget for validation messages."""
+and an (initially hidden) error line under every widget for validation messages.
+
+The events that need the whole form (its refresh, Start, Save, a preset Load) read one hidden
+component, `FormWidgets.values`, that holds every field's value and is kept current in the browser
+(`keep_values_in_browser`), never the ~225 widgets themselves: Gradio's page keeps a loading-status
+entry for every input of every event that has completed and updates each of them, with a walk of
+the whole component tree, at every status change of any event afterwards; with the form's widgets
+as inputs, every tick of the Run page paid for them (docs/gui.md, "What a tick costs")."""
 from __future__ import annotations
 
+import functools
 import html
+import json
 import math
 import re
 from collections.abc import Callable
@@ -30,6 +39,55 @@ class FormWidgets:
     tabs: gr.Tabs
     cells: list = field(default_factory=list)    # parallel to fields: the column holding widget and error line
     groups: list = field(default_factory=list)   # (heading or accordion, [field indices]): shown if any field is
+    values: Any = None                           # hidden gr.JSON: every field's value, as the browser has it
+    patch: Any = None                            # hidden gr.JSON: the values a server event set (`loading`)
+
+    def read(self, payload: Any) -> list:
+        """The form's values from `values`' payload, each as its widget's own input would give it
+        (a Number's precision, a Dropdown's check of its choices)."""
+        if not isinstance(payload, list) or len(payload) != len(self.inputs):
+            raise gr.Error(f"the form's values did not arrive whole ({_shape(payload)} for "
+                           f"{len(self.inputs)} fields): reload the page")
+        return [widget.preprocess(value) for widget, value in zip(self.inputs, payload)]
+
+    def reading(self, fn: Callable, at: int = 0) -> Callable:
+        """`fn` takes the form's values as positional arguments from `at` on; the returned function
+        takes `values`' one payload there instead (wire it with `self.values` among its inputs)."""
+        @functools.wraps(fn)
+        def wrapped(*args):
+            return fn(*args[:at], *self.read(args[at]), *args[at + 1:])
+        return wrapped
+
+    def loading(self, fn: Callable, at: int = 0) -> Callable:
+        """For an event that sets the form's fields (its outputs start with `self.inputs`) and reads
+        the form (`values` at input `at`): the returned function also returns, last, what it set as
+        `patch` (wire `self.patch` as the last output and chain `self.merge_patch`). A patch, not the
+        whole list: an edit the user makes while the event runs must survive it, as it survives in
+        the widgets (the event skips the values it does not change)."""
+        read = self.reading(fn, at)
+
+        @functools.wraps(fn)
+        def wrapped(*args):
+            out = list(read(*args))
+            return [*out, patch_of(out[:len(self.inputs)])]
+        return wrapped
+
+    def merge_patch(self, event):
+        """Chain the browser-side merge of the event's `patch` into `values` (no round trip);
+        returns the chained event, after which `values` holds what the widgets show."""
+        return event.then(None, inputs=[self.patch, self.values], outputs=[self.values], show_progress="hidden",
+                          js="(patch, all) => { const v = Array.isArray(all) ? [...all] : []; "
+                             "for (const [i, value] of (Array.isArray(patch) ? patch : [])) v[i] = value; "
+                             "return [v]; }")
+
+    def keep_values_in_browser(self) -> None:
+        """Each field's edit writes its value into `values`, in the browser only (no round trip, no
+        loading status). Registered before the form's own events, so on the same trigger it runs
+        first: Gradio runs an event's listeners one after another."""
+        for i, widget in enumerate(self.inputs):
+            gr.on(edit_triggers(widget), None, inputs=[widget, self.values], outputs=[self.values],
+                  js=f"(value, all) => {{ const v = Array.isArray(all) ? [...all] : []; v[{i}] = value; "
+                     f"return [v]; }}", show_progress="hidden")
 
     def visibility_updates(self, visible: list[bool], invalid: list[bool] | None = None) -> list[dict]:
         """Show the options that apply, hide the rest (and a heading or accordion left empty); a field
@@ -43,6 +101,44 @@ class FormWidgets:
     @property
     def visibility_outputs(self) -> list:
         return [*self.cells, *(component for component, _ in self.groups)]
+
+
+def edit_triggers(widget) -> list:
+    """The events of a user's edit: a textbox's blur or Enter (not every keystroke), any other
+    widget's `input`. Never `change`, which also fires for every value a function sets (a preset
+    load would queue one refresh per changed field)."""
+    if isinstance(widget, gr.Textbox):
+        return [widget.blur, widget.submit]
+    return [widget.input]
+
+
+def patch_of(updates: list) -> list:
+    """[[field index, value], ...] for the updates that set a value (values, gr.update(value=...));
+    gr.skip() keeps the field's value and is left out."""
+    patch = []
+    for i, update in enumerate(updates):
+        if isinstance(update, dict) and update.get("__type__") == "update":
+            if "value" in update:
+                patch.append([i, _jsonable(update["value"])])
+        else:
+            patch.append([i, _jsonable(update)])
+    return patch
+
+
+def initial_payload(values: list) -> list:
+    return [_jsonable(v) for v in values]
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _shape(payload: Any) -> str:
+    return f"{len(payload)} values" if isinstance(payload, list) else type(payload).__name__
 
 
 def cell_classes(invalid: bool) -> list[str]:
@@ -137,9 +233,13 @@ def render_form(fields: list[FormField], values: list[Any],
         for title, build in [*extra_tabs, *extras.items()]:
             with gr.Tab(title, id=tab_id(title), elem_id=tab_id(title)):
                 build()
-    return FormWidgets(fields=fields, inputs=[inputs[f.dotted] for f in fields],
+    form = FormWidgets(fields=fields, inputs=[inputs[f.dotted] for f in fields],
                        errors=[errors[f.dotted] for f in fields], tabs=tabs,
-                       cells=[cells[f.dotted] for f in fields], groups=groups)
+                       cells=[cells[f.dotted] for f in fields], groups=groups,
+                       values=gr.JSON(initial_payload(values), visible=False, elem_id="form-values"),
+                       patch=gr.JSON([], visible=False, elem_id="form-patch"))
+    form.keep_values_in_browser()
+    return form
 
 
 def error_updates(fields: list[FormField], error: ConfigError | str | list | None) -> list[dict]:

@@ -85,7 +85,7 @@ def test_a_preset_load_sends_only_the_values_that_change(studio):
     label, current = studio.initial_values()
     on_load = _fn(app, "on_load")[0]
     target = "sdxl-lora-24gb (built-in)"
-    out = on_load(target, *current)
+    out = on_load(target, current)
     values = out[:len(current)]
     wanted = config_to_values(studio.fields, studio.load_preset(target))
     differ = [i for i, (a, b) in enumerate(zip(current, wanted)) if a != b]
@@ -93,7 +93,9 @@ def test_a_preset_load_sends_only_the_values_that_change(studio):
     assert _sent(values) == differ, "unchanged fields were re-sent (each redraws its widget, fires change)"
     assert all(values[i] == wanted[i] for i in differ)
     # loading the preset the form already shows changes no widget
-    assert _sent(on_load(label, *current)[:len(current)]) == []
+    assert _sent(on_load(label, current)[:len(current)]) == []
+    assert out[-1] == [[i, wanted[i]] for i in differ], "the form's values in the browser must follow the Load"
+
 
 
 def test_a_repeated_form_refresh_re_renders_no_error_line_or_cell(studio):
@@ -103,15 +105,15 @@ def test_a_repeated_form_refresh_re_renders_no_error_line_or_cell(studio):
     refresh = _fn(app, "refresh_with_visibility")[0]
     n = len(studio.fields)
     refresh_fn = next(f for f in app.fns.values() if f.name == "refresh_with_visibility")
-    secrets = [""] * (len(refresh_fn.inputs) - n - 3)   # the secrets panel's name/value boxes
-    # inputs end with the inspected signature, what was sent, the preset label (the draft's);
-    # outputs with what was sent, then the browser's draft of the form and its "differs" line
-    first = refresh(*values, *secrets, "", None, label)
+    secrets = [""] * (len(refresh_fn.inputs) - 4)   # the secrets panel's name/value boxes
+    # inputs: the form's values, the secrets, the inspected signature, what was sent, the preset label
+    # (the draft's); outputs end with what was sent, then the browser's draft of the form and its line
+    first = refresh(values, *secrets, "", None, label)
     assert len(_sent(first[:n])) == n          # the first refresh sets every error line
     draft, differs = first[-2:]
     model_path = values[[f.dotted for f in studio.fields].index("model.path")]
     assert draft["preset"] == label and draft["values"]["model.path"] == model_path and differs == ""
-    second = refresh(*values, *secrets, first[n + 10], first[-3], label)   # inspected signature, what was sent
+    second = refresh(values, *secrets, first[n + 10], first[-3], label)   # inspected signature, what was sent
     form_part = second[:n] + second[n + 11:-3]   # error lines, then cells and section headings
     assert _sent(form_part) == [], f"{len(_sent(form_part))} unchanged error lines/cells re-sent"
 
@@ -161,6 +163,30 @@ def test_no_event_tracks_progress_on_the_whole_form(studio):
         # a Run page's status, charts and log (11) are fine; the form's fields (hundreds) are not
         assert len(targets) <= 20 < len(studio.fields), (dep.get("api_name"), len(dep["outputs"]))
 
+
+
+def test_no_event_of_the_server_reads_the_whole_form(studio):
+    """Gradio's page keeps a loading-status entry for every input of every event that has completed
+    and updates all of them, each with a walk of the component tree, at every status change of any
+    event: the form's refresh read its ~225 widgets at every page load, and every tick of the Run
+    page paid for them (0.76 of every second of the browser's main thread, docs/gui.md). Events read
+    the form's values from one hidden component, which each field's edit updates in the browser
+    first (no round trip, no loading status), before the refresh on the same trigger reads it."""
+    config = _page_config(studio)
+    by_elem = {c.get("props", {}).get("elem_id"): c["id"] for c in config["components"]}
+    values_id = by_elem["form-values"]
+    field_ids = [by_elem[f.elem_id] for f in studio.fields]
+    server = [d for d in config["dependencies"] if d.get("backend_fn")]
+    widest = max(server, key=lambda d: len(d["inputs"]))
+    assert len(widest["inputs"]) <= 20 < len(field_ids), (widest.get("api_name"), len(widest["inputs"]))
+    assert sum(values_id in d["inputs"] for d in server) >= 8   # refresh, Start, Load, Save, Save as, ...
+    for i, field_id in enumerate(field_ids):
+        listeners = [d for d in config["dependencies"] if any(t == field_id for t, _ in d["targets"])]
+        browser_only, *rest = listeners
+        assert not browser_only.get("backend_fn") and browser_only["inputs"] == [field_id, values_id]
+        assert browser_only["outputs"] == [values_id] and f"v[{i}] = value" in browser_only["js"]
+        assert [d["api_name"] for d in rest] == ["refresh_with_visibility"]
+        assert {e for _, e in browser_only["targets"]} == {e for t, e in rest[0]["targets"] if t == field_id}
 
 
 def test_only_the_shown_page_ticks_and_an_idle_run_page_ticks_slowly(studio, live_run):
