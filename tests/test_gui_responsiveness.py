@@ -187,6 +187,18 @@ def test_no_event_of_the_server_reads_the_whole_form(studio):
         assert browser_only["outputs"] == [values_id] and f"v[{i}] = value" in browser_only["js"]
         assert [d["api_name"] for d in rest] == ["refresh_with_visibility"]
         assert {e for _, e in browser_only["targets"]} == {e for t, e in rest[0]["targets"] if t == field_id}
+    # an event that sets fields (Load, Reset, kohya import, a run's config, the draft restore) sends a
+    # patch of what it set, merged into the values in the browser, then the refresh reads them
+    patch_id = by_elem["form-patch"]
+    deps = config["dependencies"]
+    setters = [d for d in deps if patch_id in d["outputs"]]
+    assert len(setters) == 5
+    for setter in setters:
+        assert setter["outputs"][:len(field_ids)] == field_ids and values_id in setter["inputs"]
+        (merge,) = [d for d in deps if d.get("trigger_after") == setter["id"]]
+        assert not merge.get("backend_fn") and merge["inputs"] == [patch_id, values_id]
+        (refresh,) = [d for d in deps if d.get("trigger_after") == merge["id"]]
+        assert refresh["backend_fn"] and refresh["inputs"][0] == values_id
 
 
 def test_only_the_shown_page_ticks_and_an_idle_run_page_ticks_slowly(studio, live_run):
