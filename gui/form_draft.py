@@ -3,7 +3,6 @@ browser's localStorage as a draft and put back when the page loads, and a line u
 bar says which fields differ from the preset they started from."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import gradio as gr
@@ -12,7 +11,7 @@ from gui.presets import PresetError
 from gui.schema_form import FormField, config_to_values
 from gui.shared_state import Studio
 from gui.training_page import EditHook
-from gui.widgets import FormWidgets
+from gui.widgets import FormWidgets, jsonable
 
 STORAGE_KEY = "sd-studio-training-form"
 SHOWN_NAMES = 6   # the changed fields named in the line; the rest are counted
@@ -21,7 +20,7 @@ SHOWN_NAMES = 6   # the changed fields named in the line; the rest are counted
 def draft_of(fields: list[FormField], preset: str | None, values: list) -> dict:
     """What is stored: the preset the form came from and every non-secret value by its dotted key."""
     return {"preset": preset or "",
-            "values": {f.dotted: _jsonable(v) for f, v in zip(fields, values) if not f.secret}}
+            "values": {f.dotted: jsonable(v) for f, v in zip(fields, values) if not f.secret}}
 
 
 def restored_values(fields: list[FormField], draft: Any) -> dict[int, Any] | None:
@@ -37,7 +36,7 @@ def restored_values(fields: list[FormField], draft: Any) -> dict[int, Any] | Non
 
 def changed_fields(fields: list[FormField], values: list, baseline: list) -> list[str]:
     return [f.dotted for f, v, b in zip(fields, values, baseline)
-            if not f.secret and _jsonable(v) != _jsonable(b)]
+            if not f.secret and jsonable(v) != jsonable(b)]
 
 
 def modified_markdown(studio: Studio, preset: str | None, values: list) -> str:
@@ -56,14 +55,6 @@ def modified_markdown(studio: Studio, preset: str | None, values: list) -> str:
     verb = "fields differ" if len(changed) != 1 else "field differs"
     return (f"✎ {len(changed)} {verb} from preset **{preset}** "
             f"(not saved in it): {names}{more}")
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return str(value)
 
 
 class FormDraft:

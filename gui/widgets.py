@@ -119,17 +119,18 @@ def patch_of(updates: list) -> list:
     for i, update in enumerate(updates):
         if isinstance(update, dict) and update.get("__type__") == "update":
             if "value" in update:
-                patch.append([i, _jsonable(update["value"])])
+                patch.append([i, jsonable(update["value"])])
         else:
-            patch.append([i, _jsonable(update)])
+            patch.append([i, jsonable(update)])
     return patch
 
 
 def initial_payload(values: list) -> list:
-    return [_jsonable(v) for v in values]
+    return [jsonable(v) for v in values]
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """The value, or its text where JSON cannot hold it (a browser's storage, the values component)."""
     try:
         json.dumps(value, allow_nan=False)
         return value
