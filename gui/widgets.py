@@ -125,10 +125,6 @@ def patch_of(updates: list) -> list:
     return patch
 
 
-def initial_payload(values: list) -> list:
-    return [jsonable(v) for v in values]
-
-
 def jsonable(value: Any) -> Any:
     """The value, or its text where JSON cannot hold it (a browser's storage, the values component)."""
     try:
@@ -237,7 +233,7 @@ def render_form(fields: list[FormField], values: list[Any],
     form = FormWidgets(fields=fields, inputs=[inputs[f.dotted] for f in fields],
                        errors=[errors[f.dotted] for f in fields], tabs=tabs,
                        cells=[cells[f.dotted] for f in fields], groups=groups,
-                       values=gr.JSON(initial_payload(values), visible=False, elem_id="form-values"),
+                       values=gr.JSON([jsonable(v) for v in values], visible=False, elem_id="form-values"),
                        patch=gr.JSON([], visible=False, elem_id="form-patch"))
     form.keep_values_in_browser()
     return form

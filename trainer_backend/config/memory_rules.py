@@ -7,9 +7,9 @@ from typing import Callable, Iterator
 
 from .base import Problem
 from .schema import TrainConfig
+from .train_sections import FUSED_OPTIMIZERS
 
 RULES: list[tuple[str, Callable[[TrainConfig], Iterator[Problem]]]] = []   # (group, rule)
-FUSED_OPTIMIZERS = ("adamw", "sgd")  # torch.optim's with a fused implementation among optimizer.name's
 # optimizers whose update of one weight depends on every other weight's gradient in the same step
 WHOLE_STEP_OPTIMIZERS = {"prodigy": "prodigy's step size is estimated from all gradients of the step together"}
 

@@ -6,6 +6,8 @@ from typing import ClassVar, Literal
 from ..families.registry import DDPM_FAMILIES, FLOW_FAMILIES
 from .base import F, Section
 
+FUSED_OPTIMIZERS = ("adamw", "sgd")  # torch.optim's with a fused implementation among optimizer.name's
+
 ADAPTERS = ("lora", "loha", "lokr")  # network.type values that train adapters
 DENOISER_METHODS = (*ADAPTERS, "full")  # network.type values that train the denoiser (not the VAE alone)
 
@@ -93,7 +95,7 @@ class Optimizer(Section):
                            "launches (worth it for LoRA's many small weights). With precision.full_bf16 and "
                            "half_weights_rounding = nearest, adamw's fused kernel steps the bf16 weights (as the "
                            "diffusers examples train bf16 adapters); not with full_fp16. See docs/memory.md.",
-                    advanced=True, resume="safe", when={"optimizer.name": ("adamw", "sgd")})
+                    advanced=True, resume="safe", when={"optimizer.name": FUSED_OPTIMIZERS})
     scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts",
                        "polynomial"] = F("constant", "Learning-rate schedule.", resume="safe")
     warmup_steps: int = F(0, "Warmup optimizer steps.", ge=0, resume="safe")

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .memory_tables import (DTYPE_BYTES, GiB, family_table, largest_trained_tensor, optimizer_state_bytes,
-                            optimizer_temp_bytes, pipeline_outside_table, trainable_tensors, variant_names,
-                            variant_table, weight_bytes)
+from .memory_tables import (DTYPE_BYTES, GiB, family_table, largest_layer, largest_trained_tensor,
+                            optimizer_state_bytes, optimizer_temp_bytes, pipeline_outside_table, trainable_tensors,
+                            variant_names, variant_table, weight_bytes)
 
 CARDS_GB = (8, 12, 16, 24, 48, 80)
 OVERHEAD_GIB = 0.6     # CUDA context, cuBLAS/cuDNN handles: outside max_memory_allocated
@@ -217,7 +217,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
         act = max(act, _act(table["activations"]["lora" + suffix], pixels))
     act *= batch * act_factor
     if full and fused_bw:  # the weight being stepped in the backward: its gradient and one temporary
-        act += 2 * max((i * o * max(k, 1) for _, i, o, k, _ in den.get("layers", [])), default=0) * train_bytes
+        act += 2 * largest_layer(den) * train_bytes
     cast_masters = full and not half_weights and w_dtype != "fp32"
     if cast_masters and not gc:
         # autocast's half-precision copies of the fp32 masters are saved for the backward, every layer's

@@ -150,6 +150,11 @@ def trainable_tensors(table: dict, cfg) -> list[int]:
     return out
 
 
+def largest_layer(component: dict) -> int:
+    """Elements of a component's largest layer weight (a convolution's kernel area included)."""
+    return max((i * o * max(k, 1) for _, i, o, k, _ in component.get("layers") or []), default=0)
+
+
 def largest_trained_tensor(table: dict, cfg) -> int | None:
     """A full fine-tune's largest trained tensor (elements): the denoiser's largest layer weight, or a
     trained text encoder taken whole (its token embedding is most of it; an upper bound). None for
@@ -157,10 +162,9 @@ def largest_trained_tensor(table: dict, cfg) -> int | None:
     if cfg.network.type != "full":
         return None
     comps = table["components"]
-    layers = comps[table["denoiser"]].get("layers") or []
-    if not layers:
+    largest = largest_layer(comps[table["denoiser"]])
+    if not largest:
         return None
-    largest = max(i * o * max(k, 1) for _, i, o, k, _ in layers)
     trained_tes = table["trained_text_encoders"] if cfg.network.train_text_encoder else []
     return max([largest] + [comps[name]["params"] for name in trained_tes])
 
