@@ -7,7 +7,7 @@ The trainer's real dataset and loaders read generated PNGs (decode, resize, crop
 worker processes, as on a GPU machine; a sleep of --step-s stands in for the GPU step (the process
 waits on the device and the CPU is free for the workers, as there). Prints the mean wait for a
 batch at the first step of an epoch and inside epochs, both ways, and their ratio. On an H200 the
-boundary cost SDXL LoRA ~0.8 s every 4th step with 4 images an epoch (README "Measured on a GPU").
+boundary cost SDXL LoRA ~0.8 s every 4th step with 4 images an epoch (docs/performance.md "Measured on a GPU").
 """
 from __future__ import annotations
 

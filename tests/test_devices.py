@@ -57,7 +57,7 @@ def test_forced_cpu_accelerator_and_helpers(tmp_path):
 
 def test_training_leaves_cudnn_attention_out_unless_asked(tmp_path):
     """precision.attention = "sdpa" (the default) turns off cuDNN's SDPA kernel before training:
-    on an H200 with torch 2.11 it broke Flux.1 LoRA (NaN loss at step 2; README "Measured on a GPU").
+    on an H200 with torch 2.11 it broke Flux.1 LoRA (NaN loss at step 2; docs/performance.md "Measured on a GPU").
     The switch is PyTorch's own, process-wide; "sdpa_cudnn" leaves PyTorch's choice alone."""
     from trainer_backend.config import load_config
     from trainer_backend.training.setup import load_base_model, make_accelerator, place_denoiser

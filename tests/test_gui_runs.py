@@ -248,7 +248,7 @@ def test_multi_node_preview_lists_every_machine(tmp_path):
 
 
 def test_a_run_killed_with_sigkill_is_interrupted_and_resumable_from_its_checkpoint(tmp_path):
-    """The OOM killer or a lost machine: no final event, exit -9. The README promises
+    """The OOM killer or a lost machine: no final event, exit -9. The docs promise
     'interrupted (resumable)', and says where resume continues."""
     run = make_run(tmp_path, "oom", [ev("plan"), *steps(5)])
     (run / "checkpoints" / "step-00000004").mkdir(parents=True)

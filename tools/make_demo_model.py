@@ -18,7 +18,7 @@ learnt stay put): the committed model was made in rounds, listed in its
 demo_model.json. Seeded and single-process: rerunning with the same torch version gives the same weights up to
 float rounding across CPUs. The committed model: a fresh run (24.6 min), a decoder round (--vae-steps 600
 --unet-steps 0, 9 min) and a UNet round (--vae-steps 0 --unet-steps 400, 8.5 min), 42 min on a 2-core machine
-busy with other jobs (--threads 1; README, "The demo"); the result (2.6 MB) is committed in
+busy with other jobs (--threads 1; docs/demo.md); the result (2.6 MB) is committed in
 assets/demo_model so the demo starts without it.
 """
 from __future__ import annotations

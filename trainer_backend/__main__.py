@@ -34,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--num-processes", type=int, default=None)
     plan.add_argument("--json", action="store_true")
     _config_args(sub.add_parser("inspect", help="dataset summary and counts as JSON"))
-    ref = sub.add_parser("config-reference", help="print (or --write into README.md) the config reference")
-    ref.add_argument("--write", metavar="README", default=None)
+    ref = sub.add_parser("config-reference", help="print the config reference, or regenerate the generated "
+                         "blocks of a doc (--write: docs/config.md; --write docs/checkpoints.md)")
+    ref.add_argument("--write", metavar="DOC", nargs="?", const="docs/config.md", default=None)
     tiny = sub.add_parser("make-tiny-model", help="build a tiny random model (diffusers folder) for tests/demo")
     tiny.add_argument("--arch", choices=list(FAMILY_NAMES), required=True)
     tiny.add_argument("--out", required=True)
@@ -85,7 +86,11 @@ def _dispatch(args) -> int:
         from .config.reference import config_reference, write_into
         if args.write:
             from pathlib import Path
-            write_into(Path(args.write))
+            try:
+                write_into(Path(args.write))
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return exitcodes.BAD_CONFIG
         else:
             print(config_reference())
         return exitcodes.OK

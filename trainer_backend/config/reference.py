@@ -1,6 +1,6 @@
-"""The README's config reference and docs/checkpoints.md's table of refused resume changes, both
+"""docs/config.md's config reference and docs/checkpoints.md's table of refused resume changes, both
 generated from the schema (tests keep them in sync: run `python -m trainer_backend config-reference
---write README.md` and `… --write docs/checkpoints.md` after adding an option)."""
+--write docs/config.md` and `… --write docs/checkpoints.md` after adding an option)."""
 from __future__ import annotations
 
 import re
@@ -10,6 +10,7 @@ from . import all_fields, sections
 from .applicability import describe
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
+REFERENCE_DOC = "docs/config.md"  # relative to the project root
 RESUME_BEGIN, RESUME_END = "<!-- resume-safety:begin -->", "<!-- resume-safety:end -->"
 # what run/resume.py refuses besides the options' own declarations (it compares more than options)
 RESUME_CHECKS = (
@@ -81,8 +82,8 @@ BLOCKS = ((BEGIN, END, config_reference), (RESUME_BEGIN, RESUME_END, resume_refe
 
 
 def write_into(doc: Path) -> None:
-    """Regenerate every generated block the file holds (the config reference is appended to a file
-    that holds none)."""
+    """Regenerate every generated block the file holds. A file with none is refused (ValueError), so
+    an old habit (`--write README.md`, where the reference lived before) cannot append it there."""
     text = doc.read_text(encoding="utf-8")
     found = False
     for begin, end, make in BLOCKS:
@@ -91,5 +92,6 @@ def write_into(doc: Path) -> None:
             text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
             found = True
     if not found:
-        text += "\n" + config_reference() + "\n"
+        raise ValueError(f"{doc} holds no generated block; the config reference lives in {REFERENCE_DOC} "
+                         "and the resume table in docs/checkpoints.md")
     doc.write_text(text, encoding="utf-8")

@@ -3,7 +3,7 @@
 A loader per epoch keeps an epoch's batches, its private generator and a resume's skip simple; but
 with worker processes (dataset.num_workers, automatic on a GPU) a fresh loader at every epoch
 boundary waited for its workers to start and decode the first images: on an H200, SDXL LoRA with
-4 images an epoch took ~1.5 s every 4th step against ~0.7 s (README "Measured on a GPU"). Here the
+4 images an epoch took ~1.5 s every 4th step against ~0.7 s (docs/performance.md "Measured on a GPU"). Here the
 next epoch's loader is started as soon as an epoch starts, so its workers are up and have prefetched
 by the time it is needed. In-process loading (no workers) is unchanged: nothing to start early.
 """
