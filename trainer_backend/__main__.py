@@ -1,4 +1,4 @@
-"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model.
+"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset.
 
 Exit codes: 0 ok, 1 error, 2 bad config or input (one line on stderr naming the key or
 file), 75 stopped with state saved (see exitcodes.py).
@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--arch", choices=list(FAMILY_NAMES), required=True)
     tiny.add_argument("--out", required=True)
     tiny.add_argument("--seed", type=int, default=0)
+    from .workbench.cli import add_parser as add_dataset_parser
+    add_dataset_parser(sub)   # dataset check|edit|undo|index (the workbench)
     return parser
 
 
@@ -54,6 +56,9 @@ def _load(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "dataset":
+        from .workbench.cli import run as run_dataset
+        return run_dataset(args)
     if args.command != "train":
         return _checked(args)
     # SIGTERM/SIGINT before the loop takes the signals over (imports, model loading) or after it

@@ -7,13 +7,19 @@
 """
 from __future__ import annotations
 
-import torch
-
-from .cache import latent_cache_dir, stack_text
-from .dataset import TrainDataset
-from .scan import DatasetScan, ImageItem, scan_dataset
+from importlib import import_module
 
 __all__ = ["DatasetScan", "ImageItem", "TrainDataset", "collate", "latent_cache_dir", "scan_dataset"]
+# Loaded on first use (PEP 562), so the torch-free modules (buckets, captions, images, scan, pairs,
+# subsets) can be imported by the studio and the workbench without pulling in torch.
+_LAZY = {"DatasetScan": ".scan", "ImageItem": ".scan", "scan_dataset": ".scan", "TrainDataset": ".dataset",
+         "latent_cache_dir": ".cache", "stack_text": ".cache"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def collate(samples: list[dict]) -> dict:
@@ -22,6 +28,7 @@ def collate(samples: list[dict]) -> dict:
     list[str]; original_size / crop_top_left / target_size as long tensors [B,2] (h,w / top,left / h,w);
     is_class bool [B]; text (when cached) stacked per key; mask [B,1,H,W] (pixels) or [B,1,h,w] (cached
     latents' grid) with loss.masked."""
+    import torch
     captions = [s["caption"] for s in samples]
     batch: dict = {"caption": captions, "captions": captions,  # both spellings: same list
                    "is_class": torch.tensor([bool(s["is_class"]) for s in samples], dtype=torch.bool)}
@@ -31,5 +38,6 @@ def collate(samples: list[dict]) -> dict:
     for key in ("original_size", "crop_top_left", "target_size"):
         batch[key] = torch.tensor([list(s[key]) for s in samples], dtype=torch.long)
     if "text" in samples[0]:
+        from .cache import stack_text
         batch["text"] = stack_text([s["text"] for s in samples])
     return batch

@@ -112,5 +112,42 @@ def crop_offset(resized: Size, bucket: Size, center: bool, rand01: tuple[float, 
     return min(spare_h, int(rand01[0] * (spare_h + 1))), min(spare_w, int(rand01[1] * (spare_w + 1)))
 
 
+@dataclass(frozen=True)
+class Crop:
+    """What the trainer takes from one image: resized to `resized` (w, h), then the bucket-sized
+    window at (top, left) of that."""
+    width: int            # the image, after EXIF rotation
+    height: int
+    bucket: Size
+    resized: Size
+    top: int
+    left: int
+
+    @property
+    def box(self) -> tuple[float, float, float, float]:
+        """(left, top, right, bottom) of the crop in the image's own pixels (for drawing it)."""
+        sx, sy = self.width / self.resized[0], self.height / self.resized[1]
+        return (self.left * sx, self.top * sy, (self.left + self.bucket[0]) * sx, (self.top + self.bucket[1]) * sy)
+
+    @property
+    def kept(self) -> float:
+        """The fraction of the image's area inside the crop (1.0: nothing cut away)."""
+        return (self.bucket[0] * self.bucket[1]) / (self.resized[0] * self.resized[1])
+
+    @property
+    def scale(self) -> float:
+        """How much the image is scaled (>1: upscaled, softer than the bucket's resolution)."""
+        return self.resized[0] / self.width
+
+
+def train_crop(width: int, height: int, bucket: Size, center: bool, rand01: tuple[float, float] = (0.5, 0.5)
+               ) -> Crop:
+    """The crop of a (width, height) image in its bucket: the one function the trainer's dataset and
+    the workbench's crop preview both call, so what is shown is what is trained."""
+    resized = resize_size(width, height, bucket)
+    top, left = crop_offset(resized, bucket, center, rand01)
+    return Crop(width, height, bucket, resized, top, left)
+
+
 def bucket_name(bucket: Size) -> str:
     return f"{bucket[0]}x{bucket[1]}"

@@ -17,7 +17,7 @@ from PIL import Image
 
 from ..config import TrainConfig
 from ..launch.plan import DataCounts
-from .buckets import crop_offset, resize_size
+from .buckets import resize_size, train_crop
 from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, split_text_outputs
 from .captions import augment_caption
 from .images import BadImage, load_rgb
@@ -146,8 +146,8 @@ class TrainDataset(torch.utils.data.Dataset):
         """(top, left) in the resized image; fixed per image once latents are cached."""
         if item_idx in self._fixed_crops:
             return self._fixed_crops[item_idx]
-        resized = resize_size(item.width, item.height, item.bucket)
-        return crop_offset(resized, item.bucket, self._group(item).center_crop, crop01)
+        crop = train_crop(item.width, item.height, item.bucket, self._group(item).center_crop, crop01)
+        return crop.top, crop.left
 
     @staticmethod
     def _flipped_crop(item: ImageItem, crop: tuple[int, int], flip: bool, source: ImageItem | None = None
@@ -200,8 +200,8 @@ class TrainDataset(torch.utils.data.Dataset):
             if k in self._failed:
                 continue
             source = self.items[k]
-            use_crop = crop if k == item_idx else crop_offset(
-                resize_size(source.width, source.height, item.bucket), item.bucket, True, crop01)
+            fallback = train_crop(source.width, source.height, item.bucket, True, crop01)
+            use_crop = crop if k == item_idx else (fallback.top, fallback.left)
             try:
                 return (*self.render(item, use_crop, flip, source), self._flipped_crop(item, use_crop, flip, source))
             except BadImage as e:

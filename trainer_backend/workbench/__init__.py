@@ -7,6 +7,11 @@ same functions. Imports no torch.
 """
 from __future__ import annotations
 
+from .checks import CheckSettings, annotate, crop_of, duplicate_groups, report, tag_frequency
+from .edits import EditError, Operation, apply_plan, plan_edit, preview, save_caption
+from .index import build_index, list_images, read_index, thumb_path
 from .journal import Entry, JournalError, apply, entries, undo
 
-__all__ = ["Entry", "JournalError", "apply", "entries", "undo"]
+__all__ = ["CheckSettings", "EditError", "Entry", "JournalError", "Operation", "annotate", "apply", "apply_plan",
+           "build_index", "crop_of", "duplicate_groups", "entries", "list_images", "plan_edit", "preview",
+           "read_index", "report", "save_caption", "tag_frequency", "thumb_path", "undo"]

@@ -170,7 +170,7 @@ def apply(dataset_dir: Path, changes: dict[Path, str | None], label: str, *,
             path = dataset_dir / rel
             before = _read_bytes(path)
             if rel in wanted:
-                now = None if before is None else before.decode("utf-8", errors="replace")
+                now = None if before is None else before.removeprefix(b"\xef\xbb\xbf").decode("utf-8", errors="replace")
                 if now != wanted[rel]:
                     raise JournalError(f"{rel}: changed since it was loaded (another tab or program saved it); "
                                        f"reload it; nothing was changed")

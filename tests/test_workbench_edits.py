@@ -1,0 +1,100 @@
+"""Caption edits (trainer_backend/workbench/edits.py) and `dataset edit` / `dataset undo`: trigger
+words without duplicates, find and replace (plain and regex), tags removed and renamed, a preview
+before writing, every edit undoable, bad input refused with nothing changed."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from trainer_backend.workbench.edits import (EditError, Operation, apply_plan, edit_caption, plan_edit, preview,
+                                             save_caption)
+from trainer_backend.workbench.journal import undo
+
+ROOT = Path(__file__).resolve().parent.parent
+tag = st.text(alphabet="abcdefgh xyz", min_size=1, max_size=8).map(str.strip).filter(bool)
+
+
+@given(st.lists(tag, max_size=6), tag)
+def test_prepending_a_trigger_word_twice_adds_it_once(tags, word):
+    caption = ", ".join(tags)
+    once = edit_caption(caption, Operation("prepend", word))
+    assert edit_caption(once, Operation("prepend", word)) == once
+    assert once.split(", ")[0] == word or word in tags
+
+
+def test_operations_on_one_caption():
+    assert edit_caption("a dog, grass", Operation("prepend", "ohwx")) == "ohwx, a dog, grass"
+    assert edit_caption("a dog, grass", Operation("append", "ohwx")) == "a dog, grass, ohwx"
+    assert edit_caption(None, Operation("prepend", "ohwx")) == "ohwx"
+    assert edit_caption("a dog, dog bed", Operation("replace", "dog", "cat")) == "a cat, cat bed"
+    assert edit_caption("a dog, 2 dogs", Operation("replace", r"\bdog\b", "cat", regex=True)) == "a cat, 2 dogs"
+    assert edit_caption("a dog, grass, sky", Operation("remove_tag", "grass")) == "a dog, sky"
+    assert edit_caption("a dog, grass, lawn", Operation("rename_tag", "grass", "lawn")) == "a dog, lawn"
+
+
+def _dataset(tmp_path):
+    for i, caption in enumerate(["a dog", "a dog on grass", None]):
+        (tmp_path / f"{i}.png").write_bytes(b"")
+        if caption is not None:
+            (tmp_path / f"{i}.txt").write_text(caption, encoding="utf-8")
+    return ["0.png", "1.png", "2.png"]
+
+
+def test_plan_preview_apply_undo(tmp_path):
+    images = _dataset(tmp_path)
+    changes = plan_edit(tmp_path, images, Operation("replace", "dog", "cat"))
+    assert [c.path.name for c in changes] == ["0.txt", "1.txt"]
+    assert preview(changes).splitlines()[0] == "2 caption files would change"
+    assert (tmp_path / "0.txt").read_text() == "a dog"       # planning writes nothing
+    apply_plan(tmp_path, changes, "replace")
+    assert (tmp_path / "1.txt").read_text() == "a cat on grass"
+    undo(tmp_path)
+    assert (tmp_path / "1.txt").read_text() == "a dog on grass"
+
+
+def test_a_plan_refuses_when_a_caption_changed_meanwhile(tmp_path):
+    images = _dataset(tmp_path)
+    changes = plan_edit(tmp_path, images, Operation("prepend", "ohwx"))
+    (tmp_path / "1.txt").write_text("edited in another tab")
+    with pytest.raises(EditError, match="changed since it was loaded"):
+        apply_plan(tmp_path, changes, "prepend")
+    assert (tmp_path / "0.txt").read_text() == "a dog" and not (tmp_path / "2.txt").exists()
+
+
+def test_two_tabs_saving_the_same_caption(tmp_path):
+    _dataset(tmp_path)
+    save_caption(tmp_path, "0.png", "tab one", loaded="a dog")
+    with pytest.raises(EditError, match="0.txt: changed since it was loaded"):
+        save_caption(tmp_path, "0.png", "tab two", loaded="a dog")
+    assert (tmp_path / "0.txt").read_text() == "tab one"
+
+
+def test_bad_input_is_refused_with_one_line(tmp_path):
+    images = _dataset(tmp_path)
+    (tmp_path / "1.txt").write_bytes("un caf\xe9".encode("cp1252"))
+    with pytest.raises(EditError, match=r"1\.txt: not UTF-8"):
+        plan_edit(tmp_path, images, Operation("prepend", "ohwx"))
+    with pytest.raises(EditError, match="not a valid regular expression"):
+        plan_edit(tmp_path, images, Operation("replace", "(", "x", regex=True))
+    assert (tmp_path / "0.txt").read_text() == "a dog"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "trainer_backend", "dataset", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+def test_cli_edit_and_undo(tmp_path):
+    _dataset(tmp_path)
+    out = _cli("edit", str(tmp_path), "--prepend", "ohwx")
+    assert out.returncode == 0, out.stderr
+    assert "3 caption files would change" in out.stdout
+    assert (tmp_path / "1.txt").read_text() == "ohwx, a dog on grass" and (tmp_path / "2.txt").read_text() == "ohwx"
+    out = _cli("undo", str(tmp_path))
+    assert out.returncode == 0 and "prepend 'ohwx'" in out.stdout
+    assert (tmp_path / "1.txt").read_text() == "a dog on grass" and not (tmp_path / "2.txt").exists()
+    out = _cli("undo", str(tmp_path))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path}: nothing to undo"
