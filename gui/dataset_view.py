@@ -293,6 +293,18 @@ def plan_markdown(cfg: TrainConfig, counts, summary: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def memory_only_markdown(cfg: TrainConfig) -> str:
+    """The plan without a dataset that can be scanned: the step counts need one, the memory plan does
+    not (it is planned at dataset.resolution², the largest bucket once the images are known)."""
+    from trainer_backend.launch.memory_advice import memory_lines
+    lines = ["The step plan needs a dataset that can be scanned (the images, repeats and buckets give the "
+             "step count).", "", "#### GPU memory", "",
+             f"Planned at dataset.resolution = {cfg.dataset.resolution} (the largest bucket, once the dataset "
+             f"is scanned).  "]
+    lines += [f"{line}  " for line in memory_lines(cfg, markdown=True)]
+    return "\n".join(lines)
+
+
 def summary_buckets(summary: dict | None) -> list[tuple[int, int]]:
     """(width, height) of the buckets the dataset uses, from the inspector's summary."""
     return [(b["width"], b["height"]) for b in (summary or {}).get("buckets", []) if b.get("samples", 1)]

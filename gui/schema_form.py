@@ -224,12 +224,13 @@ def field_visibility(fields: list[FormField], values: list[Any]) -> list[bool]:
 
 def form_problems(fields: list[FormField], values: list[Any]) -> tuple[TrainConfig | None, list[ConfigError]]:
     """Form values -> (config, []) or (config or None, every problem): a value the schema refuses, else
-    every cross-field rule the config breaks (trainer_backend/config/rules.py), each naming its key."""
-    from trainer_backend.config import rules
+    every problem `run_problems` finds (trainer_backend/config/checks.py: the files, the cross-field rules,
+    the methods' own), each naming its key: the same function Start, `validate` and the trainer call."""
+    from trainer_backend.config.checks import run_problems
     cfg, error = validate_values(fields, values)
     if error is not None:
         return None, [error]
-    return cfg, [problem.error() for problem in rules.problems(cfg)]
+    return cfg, [problem.error() for problem in run_problems(cfg.model_copy(deep=True))]
 
 
 def validate_values(fields: list[FormField], values: list[Any]) -> tuple[TrainConfig | None, ConfigError | None]:

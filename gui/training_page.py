@@ -107,17 +107,26 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         values, typed, seen = list(args[:n]), env_from_rows(list(args[n:-1])), args[-1]
         cfg, errors = form_problems(fields, values)
         placed = error_updates(fields, errors)
-        keep = [gr.skip()] * 9
-        if errors:  # every problem of the form at once, each under its field
-            return [*placed, unplaced_errors(fields, errors), *keep, seen]
-        shell, argv, toml = studio.command_preview(cfg)
-        secrets = status_markdown(cfg, typed)
+        if cfg is None:  # a value the schema refuses: nothing else can be worked out
+            return [*placed, unplaced_errors(fields, errors), *[gr.skip()] * 9, seen]
+        # every problem of the form at once, each under its field; the preview and the memory plan
+        # still follow the values (memory does not depend on the dataset: issue 29 item 9)
         try:
+            shell, argv, toml = studio.command_preview(cfg)
+        except ConfigError as e:
+            shell, argv, toml = f"# {e}", "[]", ""
+        secrets = status_markdown(cfg, typed)
+        msg = unplaced_errors(fields, errors)
+        dataset_refused = next((e for e in errors if str(e).startswith(("dataset.path", "dataset.subsets"))), None)
+        try:
+            if dataset_refused is not None:
+                raise dataset_refused
             inspection = dv.inspect_dataset(cfg, python=studio.settings.python, cwd=studio.manager.cwd)
         except ConfigError as e:   # no folder, or nothing usable in it: say why, drop the old folder's views
-            placed = error_updates(fields, e)
-            msg = "" if error_field(fields, e) else f"⚠️ {e}"
-            return [*placed, msg, "The plan needs a dataset that can be scanned.", shell, argv, toml,
+            if e is not dataset_refused:
+                placed = error_updates(fields, [*errors, e])
+                msg = unplaced_errors(fields, [*errors, e])
+            return [*placed, msg, dv.memory_only_markdown(cfg), shell, argv, toml,
                     dv.failure_markdown(e), *dv.empty_views(), secrets, ""]
         except Exception as e:  # timeouts, a broken backend: say so, keep the page usable
             return [*placed, f"⚠️ dataset inspector failed: {e}", gr.skip(), shell, argv, toml,
@@ -130,7 +139,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             summary = inspection.summary
             inspector = [dv.summary_markdown(summary), dv.buckets_frame(summary), dv.tags_frame(summary),
                          dv.thumbnails(summary, max_megapixels=cfg.dataset.max_image_megapixels)]
-        return [*placed, "", plan, shell, argv, toml, *inspector, secrets, signature]
+        return [*placed, msg, plan, shell, argv, toml, *inspector, secrets, signature]
 
     outputs = [message, ui["plan_md"], ui["cmd_shell"], ui["cmd_argv"], ui["cmd_toml"],
                ui["inspect_md"], ui["buckets"], ui["tags"], ui["thumbs"], secret_status, inspected]
@@ -195,7 +204,9 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
     start.click(form.reading(on_start), inputs=[form.values, *secret_boxes, memory_warned],
                 outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown],
                 show_progress_on=message,
-                concurrency_limit=1, concurrency_id="run-control")
+                # in turn with the form's refresh: a refresh sent before Start (the blur of the field
+                # just typed in) finishes first, and never blanks Start's refusal (issue 29 item 1)
+                concurrency_limit=1, concurrency_id=FORM_REFRESH)
     return TrainingPage(form=form, message=message,
                         refresh_outputs=[*outputs, *form.visibility_outputs, shown, *hook.outputs],
                         refresh=refresh_with_visibility,

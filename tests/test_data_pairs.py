@@ -386,8 +386,10 @@ def test_the_form_shows_a_refused_control_folder_even_where_it_does_not_apply(tm
     from gui.widgets import FormWidgets, error_updates, shown_errors
     fields = form_fields()
     dotted = [f.dotted for f in fields]
+    (tmp_path / "c").mkdir()   # a real folder: the form also checks it exists (config/checks.py)
     for arch, refused in (("sd1", True), ("auto", False)):
-        values = config_to_values(fields, load_config(None, ["dataset.control_path=c", f"model.arch={arch}"]))
+        values = config_to_values(fields, load_config(None, [f"dataset.control_path={tmp_path / 'c'}",
+                                                             f"model.arch={arch}"]))
         _, errors = form_problems(fields, values)
         placed = error_updates(fields, errors)
         visible = field_visibility(fields, values)

@@ -155,7 +155,7 @@ def test_device_sets():
 
 
 def test_stop_signals_the_ranks_not_the_launcher():
-    tree = [(10, 1, ["python", "-m", "accelerate.commands.launch", "--num_processes", "2", "-m", "trainer_backend",
+    tree = [(10, 1, ["python", "-m", "trainer_backend.launch.accelerate_launch", "--num_processes", "2", "-m", "trainer_backend",
                      "train", "--config", "c.toml"]),
             (11, 10, ["python", "-u", "-m", "trainer_backend", "train", "--config", "c.toml"]),
             (12, 10, ["python", "-u", "-m", "trainer_backend", "train", "--config", "c.toml"]),

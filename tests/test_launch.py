@@ -17,7 +17,7 @@ from trainer_backend.launch.argv import (build_launch_argv, build_launch_env, dd
 PY = "/opt/venv/bin/python"
 RUN = Path("/data/runs/my-lora")
 CONFIG = RUN / "config.toml"
-LAUNCH = [PY, "-m", "accelerate.commands.launch", "--config_file", str(RUN / "accelerate_config.json")]
+LAUNCH = [PY, "-m", "trainer_backend.launch.accelerate_launch", "--config_file", str(RUN / "accelerate_config.json")]
 ENTRY = ["-m", "trainer_backend", "train", "--config", str(CONFIG)]
 
 

@@ -8,6 +8,7 @@ from typing import Iterator
 
 from . import TrainConfig, rules
 from .base import ConfigError, Problem
+from .input_checks import dataset_images, model_files
 from .paths import BUILTIN_PREFIX, PROJECT_ROOT, resolve_path, resolve_paths  # noqa: F401 (re-exported)
 
 
@@ -130,7 +131,7 @@ def _prompt_file(cfg: TrainConfig) -> Iterator[Problem]:
                                          "every_n_epochs or before_first_step); add prompts or samples.prompt_file")
 
 
-FILE_CHECKS = (_model_paths, _dataset_path, _run_folder, _no_overlap, _control_folders, _validation_folder, _prompt_file,
+FILE_CHECKS = (_model_paths, model_files, _dataset_path, dataset_images, _run_folder, _no_overlap, _control_folders, _validation_folder, _prompt_file,
                _sample_controls)
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"})
+from ..config.input_checks import IMAGE_EXTENSIONS  # noqa: F401 (one definition; the config checks use it too)
+
 BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0), "gray": (128, 128, 128)}
 _ROTATING_ORIENTATIONS = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 _EXIF_ORIENTATION = 0x0112

@@ -1,7 +1,8 @@
 """Config → `accelerate launch` argv (pure: lists only, never a shell string; no torch).
 
-The argv is `[python, -m, accelerate.commands.launch, <flags>, -m, trainer_backend, train,
---config, <config>]`. Every launch passes `--config_file <run>/accelerate_config.json`, written by
+The argv is `[python, -m, trainer_backend.launch.accelerate_launch, <flags>, -m, trainer_backend, train,
+--config, <config>]` (accelerate's own launch, with the trainer's exit code and no launcher traceback
+when the trainer fails: launch/accelerate_launch.py). Every launch passes `--config_file <run>/accelerate_config.json`, written by
 `write_strategy_files`, so a user's own ~/.cache/huggingface/accelerate/default_config.yaml can
 never turn a run into something else (accelerate reads that file whenever --config_file is
 missing). DeepSpeed gets a generated `<run>/deepspeed.json`; FSDP settings sit in the accelerate
@@ -24,6 +25,7 @@ from ..config import TrainConfig, rules
 ACCELERATE_CONFIG = "accelerate_config.json"
 DEEPSPEED_CONFIG = "deepspeed.json"
 MULTI_NODE_DEFAULT_PORT = 29500
+LAUNCHER = "trainer_backend.launch.accelerate_launch"
 
 
 def total_processes(cfg: TrainConfig) -> int:
@@ -53,11 +55,12 @@ def _run_dir(cfg: TrainConfig, run_dir: str | Path | None) -> Path:
 
 def launcher_argv(cfg: TrainConfig, *, python: str = sys.executable, run_dir: str | Path | None = None,
                   machine_rank: int | None = None, main_process_port: int | None = None) -> list[str]:
-    """`python -m accelerate.commands.launch <flags>`: everything before the training entry point."""
+    """`python -m trainer_backend.launch.accelerate_launch <flags>` (accelerate's launch, without its
+    traceback when the trainer fails): everything before the training entry point."""
     hw = cfg.hardware
     n_total = total_processes(cfg)
     files = _run_dir(cfg, run_dir)
-    argv = [python, "-m", "accelerate.commands.launch", "--config_file", str(files / ACCELERATE_CONFIG)]
+    argv = [python, "-m", LAUNCHER, "--config_file", str(files / ACCELERATE_CONFIG)]
     if hw.strategy == "deepspeed":
         argv += ["--use_deepspeed", "--deepspeed_config_file", str(files / DEEPSPEED_CONFIG)]
         if hw.num_machines > 1:
