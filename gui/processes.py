@@ -24,13 +24,15 @@ STOP_TIME = "stop_requested_at"  # GUI only: when Stop was pressed (drives "stop
 LAUNCHER_WORDS = ("launch", "torchrun", "torch.distributed.run", "accelerate")
 
 
-def spawn(argv: list[str], env: dict[str, str], run_dir: Path, cwd: str | Path | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], env: dict[str, str], run_dir: Path, cwd: str | Path | None = None,
+          pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start the trainer detached from the GUI's process group (so Ctrl-C in the GUI's terminal
-    or a GUI restart leaves it running), stdout+stderr appended to <run>/console.log."""
+    or a GUI restart leaves it running), stdout+stderr appended to <run>/console.log; pass_fds:
+    the run folder's lock, which the trainer's launcher keeps (run/run_lock.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / CONSOLE_LOG, "ab") as console:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=console,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)
     write_process_record(run_dir, proc.pid, argv)
     return proc
 

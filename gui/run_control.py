@@ -12,7 +12,8 @@ from pathlib import Path
 
 from trainer_backend.config import ConfigError, TrainConfig, from_dict, load_config, save_toml, to_dict
 from trainer_backend.run.contract import COMMAND_FILE, CONFIG_FILE, EVENTS_FILE
-from trainer_backend.run.run_folder import claim, delete_run, is_run_folder
+from trainer_backend.run.run_folder import delete_run, is_run_folder
+from trainer_backend.run.run_lock import acquire as acquire_run_lock, describe as describe_holder, holder as run_lock_holder
 
 from gui import processes as procs
 from gui.run_state import forget, run_status, snapshot
@@ -143,19 +144,23 @@ class RunManager:
                     hint = ("press Resume to continue it" if state.resumable else "delete it on the Runs page")
                     raise StartRefused(f"a run named '{run_dir.name}' already exists and is {what}: {hint}, "
                                        f"or change output.name to start a new run.")
-            claim(run_dir)   # a new folder or a run's own (never the user's other files); writes the marker
-            config_path = run_dir / CONFIG_FILE
-            save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
-            write_strategy_files(cfg, run_dir)
-            argv = build_launch_argv(cfg, config_path, python=self.python)
-            env = {**os.environ, **(secret_env or {}), **build_launch_env(cfg), "PYTHONUNBUFFERED": "1"}
-            (run_dir / COMMAND_FILE).write_text(json.dumps(argv), encoding="utf-8")
-            procs.clear_control(run_dir)
-            (run_dir / procs.EXIT_FILE).unlink(missing_ok=True)
-            with open(run_dir / procs.CONSOLE_LOG, "a", encoding="utf-8") as console:
-                console.write(f"--- {'resumed' if resume else 'started'} by the studio at "
-                              f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
-            self.children[run_dir] = procs.spawn(argv, env, run_dir, cwd=self.cwd)
+            # a new folder or a run's own (never the user's other files), held by no other trainer: refused
+            # with one line naming the holder; the lock is taken before anything is written
+            with acquire_run_lock(run_dir, by="studio") as lock:
+                config_path = run_dir / CONFIG_FILE
+                save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
+                write_strategy_files(cfg, run_dir)
+                argv = build_launch_argv(cfg, config_path, python=self.python)
+                env = {**os.environ, **(secret_env or {}), **build_launch_env(cfg), "PYTHONUNBUFFERED": "1",
+                       **lock.child_env()}
+                (run_dir / COMMAND_FILE).write_text(json.dumps(argv), encoding="utf-8")
+                procs.clear_control(run_dir)
+                (run_dir / procs.EXIT_FILE).unlink(missing_ok=True)
+                with open(run_dir / procs.CONSOLE_LOG, "a", encoding="utf-8") as console:
+                    console.write(f"--- {'resumed' if resume else 'started'} by the studio at "
+                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
+                self.children[run_dir] = procs.spawn(argv, env, run_dir, cwd=self.cwd, pass_fds=lock.pass_fds())
+                lock.handed_to(self.children[run_dir].pid)   # the trainer's launcher holds it while it lives
             if run_dir.parent != self.runs_dir:
                 self.extra_roots.add(run_dir.parent)
             self.current = run_dir
@@ -229,6 +234,9 @@ class RunManager:
             raise StartRefused(f"{run_dir} is not a run directory of this studio")
         if procs.is_alive(procs.read_process_record(run_dir)):
             raise StartRefused(f"run '{run_dir.name}' is running; stop it first")
+        held = run_lock_holder(run_dir)   # a trainer this studio did not start (a command, another studio)
+        if held is not None:
+            raise StartRefused(f"run '{run_dir.name}' is being trained by {describe_holder(held)}; stop it first")
         with self.lock:
             proc = self.children.pop(run_dir, None)   # its exit is no longer recorded anywhere
             if proc is not None:

@@ -77,7 +77,8 @@ def _checked(args) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         cfg = getattr(args, "loaded_config", None)
-        if cfg is not None and args.command == "train":
+        from .run.run_lock import RunLocked
+        if cfg is not None and args.command == "train" and not isinstance(e, RunLocked):  # not another's run
             _record_event(cfg, Event.ERROR, message=str(e))  # the studio shows why (only in a run's own folder)
         return exitcodes.BAD_CONFIG
 
@@ -155,9 +156,19 @@ def _is_main_rank() -> bool:
 
 
 def _train(cfg) -> int:
+    lock = None
     if _is_main_rank():  # before the slow imports, so a stop during them has a run folder to report in
-        from .run.run_folder import claim
-        claim(cfg.run_dir)
+        from .run.run_lock import acquire, note_stale
+        lock = acquire(cfg.run_dir, by="train", argv=sys.argv)  # one trainer per run folder (exit 2 if held)
+        note_stale(lock)
+    try:
+        return _train_locked(cfg)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(cfg) -> int:
     from .training.loop import TrainingDiverged, train
     try:
         return train(cfg)
@@ -227,14 +238,22 @@ def _stopped_outside_the_loop(cfg, signum: int) -> int:
 
 
 def _launch(cfg, args) -> int:
+    from .run.run_lock import acquire, note_stale, unlocked
+    if cfg.hardware.machine_rank != 0:  # the run's rank 0 (on machine 0) holds the lock
+        return _launch_locked(cfg, args, unlocked(cfg.run_dir))
+    with acquire(cfg.run_dir, by="launch", argv=sys.argv) as lock:  # held until the trainer ends
+        note_stale(lock)
+        return _launch_locked(cfg, args, lock)
+
+
+def _launch_locked(cfg, args, lock) -> int:
     import subprocess
     import os
     from pathlib import Path
     from .config import save_toml, to_dict
     from .launch.argv import build_launch_argv, build_launch_env, write_strategy_files
     from .run.contract import COMMAND_FILE, CONFIG_FILE
-    from .run.run_folder import claim
-    run_dir = claim(cfg.run_dir)  # a new folder or a run's own (ConfigError otherwise)
+    run_dir = lock.run_dir
     config_path = run_dir / CONFIG_FILE
     save_toml(to_dict(cfg), config_path)
     write_strategy_files(cfg, run_dir)
@@ -245,7 +264,8 @@ def _launch(cfg, args) -> int:
     (Path(run_dir) / COMMAND_FILE).write_text(json.dumps(argv))
     from .run.stop_signals import launched_exit_code, event_line_count
     before = event_line_count(run_dir)
-    code = subprocess.call(argv, env={**os.environ, **build_launch_env(cfg)})
+    code = subprocess.call(argv, env={**os.environ, **build_launch_env(cfg), **lock.child_env()},
+                           pass_fds=lock.pass_fds())
     return launched_exit_code(code, run_dir, before)  # accelerate reports a rank's 75 as 1
 
 

@@ -13,6 +13,7 @@ studio reads. Both sides import them from here (pure: no torch), so neither can 
     process.json, exit.json, console.log   written by the studio about the process it started
     tensorboard.log the studio's TensorBoard server's output
     .sd-studio-run  marks the folder as a run's (written when the run created it; Delete needs it)
+    .sd-studio-lock held (flock) by the one trainer writing the folder; says who (run/run_lock.py)
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ CONSOLE_LOG = "console.log"
 TENSORBOARD_LOG = "tensorboard.log"   # the studio's TensorBoard server (gui/run_tools.py)
 RUN_MARKER = ".sd-studio-run"   # written when a run creates its folder (run/run_folder.py)
 RUN_KIND = "sd-training-studio run"
+LOCK_FILE = ".sd-studio-lock"   # one trainer per run folder (run/run_lock.py)
 
 
 class Control(str, Enum):

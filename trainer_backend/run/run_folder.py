@@ -27,8 +27,8 @@ from ..config.base import ConfigError
 MARKER = contract.RUN_MARKER
 SYSTEM_ROOTS = ("/proc", "/sys", "/dev")
 _FILES = {contract.CONFIG_FILE, contract.COMMAND_FILE, contract.EVENTS_FILE, contract.LOG_FILE, contract.PROCESS_FILE,
-          contract.EXIT_FILE, contract.CONSOLE_LOG, contract.TENSORBOARD_LOG, MARKER, "accelerate_config.json",
-          "deepspeed.json"}
+          contract.EXIT_FILE, contract.CONSOLE_LOG, contract.TENSORBOARD_LOG, MARKER, contract.LOCK_FILE,
+          "accelerate_config.json", "deepspeed.json"}
 _FOLDERS = {contract.TENSORBOARD_DIR, contract.CONTROL_DIR, contract.CHECKPOINTS_DIR, contract.SAMPLES_DIR,
             "class_images", "wandb", ".cache"}
 
