@@ -165,7 +165,16 @@ def cost_line(elapsed: float | None, eta: float | None, price_per_gpu_hour: floa
     return text
 
 
-def progress_html(status: RunStatus, numbers: dict, cost: str = "") -> str:
+def warnings_html(snap: Snapshot) -> str:
+    """The trainer's warnings (the last of each cause), shown above the progress bar: a LoRA that barely
+    changes the output must not look like a success."""
+    last = {w.get("cause", ""): w for w in snap.warnings}
+    return "".join(f'<div class="run-warning" role="alert">⚠ {html.escape(str(w.get("message", "")))}</div>'
+                   for w in last.values())
+
+
+def progress_html(status: RunStatus, numbers: dict, cost: str = "", warnings: str = "") -> str:
+    """The status line, the bar and the numbers; `warnings`: warnings_html's boxes."""
     pct = numbers["fraction"] * 100
     bits = [f"step <b>{numbers['step']}</b> / {numbers['total'] or '?'}"]
     if numbers["epoch"] is not None:
@@ -179,7 +188,7 @@ def progress_html(status: RunStatus, numbers: dict, cost: str = "") -> str:
         bits.append(f"ETA {fmt_duration(numbers['eta'])}")
     if cost:
         bits.append(html.escape(cost))
-    return (f'<div class="run-progress status-{status.status}">'
+    return (f'<div class="run-progress status-{status.status}">{warnings}'
             f'<div class="run-status" id="run-status-text">{html.escape(status.text)}</div>'
             f'<div class="bar"><div class="fill" style="width:{pct:.1f}%"></div></div>'
             f'<div class="numbers">{" · ".join(bits)}</div></div>')
@@ -198,6 +207,10 @@ def sample_images(run_dir: Path, snap: Snapshot, limit: int = 48) -> list[tuple[
     return out[:limit]
 
 
+def _fmt_number(value) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else str(value)
+
+
 def artifacts_markdown(run_dir: Path, snap: Snapshot) -> str:
     lines = []
     if snap.checkpoints:
@@ -211,6 +224,11 @@ def artifacts_markdown(run_dir: Path, snap: Snapshot) -> str:
     if snap.outputs:
         lines.append("**Outputs:**")
         lines += [f"- `{o}`" for o in snap.outputs]
+    effect = snap.adapter_effect
+    if effect:
+        lines.append(f"**Adapter effect:** mean image difference {_fmt_number(effect.get('adapter_effect'))} with vs "
+                     f"without the adapter, weight norm {_fmt_number(effect.get('adapter_norm'))} (step "
+                     f"{effect.get('step', '?')})")
     if snap.terminal and snap.terminal.get("event") == Event.ERROR:
         lines.append(f"**Error:** {snap.terminal.get('message', '')}")
     lines.append(f"Run folder: `{Path(run_dir).resolve()}`")

@@ -98,11 +98,13 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
     status = run_status(run_dir, snap)
     numbers = rm.progress_numbers(snap, status.alive, run_started_at(run_dir))
     gpus = max(1, int(snap.plan.get("num_processes", 1) or 1))
-    html = rm.progress_html(status, numbers, rm.cost_line(numbers["elapsed"], numbers["eta"], price or 0.0, gpus))
+    html = rm.progress_html(status, numbers, rm.cost_line(numbers["elapsed"], numbers["eta"], price or 0.0, gpus),
+                            rm.warnings_html(snap))
     log = rm.log_path(run_dir)
     now = {"run": str(run_dir), "steps": len(snap.steps), "samples": len(snap.samples),
            "log": (log.stat().st_size if log else 0), "status": status.status, "artifacts": (len(snap.checkpoints), len(snap.uploads),
-                                                                       len(snap.outputs), bool(snap.terminal))}
+                                                                       len(snap.outputs), bool(snap.terminal),
+                                                                       len(snap.warnings), bool(snap.adapter_effect))}
     same_run = seen.get("run") == now["run"]
     charts_changed = not same_run or seen.get("steps") != now["steps"]
     caption = (f"{len(snap.steps)} loss points · last loss {numbers['loss']:.4f}" if numbers["loss"] is not None

@@ -36,6 +36,8 @@ class Snapshot:
     resumes: list[dict] = field(default_factory=list)      # resumed events: from which checkpoint
     exports: list[dict] = field(default_factory=list)      # intermediate output files
     class_images: dict = field(default_factory=dict)       # DreamBooth class images, once ready
+    warnings: list[dict] = field(default_factory=list)     # the trainer's warnings (a LoRA with no effect, …)
+    adapter_effect: dict = field(default_factory=dict)     # the end's with/without-adapter measure
     terminal: dict | None = None                          # the last done/stopped/preempted/error
     outputs: list[str] = field(default_factory=list)
     first_time: float | None = None
@@ -98,6 +100,8 @@ FOLDS = {
     Event.UPLOAD: _appended_to("uploads"), Event.VALIDATION: _appended_to("validations"),
     Event.START: _appended_to("starts"), Event.RESUMED: _appended_to("resumes"),
     Event.EXPORT: _appended_to("exports"), Event.CLASS_IMAGES: _class_images,
+    Event.WARNING: _appended_to("warnings"),
+    Event.ADAPTER_EFFECT: lambda snap, ev: setattr(snap, "adapter_effect", ev),
     **{kind: _terminal for kind in TERMINAL},
 }
 

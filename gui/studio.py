@@ -34,6 +34,7 @@ CSS = """
 .run-progress .fill { height: 100%; background: var(--color-accent); transition: width .5s; }
 .run-progress .numbers { margin-top: 6px; font-variant-numeric: tabular-nums; }
 .status-error .run-status { color: #c0392b; }
+.run-warning { background: #fdf2e0; color: #8a5300; border-left: 4px solid #e0a030; padding: 6px 10px; margin-bottom: 6px; }
 .status-stopped .run-status, .status-preempted .run-status, .status-interrupted .run-status { color: #b9770e; }
 .status-done .run-status { color: #1e8449; }
 """

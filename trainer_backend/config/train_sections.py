@@ -223,6 +223,12 @@ class Samples(Section):
     negative_prompt: str = F("", "Default negative prompt.", resume="safe")
     scheduler: Literal["euler", "euler_a", "ddim", "dpmpp_2m", "pndm", "unipc", "ddpm", "default"] = F(
         "euler", "Sampler; default = the model's own scheduler.", advanced=True, resume="safe")
+    check_adapter_effect: bool = F(True, "Measure the adapter's effect at each sample round and at the end (the same "
+                                         "prompt and seed drawn without the adapter too; the base image is drawn once "
+                                         "per prompt): a LoRA that barely changes the output, NaN weights or a flat "
+                                         "black sample become a warning in the Run page, the events and the webhooks. "
+                                         "With no prompts the end's check draws the first training caption.",
+                                   advanced=True, resume="safe")
 
 
 class Validation(Section):

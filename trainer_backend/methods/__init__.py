@@ -26,7 +26,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Trainable", "describe_method", "load_method_model", "method_loss",
+__all__ = ["Trainable", "adapter_switch", "describe_method", "load_method_model", "method_loss",
            "method_run_config", "method_validator", "save_outputs", "setup_method"]
 
 
@@ -93,6 +93,15 @@ def method_validator(cfg: TrainConfig, model, accelerator, run, weight_dtype, mo
     encoders = [modules.get(name, te) for name, te in zip(family.text_encoder_names, model.text_encoders)]
     return make_validator(cfg, model, accelerator, run, weight_dtype,
                           modules.get(family.denoiser_name, model.denoiser), encoders)
+
+
+def adapter_switch(trainable: Trainable):
+    """(adapters_disabled, adapter_delta_norm) for an adapter run, None for full/VAE runs: what the
+    adapter-effect check (training/adapter_effect.py) compares with and measures."""
+    if trainable.kind != "adapter":
+        return None
+    from .adapter_probe import adapter_delta_norm, adapters_disabled
+    return adapters_disabled, adapter_delta_norm
 
 
 def describe_method(cfg: TrainConfig, class_samples: int = 0) -> str:

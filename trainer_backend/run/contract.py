@@ -65,6 +65,8 @@ class Event(str, Enum):
     STOPPED = "stopped"            # stopped on request, state saved
     PREEMPTED = "preempted"        # stopped by a signal (spot instance), state saved
     ERROR = "error"                # failed: the one-line message
+    WARNING = "warning"            # the run goes on, but something is likely wrong (cause, message)
+    ADAPTER_EFFECT = "adapter_effect"  # the end's measure: the same sample with vs without the adapter
 
     def __str__(self) -> str:  # f-strings and json see the plain kind
         return self.value
@@ -78,7 +80,7 @@ FIELDS: dict[Event, tuple[str, ...] | None] = {
     Event.CLASS_IMAGES: ("folder", "wanted", "user", "reused", "generated"),
     Event.STEP: ("step", "total_steps", "epoch", "samples", "loss", "lr", "it_per_s", "eta_s"),
     Event.EPOCH: ("epoch", "step"),
-    Event.SAMPLE: ("step", "epoch", "paths", "prompts", "ema"),
+    Event.SAMPLE: ("step", "epoch", "paths", "prompts", "ema", "adapter_effect", "adapter_norm"),
     Event.VALIDATION: ("step", "epoch", "loss", "best", "images", "timesteps"),
     Event.CHECKPOINT: ("step", "path", "trigger", "metrics", "export", "remote"),
     Event.EXPORT: ("step", "path"),
@@ -88,9 +90,12 @@ FIELDS: dict[Event, tuple[str, ...] | None] = {
     Event.STOPPED: ("step", "epoch", "outside_training"),
     Event.PREEMPTED: ("step", "epoch", "outside_training"),
     Event.ERROR: ("message",),
+    Event.WARNING: ("step", "cause", "message", "adapter_effect", "adapter_norm"),
+    Event.ADAPTER_EFFECT: ("step", "adapter_effect", "adapter_norm", "flat"),
 }
 
 EVENT_KINDS: frozenset[str] = frozenset(e.value for e in Event)
 TERMINAL: tuple[Event, ...] = (Event.DONE, Event.STOPPED, Event.PREEMPTED, Event.ERROR)
-NOTIFIED: tuple[Event, ...] = (Event.START, Event.CHECKPOINT, Event.SAMPLE, Event.EPOCH, *TERMINAL)  # webhooks
+NOTIFIED: tuple[Event, ...] = (Event.START, Event.CHECKPOINT, Event.SAMPLE, Event.EPOCH, Event.WARNING,
+                                *TERMINAL)  # webhooks
 SAVED_STOPS: tuple[Event, ...] = (Event.STOPPED, Event.PREEMPTED)  # ended with state saved: resumable

@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..config import TrainConfig, rules
-from ..methods import method_loss, method_run_config, method_validator, save_outputs, setup_method
+from ..methods import adapter_switch, method_loss, method_run_config, method_validator, save_outputs, setup_method
 from ..methods.class_images import prepare_class_images
 from ..remote.wandb_tracking import start_tracking
 from ..run import exitcodes
@@ -85,7 +85,8 @@ def train(cfg: TrainConfig) -> int:
     loaders = EpochLoaders(cfg, dataset, make_sampler(cfg, dataset, accelerator), plan.multi.epochs,
                            accelerator.device, accelerator.num_processes)  # the next epoch's workers start early
     progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
-    images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema)
+    images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema, trainable, adapter_switch(trainable),
+                          caption=scan.items[0].caption if scan.items else "")  # + the adapter-effect check
     images.maybe_sample(state, before_training=True)
     validator = method_validator(cfg, model, accelerator, run, weight_dtype, modules)  # off: no-op
     stop = False
@@ -133,6 +134,7 @@ def train(cfg: TrainConfig) -> int:
 
     checkpointer.at_end(state)
     outputs = save_outputs(cfg, accelerator, run, model, trainable, state, scan, ema)
+    images.final_check(state)  # a LoRA that barely changes the output is a warning, not a silent success
     run.events.emit(Event.DONE, step=state.global_step, outputs=outputs,
                     elapsed_s=round(time.time() - run.started, 1))
     run.events.close()
@@ -227,7 +229,18 @@ def check_finite(loss: float, cfg: TrainConfig, step: int) -> None:
     if cfg.precision.attention == "sdpa_cudnn":  # seen on an H200: NaN at step 2 from this kernel alone
         advice = ('first try precision.attention = "sdpa" (cuDNN\'s attention kernel, which "sdpa_cudnn" '
                   "allows, turned a Flux.1 LoRA's loss to NaN on an H200); else " + advice)
-    raise TrainingDiverged(f"loss became {loss} at step {step}: {advice}")
+    raise TrainingDiverged(f"loss became {loss} at step {step}: {advice}; {last_good_checkpoint(cfg.run_dir)}")
+
+
+def last_good_checkpoint(run_dir) -> str:
+    """Where a diverged run can go on from: the newest complete checkpoint (never the diverged step's: the
+    check runs before this step could be saved)."""
+    from ..run.checkpoint_files import list_checkpoints
+    saved = list_checkpoints(run_dir)
+    if not saved:
+        return "no checkpoint was saved before it (checkpoints.every_n_steps = 0?)"
+    return (f"the last good checkpoint is {saved[-1]} (start the same config again to resume from it, "
+            f"with the change)")
 
 
 class Progress:

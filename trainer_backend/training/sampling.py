@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 from pathlib import Path
@@ -133,9 +134,17 @@ def control_images(prompts: list[SamplePrompt], family, cfg: TrainConfig) -> lis
 class SampleImages:
     """Decides when to sample (maybe_sample) and does it (sample)."""
 
-    def __init__(self, cfg: TrainConfig, run, model, accelerator, weight_dtype: torch.dtype, ema=None):
+    def __init__(self, cfg: TrainConfig, run, model, accelerator, weight_dtype: torch.dtype, ema=None,
+                 trainable=None, adapter_switch=None, caption: str = ""):
+        """trainable, adapter_switch (methods.adapter_switch): the adapters whose effect each round measures
+        (samples.check_adapter_effect);
+        caption: the prompt of the final check when there are no sample prompts (the first training caption)."""
+        from .adapter_effect import make_adapter_effect
         self.cfg, self.run, self.model, self.accelerator = cfg, run, model, accelerator
         self.weight_dtype, self.ema = weight_dtype, ema
+        self.effect = make_adapter_effect(trainable.modules.values(), adapter_switch) \
+            if trainable is not None and cfg.samples.check_adapter_effect else None
+        self.caption, self.measured, self.warned = caption, None, set()
         self.prompts = load_prompts(cfg)
         self.check_schedule(cfg, self.prompts)
         self.enabled = getattr(model, "denoiser", None) is not None  # a VAE run has nothing to sample with
@@ -182,28 +191,90 @@ class SampleImages:
         self.control.unlink(missing_ok=True)
         return True
 
+    def render(self, pipe, p: SamplePrompt, control) -> object:
+        """One PIL image of prompt p from its own seeded generator."""
+        model = self.model
+        prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
+        control = {model.family.control_image_argument: control} if control else {}
+        (image,) = generate(pipe, self.accelerator.device, self.weight_dtype, **prompts, **control, width=p.width,
+                            height=p.height, num_inference_steps=p.steps,
+                            **model.family.guidance_arguments(model, p.cfg_scale),
+                            generator=torch.Generator("cpu").manual_seed(p.seed),
+                            **model.family.pipeline_call_options(model))
+        return image
+
+    @contextlib.contextmanager
+    def sampling(self, use_ema: bool = False):
+        """The pipeline, with training's RNG, modes and weights untouched afterwards."""
+        model = self.model
+        with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), \
+                (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
+            yield model.family.build_pipeline(model, self.cfg.samples.scheduler)
+
     def sample(self, step: int, epoch: int) -> list[Path]:
-        model, device = self.model, self.accelerator.device
         use_ema = bool(self.ema is not None and self.ema.active and self.cfg.ema.use_for_samples)
         self.dir.mkdir(parents=True, exist_ok=True)
         paths: list[Path] = []
-        with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), \
-                (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
-            pipe = model.family.build_pipeline(model, self.cfg.samples.scheduler)
+        images: dict[int, object] = {}
+        with self.sampling(use_ema) as pipe:
             for i, p in enumerate(self.prompts):
-                prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
-                control = {model.family.control_image_argument: self.controls[i]} if self.controls[i] else {}
-                (image,) = generate(pipe, device, self.weight_dtype, **prompts, **control, width=p.width, height=p.height,
-                                    num_inference_steps=p.steps,
-                                    **model.family.guidance_arguments(model, p.cfg_scale),
-                                    generator=torch.Generator("cpu").manual_seed(p.seed),
-                                    **model.family.pipeline_call_options(model))
+                image = images[i] = self.render(pipe, p, self.controls[i])
                 path = self.dir / f"step-{step:08d}_p{i:02d}.png"
                 save_png(image, path)
                 self.run.events.image(f"samples/p{i:02d}", np.asarray(image), step)
                 paths.append(path)
+            measured = self.measure(pipe, step, images, self.prompts, self.controls, final=False)
         self.last_step = step
         self.run.events.emit(Event.SAMPLE, step=step, epoch=epoch, paths=[str(p) for p in paths],
-                             prompts=[p.prompt for p in self.prompts], ema=use_ema)
+                             prompts=[p.prompt for p in self.prompts], ema=use_ema, **measured)
         LOG.info("samples at step %d%s: %s", step, " (EMA weights)" if use_ema else "", self.dir)
         return paths
+
+    def measure(self, pipe, step: int, images: dict, prompts: list, controls: list, *, final: bool) -> dict:
+        """The adapter's effect on this round's images (training/adapter_effect.py); warnings as events."""
+        if self.effect is None:
+            return {}
+        from .adapter_effect import findings, is_flat
+        effect, norm = self.effect.measure(images, lambda i: self.render(pipe, prompts[i], controls[i]))
+        flat = any(is_flat(image) for image in images.values())
+        self.measured = (step, effect, norm, flat)
+        self.warn(step, findings(effect, norm, flat, step, final), effect, norm)
+        return {"adapter_effect": round(effect, 6) if math.isfinite(effect) else effect,
+                "adapter_norm": round(norm, 6) if math.isfinite(norm) else norm}
+
+    def warn(self, step: int, found: list, effect: float, norm: float) -> None:
+        for f in found:
+            if f.cause in self.warned:  # once per cause: a broken run would repeat it every round
+                continue
+            self.warned.add(f.cause)
+            LOG.warning("%s", f.message)
+            self.run.events.emit(Event.WARNING, step=step, cause=f.cause, message=f.message,
+                                 adapter_effect=effect, adapter_norm=norm)
+
+    def final_check(self, state) -> dict:
+        """After the outputs are written: the adapter's effect on the first prompt (or the first training
+        caption), as an `adapter_effect` event; a near-zero, NaN or flat result is a warning."""
+        if self.effect is None or not self.enabled or not self.accelerator.is_main_process:
+            return {}
+        step = state.global_step
+        if self.measured is not None and self.measured[0] == step:  # this step's sample round measured it
+            _, effect, norm, flat = self.measured
+            from .adapter_effect import findings
+            self.warn(step, findings(effect, norm, flat, step, final=True), effect, norm)
+        else:
+            prompts, controls = self.prompts[:1], self.controls[:1]
+            if not prompts:
+                if self.model.family.control_images == "required":  # an edit model needs a control image
+                    return {}
+                from ..config.sample_prompts import defaults_of
+                from dataclasses import replace
+                prompts, controls = [replace(defaults_of(self.cfg), prompt=self.caption, seed=self.cfg.samples.seed)], [None]
+            with self.sampling() as pipe:
+                image = self.render(pipe, prompts[0], controls[0])
+                self.measure(pipe, step, {0: image}, prompts, controls, final=True)
+            _, effect, norm, flat = self.measured
+        fields = {"step": step, "adapter_effect": effect, "adapter_norm": norm, "flat": flat}
+        self.run.events.emit(Event.ADAPTER_EFFECT, **fields)
+        LOG.info("adapter effect at the end: mean image difference %.4g with vs without it, weight norm %.4g",
+                 effect, norm)
+        return fields
