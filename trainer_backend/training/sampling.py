@@ -269,9 +269,14 @@ class SampleImages:
                 from ..config.sample_prompts import defaults_of
                 from dataclasses import replace
                 prompts, controls = [replace(defaults_of(self.cfg), prompt=self.caption, seed=self.cfg.samples.seed)], [None]
-            with self.sampling() as pipe:
-                image = self.render(pipe, prompts[0], controls[0])
-                self.measure(pipe, step, {0: image}, prompts, controls, final=True)
+            try:
+                with self.sampling() as pipe:
+                    image = self.render(pipe, prompts[0], controls[0])
+                    self.measure(pipe, step, {0: image}, prompts, controls, final=True)
+            except Exception as e:  # a check must never fail a run whose outputs are written
+                LOG.warning("the adapter-effect check could not draw its sample (%s: %s); skipped",
+                            type(e).__name__, e)
+                return {}
             _, effect, norm, flat = self.measured
         fields = {"step": step, "adapter_effect": effect, "adapter_norm": norm, "flat": flat}
         self.run.events.emit(Event.ADAPTER_EFFECT, **fields)
