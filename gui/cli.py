@@ -32,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-timeout", type=float, default=120.0,
                    help="seconds a graceful Stop may take before Force kill is offered")
     p.add_argument("--inbrowser", action="store_true", help="open a browser tab")
+    p.add_argument("--headless", action="store_true", help="run the job queue and the API (/api/v1) without the page")
+    p.add_argument("--gpus", default="", metavar="IDS", help="GPUs the queue may use, e.g. 0,1,2,3 (default: every "
+                   "visible GPU; none: one CPU slot)")
+    p.add_argument("--state-dir", default="", help="folder of the studio's state: the queue file and the API tokens "
+                   "(default <runs-dir>/.studio-state)")
+    p.add_argument("--new-token", default="", metavar="NAME", help="create an API token, print it and exit")
+    p.add_argument("--scope", default="write", choices=("read", "write"), help="the new token's scope (default write)")
     return p
 
 
@@ -46,6 +53,9 @@ def _host_guard(host: str, share: bool) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.new_token:
+        from gui.queue_server import new_token
+        return new_token(args, Path(args.runs_dir).expanduser())
     host = "0.0.0.0" if args.listen else args.host
     try:
         auth = parse_auth(args.auth) if args.auth else None
@@ -56,13 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     if warning:
         print(warning, file=sys.stderr)
 
+    runs_dir = Path(args.runs_dir).expanduser()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    from gui.queue_server import api_routes, queue_settings, serve_headless
+    from trainer_backend.jobqueue import JobQueue, QueueFileError
+    try:
+        queue = JobQueue(queue_settings(args, runs_dir)).start()   # re-adopts the jobs still running
+    except (QueueFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.headless:
+        return serve_headless(queue, host, args.port, args.root_path, _host_guard(host, args.share))
+
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from gui.shared_state import Settings, Studio
     from gui.studio import CSS, TITLE, build_app
     from gui.system_monitor import gpu_count
 
-    runs_dir = Path(args.runs_dir).expanduser()
-    runs_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(runs_dir=runs_dir, presets_dir=Path(args.presets_dir).expanduser() if args.presets_dir
                         else None, initial_preset=args.preset, stop_timeout_s=args.stop_timeout,
                         allowed_output_dirs=[Path(d).expanduser() for d in args.allow_output_dir])
@@ -76,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                root_path=args.root_path or None, allowed_paths=[str(runs_dir.resolve()),
                                                                   *(str(Path(d).expanduser().resolve()) for d in args.allow_output_dir)],
                inbrowser=args.inbrowser, css=CSS, theme="soft", show_error=True, quiet=True,
-               footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share)},
+               footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share), "routes": api_routes(queue)},
                # Gradio's self-check gives the server one 3 s HEAD request and exits when it is late,
                # which happens while a training run keeps the CPU busy; the studio never needs the
                # share-link fallback that check exists for

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 
 STARTUP_PING = "/gradio_api/startup-events"   # gradio's launch() checks it answers (no content)
+API_PREFIX = "/api/v1/"   # the queue's API: every route there asks for its own token (trainer_backend/jobqueue/api.py)
 
 LOGIN_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
@@ -58,7 +59,7 @@ class LoginOnlyForStrangers:
         if root and path.startswith(root):
             path = path[len(root):]
         method = scope.get("method", "GET")
-        if (method == "POST" and path.rstrip("/") == "/login") or path == STARTUP_PING:
+        if (method == "POST" and path.rstrip("/") == "/login") or path == STARTUP_PING or path.startswith(API_PREFIX):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "http" and method in ("GET", "HEAD") and path in ("", "/"):
