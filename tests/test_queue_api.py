@@ -154,12 +154,22 @@ def test_twenty_concurrent_submits_lose_none_and_duplicate_none(studio):
     assert [j["priority"] for j in waiting] == sorted((j["priority"] for j in waiting), reverse=True)
 
 
-def test_a_killed_studio_restarts_with_the_same_order_and_readopts_the_running_trainer(studio):
+def test_a_killed_studio_restarts_with_the_same_order_and_readopts_the_running_trainer(studio, tmp_path):
+    """The client waits through the restart and exits 0 when the adopted job is done."""
     first = studio()
     token = first.token("ci")
     first.start()
-    code, job = first.call("POST", "/jobs", token, {"config_toml": tiny_config("trainer", steps=3)})
-    assert code == 201 and job["run_dir"] == str(first.runs.resolve() / "trainer")
+    config = tmp_path / "trainer.toml"
+    config.write_text(tiny_config("trainer", steps=3))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SD_STUDIO_URL": f"http://127.0.0.1:{first.port}",
+           "SD_STUDIO_TOKEN": token}
+    client = subprocess.Popen([sys.executable, "-m", "trainer_backend.client", "submit", str(config), "--wait"],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    end = time.monotonic() + 60
+    while not (jobs := first.call("GET", "/jobs", token)[1]["jobs"]) and time.monotonic() < end:
+        time.sleep(0.2)
+    job = jobs[0]
+    assert job["run_dir"] == str(first.runs.resolve() / "trainer")
     running = wait_for(first, token, job["id"], ("running",))
     first.call("POST", "/queue/pause", token, {})
     for i, prio in enumerate((0, 2, 0, 1)):
@@ -188,5 +198,15 @@ def test_a_killed_studio_restarts_with_the_same_order_and_readopts_the_running_t
         assert second.call("GET", f"/jobs/{job['id']}/files/..%2Fqueue", token)[0] == 404
         assert second.call("DELETE", f"/jobs/{order[0]}", token)[0] == 200
         assert second.call("DELETE", f"/jobs/{job['id']}", token)[0] == 409      # only waiting jobs
+        out, _ = client.communicate(timeout=60)
+        assert client.returncode == 0, out
+        assert "done" in out.splitlines()[-1]     # it waited through the restart (down or not when it polled)
+        got = subprocess.run([sys.executable, "-m", "trainer_backend.client", "download", str(job["id"]), "--to",
+                              str(tmp_path / "got")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert got.returncode == 0 and (tmp_path / "got" / "trainer.safetensors").read_bytes() == data
+        config.write_text('[schedule]\nbatch_size = 0\n[output]\nname = "bad"\n')
+        bad = subprocess.run([sys.executable, "-m", "trainer_backend.client", "submit", str(config)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "schedule.batch_size" in bad.stderr
     finally:
         second.kill(signal.SIGTERM)
