@@ -2,7 +2,6 @@
 in the run directory so a restarted GUI re-attaches (see run_state.py)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,10 +9,10 @@ import threading
 import time
 from pathlib import Path
 
-from trainer_backend.config import ConfigError, TrainConfig, from_dict, load_config, save_toml, to_dict
-from trainer_backend.run.contract import COMMAND_FILE, CONFIG_FILE, EVENTS_FILE
+from trainer_backend.config import ConfigError, TrainConfig, from_dict, load_config, to_dict
+from trainer_backend.run.contract import CONFIG_FILE, EVENTS_FILE
 from trainer_backend.run.run_folder import delete_run, is_run_folder
-from trainer_backend.run.run_lock import acquire as acquire_run_lock, describe as describe_holder, holder as run_lock_holder
+from trainer_backend.run.run_lock import describe as describe_holder, holder as run_lock_holder
 
 from gui import processes as procs
 from gui.run_state import forget, run_status, snapshot
@@ -121,8 +120,8 @@ class RunManager:
             self.pending = None
 
     def _start(self, cfg: TrainConfig, resume: bool, secret_env: dict[str, str] | None) -> Path:
-        from trainer_backend.launch.argv import build_launch_argv, build_launch_env, write_strategy_files
         from trainer_backend.config.checks import validate_for_run
+        from trainer_backend.jobqueue.training_jobs import start_run
 
         cfg = cfg.model_copy(deep=True)
         try:
@@ -146,21 +145,8 @@ class RunManager:
                                        f"or change output.name to start a new run.")
             # a new folder or a run's own (never the user's other files), held by no other trainer: refused
             # with one line naming the holder; the lock is taken before anything is written
-            with acquire_run_lock(run_dir, by="studio") as lock:
-                config_path = run_dir / CONFIG_FILE
-                save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
-                write_strategy_files(cfg, run_dir)
-                argv = build_launch_argv(cfg, config_path, python=self.python)
-                env = {**os.environ, **(secret_env or {}), **build_launch_env(cfg), "PYTHONUNBUFFERED": "1",
-                       **lock.child_env()}
-                (run_dir / COMMAND_FILE).write_text(json.dumps(argv), encoding="utf-8")
-                procs.clear_control(run_dir)
-                (run_dir / procs.EXIT_FILE).unlink(missing_ok=True)
-                with open(run_dir / procs.CONSOLE_LOG, "a", encoding="utf-8") as console:
-                    console.write(f"--- {'resumed' if resume else 'started'} by the studio at "
-                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
-                self.children[run_dir] = procs.spawn(argv, env, run_dir, cwd=self.cwd, pass_fds=lock.pass_fds())
-                lock.handed_to(self.children[run_dir].pid)   # the trainer's launcher holds it while it lives
+            self.children[run_dir] = start_run(cfg, self.python, self.cwd, by="studio", who="the studio",
+                                               resume=resume, secret_env=secret_env)
             if run_dir.parent != self.runs_dir:
                 self.extra_roots.add(run_dir.parent)
             self.current = run_dir

@@ -1,11 +1,12 @@
 """Training jobs: a config checked when it is submitted (every problem as key + message, the checks
 `validate`, `train` and the form run), and, when a slot frees, its run folder written and its
-command built for exactly the GPUs the queue gave it. The Run page's Start/Resume write the run
-folder through `write_run_files` too."""
+command built for exactly the GPUs the queue gave it, under the run folder's lock. The Run page's
+Start/Resume start their runs through `start_run` too."""
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import tomllib
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from trainer_backend.config import ConfigError, TrainConfig, dumps_toml, from_dict, save_toml, to_dict
 from trainer_backend.config.base import Problem
 from trainer_backend.run.contract import COMMAND_FILE, CONFIG_FILE, CONSOLE_LOG, EXIT_FILE
-from trainer_backend.run.run_folder import claim
+from trainer_backend.run.run_lock import acquire as acquire_run_lock
 
 from . import processes as procs
 from .slots import CPU
@@ -86,24 +87,37 @@ def on_slots(cfg: TrainConfig, slots: list[str]) -> TrainConfig:
     return cfg
 
 
-def write_run_files(cfg: TrainConfig, python: str, resume: bool = False, secret_env: dict[str, str] | None = None,
-                    who: str = "the studio") -> tuple[list[str], dict[str, str]]:
-    """Claim the run folder and write what a run starts from (config, strategy files, command);
-    returns the trainer's argv and its environment. Secrets reach the environment only."""
+def start_run(cfg: TrainConfig, python: str, cwd: Path, by: str, who: str, resume: bool = False,
+              secret_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Take the run folder's lock (refused with one line naming the holder), write what a run
+    starts from (config, strategy files, command), start the trainer in its own process group and
+    hand it the lock. Secrets reach its environment only. The page's Start and the queue call this."""
     from trainer_backend.launch.argv import build_launch_argv, build_launch_env, write_strategy_files
     run_dir = cfg.run_dir
-    claim(run_dir)   # a new folder or a run's own (never the user's other files); writes the marker
-    config_path = run_dir / CONFIG_FILE
-    save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
-    write_strategy_files(cfg, run_dir)
-    argv = build_launch_argv(cfg, config_path, python=python)
-    env = {**os.environ, **(secret_env or {}), **build_launch_env(cfg), "PYTHONUNBUFFERED": "1"}
-    (run_dir / COMMAND_FILE).write_text(json.dumps(argv), encoding="utf-8")
-    procs.clear_control(run_dir)
-    (run_dir / EXIT_FILE).unlink(missing_ok=True)
-    with open(run_dir / CONSOLE_LOG, "a", encoding="utf-8") as console:
-        console.write(f"--- {'resumed' if resume else 'started'} by {who} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
-    return argv, env
+    with acquire_run_lock(run_dir, by=by) as lock:   # a new folder or a run's own, held by no other trainer
+        config_path = run_dir / CONFIG_FILE
+        save_toml(to_dict(cfg), config_path)          # secrets are stripped by save_toml
+        write_strategy_files(cfg, run_dir)
+        argv = build_launch_argv(cfg, config_path, python=python)
+        env = {**os.environ, **(secret_env or {}), **build_launch_env(cfg), "PYTHONUNBUFFERED": "1",
+               **lock.child_env()}
+        (run_dir / COMMAND_FILE).write_text(json.dumps(argv), encoding="utf-8")
+        procs.clear_control(run_dir)
+        (run_dir / EXIT_FILE).unlink(missing_ok=True)
+        with open(run_dir / CONSOLE_LOG, "a", encoding="utf-8") as console:
+            console.write(f"--- {'resumed' if resume else 'started'} by {who} at "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
+        child = procs.spawn(argv, env, run_dir, cwd=cwd, pass_fds=lock.pass_fds())
+        lock.handed_to(child.pid)   # the trainer's launcher holds it while it lives
+    return child
+
+
+def start_command(argv: list[str], env: dict[str, str], run_dir: Path) -> subprocess.Popen:
+    """A prepared command (caption job, LoRA tool) in its own folder, under the folder's lock."""
+    with acquire_run_lock(run_dir, by="queue") as lock:
+        child = procs.spawn(argv, {**env, **lock.child_env()}, run_dir, cwd=run_dir, pass_fds=lock.pass_fds())
+        lock.handed_to(child.pid)
+    return child
 
 
 def training_config(job_config_toml: str) -> TrainConfig:

@@ -1,9 +1,10 @@
 """The queue's worker: starts waiting jobs on free slots, follows the running ones, and after a
 studio restart re-adopts the jobs whose process still runs.
 
-A job is re-adopted only when its run folder's own record (process.json: pid, the process's start
-time, the host) names the pid the queue stored and that process, with that start time, is alive:
-a reused pid is not the run. A job whose process ended while the studio was away takes the
+A job is re-adopted only when its run folder's own records name the pid the queue stored: the
+process record (process.json: pid, the process's start time, the host) with that process alive
+and started at that time, and the folder's lock (run/run_lock.py) held, by that pid. A reused pid
+is not the run. A job whose process ended while the studio was away takes the
 ending its events.jsonl wrote (done, stopped, error), else it is `interrupted` (resumable from
 its last checkpoint with Retry)."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from trainer_backend.config import ConfigError
 from trainer_backend.run import exitcodes
 from trainer_backend.run.contract import CONSOLE_LOG
+from trainer_backend.run.run_lock import holder as run_lock_holder
 
 from . import processes as procs
 from . import slots as slot_rules
@@ -84,8 +86,14 @@ class Worker:
 
     @staticmethod
     def _same_process(job: Job) -> bool:
-        record = procs.read_process_record(Path(job.run_dir))
-        return bool(record) and record["pid"] == job.pid and procs.is_alive(record)
+        """The job's own process still runs: the run folder's process record names the stored pid
+        with a live process started at that time, and the folder's lock is held by that pid."""
+        run_dir = Path(job.run_dir)
+        record = procs.read_process_record(run_dir)
+        if not record or record["pid"] != job.pid or not procs.is_alive(record):
+            return False
+        held = run_lock_holder(run_dir)
+        return held is not None and held.get("pid") == job.pid
 
     # ------------------------------------------------------------------ each tick
     def tick(self) -> None:
@@ -162,21 +170,18 @@ class Worker:
                 self.store.update(job.id, status=ERROR, message=str(e)[:500], ended=time.time())
 
     def _launch(self, job: Job, slots: list[str]) -> None:
+        from .training_jobs import on_slots, start_command, start_run, training_config
         run_dir = Path(job.run_dir)
         if job.kind == "train":
-            from .training_jobs import on_slots, training_config, write_run_files
-            cfg = on_slots(training_config(job.config_toml), slots)
-            argv, env = write_run_files(cfg, self.python, secret_env=self.secrets.get(job.id),
-                                        who=f"the queue (job {job.id}, {_where(slots)})")
+            # a training job resolves relative paths from the studio's folder
+            child = start_run(on_slots(training_config(job.config_toml), slots), self.python, self.cwd, by="queue",
+                              who=f"the queue (job {job.id}, {_where(slots)})", secret_env=self.secrets.get(job.id))
         else:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            argv = job.argv
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             gpus = [s for s in slots if s != slot_rules.CPU]
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        # a training job resolves relative paths from the studio's folder; a command runs in its own
-        child = procs.spawn(argv, env, run_dir, cwd=self.cwd if job.kind == "train" else run_dir)
+            child = start_command(job.argv, env, run_dir)
         self.children[job.id] = child
         record = procs.read_process_record(run_dir) or {}
         self.store.update(job.id, status=RUNNING, pid=child.pid, pid_started=record.get("started"))
