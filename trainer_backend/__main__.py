@@ -1,4 +1,4 @@
-"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset.
+"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset|caption.
 
 Exit codes: 0 ok, 1 error, 2 bad config or input (one line on stderr naming the key or
 file), 75 stopped with state saved (see exitcodes.py).
@@ -13,6 +13,8 @@ from .run import exitcodes
 from .run.contract import Event
 from .config import ConfigError, load_config
 from .families.registry import FAMILY_NAMES
+from .captioners.cli import add_parser as add_caption_parser
+from .captioners.kinds import TINY_ARCHS
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -38,11 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "blocks of a doc (--write: docs/config.md; --write docs/checkpoints.md)")
     ref.add_argument("--write", metavar="DOC", nargs="?", const="docs/config.md", default=None)
     tiny = sub.add_parser("make-tiny-model", help="build a tiny random model (diffusers folder) for tests/demo")
-    tiny.add_argument("--arch", choices=list(FAMILY_NAMES), required=True)
+    tiny.add_argument("--arch", choices=[*FAMILY_NAMES, *TINY_ARCHS], required=True)
     tiny.add_argument("--out", required=True)
     tiny.add_argument("--seed", type=int, default=0)
     from .workbench.cli import add_parser as add_dataset_parser
     add_dataset_parser(sub)   # dataset check|edit|undo|index (the workbench)
+    add_caption_parser(sub)
     return parser
 
 
@@ -84,6 +87,13 @@ def _checked(args) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.command == "caption":
+        from .captioners.cli import run as caption
+        return caption(args)
+    if args.command == "make-tiny-model" and args.arch in TINY_ARCHS:
+        from .captioners import build_tiny_captioner
+        print(build_tiny_captioner(args.arch.removeprefix("caption-"), args.out, seed=args.seed))
+        return exitcodes.OK
     if args.command == "make-tiny-model":
         from .families import build_tiny_model
         print(build_tiny_model(args.arch, args.out, seed=args.seed))
