@@ -64,9 +64,17 @@ class CaptionProgress:
         return self.done / self.total if self.total else 0.0
 
 
+def _process(job_dir: Path) -> dict:
+    try:
+        record = json.loads((job_dir / PROCESS_FILE).read_text(encoding="utf-8"))
+        return record if isinstance(record, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def _alive(job_dir: Path) -> bool:
     try:
-        pid = json.loads((job_dir / PROCESS_FILE).read_text(encoding="utf-8"))["pid"]
+        pid = _process(job_dir)["pid"]
         os.kill(int(pid), 0)
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -80,6 +88,7 @@ def _alive(job_dir: Path) -> bool:
 def caption_progress(job_dir: Path, recent: int = 5) -> CaptionProgress:
     job_dir = Path(job_dir)
     progress = CaptionProgress()
+    ended_at = 0.0   # the time of the last done/stopped/error event
     try:
         lines = (job_dir / EVENTS_FILE).read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -96,16 +105,19 @@ def caption_progress(job_dir: Path, recent: int = 5) -> CaptionProgress:
             progress.images_per_s = event.get("it_per_s", 0.0) if kind == "step" else 0.0
             progress.eta_s = event.get("eta_s") if kind == "step" else None
             progress.message = ""
-        elif kind == "done":
+        if kind in ("done", "stopped", "preempted", "error"):
+            ended_at = event.get("time", 0.0)
+        if kind == "done":
             progress.state, progress.done, progress.eta_s = "done", event.get("step", progress.done), 0.0
         elif kind in ("stopped", "preempted"):
             progress.state, progress.eta_s = "stopped", None
         elif kind == "error":
             progress.state, progress.message = "error", event.get("message", "")
-    if progress.state == "running" and not _alive(job_dir):
+    alive = _alive(job_dir)
+    if progress.state == "running" and not alive:
         progress.state = "ended"
-    elif progress.state == "not started" and _alive(job_dir):
-        progress.state = "running"   # loading the model
+    elif progress.state != "running" and alive and ended_at < _process(job_dir).get("started", 0.0):
+        progress.state, progress.eta_s, progress.message = "running", None, ""   # a new start, loading the model
     try:
         tail = (job_dir / LEDGER).read_text(encoding="utf-8").splitlines()[-recent:]
         progress.recent = [json.loads(line) for line in tail if line.strip()]
@@ -123,7 +135,7 @@ def stop_caption_job(job_dir: Path) -> bool:
     if not _alive(job_dir):
         return False
     try:
-        os.kill(int(json.loads((job_dir / PROCESS_FILE).read_text(encoding="utf-8"))["pid"]), signal.SIGTERM)
-    except (OSError, ValueError, KeyError):
+        os.kill(int(_process(job_dir)["pid"]), signal.SIGTERM)
+    except (OSError, ValueError, KeyError, TypeError):
         return False
     return True

@@ -5,7 +5,6 @@ confidence; ratings are not written. On a GPU when onnxruntime has the CUDA prov
 from __future__ import annotations
 
 import csv
-import re
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -16,9 +15,14 @@ CHARACTER_THRESHOLD = 0.85
 SHORT_TAGS = 15              # a "short" caption: the most confident general tags only
 
 
+# tags that are faces, not words: their underscores stay (the list SmilingWolf's own demo keeps)
+KAOMOJI = frozenset({"0_0", "(o)_(o)", "+_+", "+_-", "._.", "<o>_<o>", "<|>_<|>", "=_=", ">_<", "3_3", "6_9", ">_o",
+                     "@_@", "^_^", "o_o", "u_u", "x_x", "|_|", "||_||"})
+
+
 def tag_name(name: str) -> str:
-    """Underscores between letters become spaces ("long_hair" -> "long hair"); kaomoji stay ("^_^")."""
-    return re.sub(r"(?<=[^\W_])_(?=[^\W_])", " ", name)
+    """Underscores become spaces ("long_hair" -> "long hair"); kaomoji stay ("^_^", "o_o")."""
+    return name if name in KAOMOJI else name.replace("_", " ")
 
 
 def read_tags(path: Path) -> list[tuple[str, int]]:
