@@ -125,3 +125,26 @@ def test_stop_then_a_second_start_continues_where_the_first_stopped(tmp_path):
     assert sorted(ledger) == sorted(f"img{i}.png" for i in range(10))   # each image captioned once
     starts = [e for e in events(job) if e["event"] == "start"]
     assert starts[-1]["step"] == first.done                             # the second start began where the first stopped
+
+
+def test_a_caption_edited_while_the_job_ran_is_left_as_it_is(tmp_path, monkeypatch):
+    from trainer_backend.captioners import job as job_module
+    data = make_images(tmp_path / "data")
+    generate = job_module.Captioner.__call__
+
+    def someone_edits_meanwhile(self, images):
+        (data / "img0.txt").write_text("typed in another window")
+        return generate(self, images)
+
+    monkeypatch.setattr(job_module.Captioner, "__call__", someone_edits_meanwhile)
+    job = tmp_path / "job"
+    assert run_caption_job(CaptionOptions(dataset=str(data), model="builtin:tiny-caption-wd14", job_dir=str(job))) == 0
+    assert (data / "img0.txt").read_text() == "typed in another window"
+    assert (data / "img2.txt").exists()
+    assert any("kept img0.txt" in line for line in (job / LOG_FILE).read_text().splitlines())
+
+
+def test_make_tiny_model_offers_the_captioners(tmp_path, capsys):
+    from trainer_backend.captioners import detect_kind
+    assert main(["make-tiny-model", "--arch", "caption-wd14", "--out", str(tmp_path / "tagger")]) == 0
+    assert detect_kind(tmp_path / "tagger").name == "wd14"
