@@ -10,6 +10,7 @@ encode and the text encoders' forward.
     python tools/make_memory_tables.py [--families sd1,sdxl] [--out assets/memory_tables.json]
     python tools/make_memory_tables.py --flops-only   # only the denoisers' forward FLOPs (step time)
     python tools/make_memory_tables.py --families flux2-dev   # a variant (VARIANTS): Flux.2 dev's own table
+    python tools/make_memory_tables.py --builtin   # the builtin:tiny-* models' sizes, from their own files
 
 Takes a few minutes per family on a CPU (the meta device only builds shapes).
 """
@@ -145,6 +146,22 @@ def flops_family(name: str) -> dict:
     return mp.flops_table(loader, (base // 2, base))
 
 
+def builtin_entries() -> dict:
+    """Each builtin:tiny-* model's family, pipeline class and components, read from the tiny model's own
+    weight files by the planner's own function (launch/model_size.py folder_components): the planner
+    sizes a builtin model before it is built (the studio builds it only when a run starts)."""
+    from trainer_backend.families.builtin import resolve_model_path
+    from trainer_backend.families.registry import BUILTIN_TINY
+    from trainer_backend.launch.memory_tables import family_table
+    from trainer_backend.launch.model_size import folder_components, pipeline_class
+    out = {}
+    for name, (family, _) in BUILTIN_TINY.items():
+        folder = resolve_model_path(f"builtin:{name}")
+        out[name] = {"family": family, "pipeline": pipeline_class(folder),
+                     "components": folder_components(folder, family_table(family)["components"])}
+    return out
+
+
 def main(argv=None) -> int:
     from trainer_backend.families.registry import FAMILY_NAMES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -155,9 +172,15 @@ def main(argv=None) -> int:
     ap.add_argument("--flops-only", action="store_true",
                     help="add or refresh only the denoiser's forward FLOPs of families already in the file "
                          "(no memory probe)")
+    ap.add_argument("--builtin", action="store_true", help="refresh only the builtin:tiny-* models' entries")
     args = ap.parse_args(argv)
     out = Path(args.out)
     tables = json.loads(out.read_text()) if out.is_file() else {}
+    if args.builtin:
+        tables["builtin"] = builtin_entries()
+        out.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {len(tables['builtin'])} builtin models to {out}")
+        return 0
     tables.setdefault("families", {})
     tables["about"] = ("Written by tools/make_memory_tables.py: full-size models on the meta device; "
                        "activation bytes per sample = a + b * latent pixels (a GPU's view, bf16 autocast, "

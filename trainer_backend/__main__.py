@@ -79,6 +79,8 @@ def _checked(args) -> int:
         return _dispatch(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        if args.command == "plan":   # memory does not depend on the dataset: say it anyway
+            _memory_without_dataset(args)
         cfg = getattr(args, "loaded_config", None)
         from .run.run_lock import RunLocked
         if cfg is not None and args.command == "train" and not isinstance(e, RunLocked):  # not another's run
@@ -144,6 +146,18 @@ def _dispatch(args) -> int:
     if args.command == "launch":
         return _launch(cfg, args)
     return _train(cfg)
+
+
+def _memory_without_dataset(args) -> None:
+    """`plan` when the dataset cannot be scanned: no step plan, but the memory plan at dataset.resolution."""
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError:
+        return
+    from .launch.memory_advice import memory_lines
+    print(f"The step plan needs a dataset that can be scanned; the memory plan at dataset.resolution = "
+          f"{cfg.dataset.resolution}:")
+    print("\n".join(memory_lines(cfg, _plan_arch(cfg))))
 
 
 def _plan_arch(cfg) -> str:

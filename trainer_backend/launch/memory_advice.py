@@ -5,9 +5,11 @@ one NVML reports, or every common size.
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from .memory_plan import CARDS_GB, MemoryPlan, has_option, opt, plan_memory
-from .memory_tables import family_table, pipeline_outside_table, variant_table
+from .memory_tables import family_table, pipeline_outside_table
+from .model_size import planning_arch
 
 VERDICT_MARK = {"fits": "✅ fits", "tight": "⚠️ tight", "will not fit": "❌ will not fit"}
 
@@ -42,7 +44,8 @@ def step_time_line(cfg, arch: str, plan: MemoryPlan, card_name: str | None = Non
     (hardware.gpu_memory_gb unset), else on the reference card; the run's length for `steps` optimizer
     steps (the step plan's total; schedule.max_steps when not given, none when that is 0)."""
     from .step_time import estimate
-    table = variant_table(arch, cfg.model.path) or family_table(arch)
+    from .model_size import sized_table
+    table = sized_table(arch, cfg.model.path)
     if card_name is None:
         card_name = "" if float(opt(cfg, "hardware.gpu_memory_gb", 0) or 0) > 0 else detect_card_name()
     scale = table["vae_scale_factor"]
@@ -167,14 +170,14 @@ def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | No
                  markdown: bool = False, steps: int | None = None) -> list[str]:
     """The memory section of the plan, as lines of text (or markdown), ending with the step time
     (`steps`: the run's optimizer steps, for its length)."""
-    arch = arch or cfg.model.arch
+    arch = arch or planning_arch(cfg)
     plan = plan_memory(cfg, arch, buckets)
     if plan is None:
         return [f"Memory: unknown ({why_no_plan(cfg, arch)})."]
     card = target_card(cfg) if card_gb is None else card_gb
     b = "**" if markdown else ""
     w, h = plan.side
-    lines = [f"{b}Peak GPU memory: {plan.peak_gib:.1f} GiB{b} allocated ({plan.peak_phase}, batch "
+    lines = [f"{b}Peak GPU memory: {size_text(plan.peak_bytes)}{b} allocated ({plan.peak_phase}, batch "
              f"{cfg.schedule.batch_size} at {w}×{h}); a card needs about {plan.needed_gib():.1f} GiB "
              f"with the CUDA context and allocator slack."]
     lines += phase_lines(plan)
@@ -188,17 +191,54 @@ def memory_lines(cfg, arch: str | None = None, buckets=None, card_gb: float | No
         if found:
             lines.append(f"To fit {target:g} GB: " + "; ".join(found) + ".")
         else:
-            lines.append(f"No option here makes it fit {target:g} GB.")
+            presets = fitting_presets(cfg, arch, target)
+            lines.append(f"No option here makes it fit {target:g} GB" + (
+                f"; the preset {' or '.join(presets)} is planned for it (load it from Presets, then set your "
+                f"paths again)." if presets else "."))
     lines.append(step_time_line(cfg, arch, plan, steps=steps))
     lines += [f"Note: {n}." for n in plan.notes]
     return lines
 
 
+def size_text(nbytes: float) -> str:
+    """Bytes for people: GiB from 1 GiB up (0.1 steps), MiB below (a tiny model's plan is megabytes)."""
+    if nbytes >= 2 ** 30:
+        return f"{nbytes / 2 ** 30:.1f} GiB"
+    mib = nbytes / 2 ** 20
+    return f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.1f} MiB"
+
+
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
+
+
+def fitting_presets(cfg, arch: str, card_gb: float, presets_dir: Path = PRESETS_DIR, limit: int = 2) -> list[str]:
+    """The built-in presets of this family the planner says fit `card_gb` when they train this config's
+    model (its model.path, when set), the largest plan first (the most the card allows):
+    ["flux-dev-lora-8gb (7.2 GiB)"]. Presets of a builtin tiny model (the demos) are left out."""
+    from ..config import load_config
+    found = []
+    for path in sorted(Path(presets_dir).glob("*.toml")):
+        try:
+            preset = load_config(path)
+        except Exception:  # a broken preset file is the presets page's to report
+            continue
+        if preset.model.path.startswith("builtin:") or planning_arch(preset) != arch:
+            continue
+        if cfg.model.path:
+            preset.model.path = cfg.model.path
+        plan = plan_memory(preset, arch)
+        if plan is not None and plan.verdict(card_gb) == "fits":
+            found.append((plan.needed_gib(), f"{path.stem} ({plan.needed_gib():.1f} GiB)"))
+    return [text for _, text in sorted(found, reverse=True)[:limit]]
+
+
 def phase_lines(plan: MemoryPlan) -> list[str]:
     """The breakdown: the cache pass (before the denoiser is placed), then the training step's phases
     on top of what stays on the GPU while training. The peak is the largest total (marked)."""
+    unit, scale = ("GiB", 2 ** 30) if plan.peak_bytes >= 2 ** 30 else ("MiB", 2 ** 20)
+
     def gib(value: float) -> str:
-        return f"{value / 2 ** 30:.2f}"
+        return f"{value / scale:.2f}"
 
     def mark(phase: str) -> str:
         return " ◀ peak" if phase == plan.peak_phase else ""
@@ -207,19 +247,19 @@ def phase_lines(plan: MemoryPlan) -> list[str]:
     lines = []
     for name, parts in plan.cache_phases.items():
         held = ", ".join(f"{k} {gib(v)}" for k, v in parts.items() if v)
-        lines.append(f"Cache pass, {name} (GiB, before the denoiser is on the GPU): {held}; "
+        lines.append(f"Cache pass, {name} ({unit}, before the denoiser is on the GPU): {held}; "
                      f"total {gib(totals[name])}{mark(name)}.")
     held = ", ".join(f"{k} {gib(v)}" for k, v in plan.resident.items() if v)
-    lines.append(f"Training, always on the GPU (GiB): {held}.")
+    lines.append(f"Training, always on the GPU ({unit}): {held}.")
     steps = "; ".join(f"{k} +{gib(v)} = {gib(totals[k])}{mark(k)}" for k, v in plan.phases.items())
-    lines.append(f"Training step phases (GiB): {steps}.")
+    lines.append(f"Training step phases ({unit}): {steps}.")
     return lines
 
 
 def will_not_fit(cfg, arch: str | None = None, buckets=None, card_gb: float | None = None) -> str:
     """One line for the studio's Start warning when the config will not fit the (detected or chosen)
     card; "" when it fits, is only tight, or nothing is known."""
-    arch = arch or cfg.model.arch
+    arch = arch or planning_arch(cfg)
     card = target_card(cfg) if card_gb is None else card_gb
     plan = plan_memory(cfg, arch, buckets) if card else None
     if plan is None or plan.verdict(card) != "will not fit":
@@ -234,7 +274,7 @@ def memory_report(cfg, arch: str | None = None, buckets=None, card_gb: float | N
                   steps: int | None = None) -> dict | None:
     """The memory plan as JSON (the CLI's `plan --json`): the plan, the card and its verdict, the fixes,
     the step-time line."""
-    arch = arch or cfg.model.arch
+    arch = arch or planning_arch(cfg)
     plan = plan_memory(cfg, arch, buckets)
     if plan is None:
         return None

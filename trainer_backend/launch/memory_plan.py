@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .memory_tables import (DTYPE_BYTES, GiB, family_table, largest_layer, largest_trained_tensor,
+from .memory_tables import (DTYPE_BYTES, GiB, largest_layer, largest_trained_tensor,
                             optimizer_state_bytes, optimizer_temp_bytes, pipeline_outside_table, trainable_tensors,
-                            variant_names, variant_table, weight_bytes)
+                            variant_names, weight_bytes)
 
 CARDS_GB = (8, 12, 16, 24, 48, 80)
 OVERHEAD_GIB = 0.6     # CUDA context, cuBLAS/cuDNN handles: outside max_memory_allocated
@@ -133,8 +133,9 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     """The memory plan of `cfg` (arch: model.arch, or the detected family when it is "auto");
     None when the family has no table (a family added without running tools/make_memory_tables.py).
     table: a family table to use instead of assets/memory_tables.json's (tests: a tiny model's)."""
-    arch = arch or cfg.model.arch
-    table = table or variant_table(arch, cfg.model.path) or family_table(arch)
+    from .model_size import planning_arch, sized_table
+    arch = arch or planning_arch(cfg)
+    table = table or sized_table(arch, cfg.model.path)
     if table is None or pipeline_outside_table(table, cfg.model.path):
         return None
     net, prec, ds = cfg.network, cfg.precision, cfg.dataset

@@ -1,5 +1,6 @@
-"""A rough step-time estimate before launch: the denoiser's FLOPs per step divided by a card's dense
-bf16 tensor throughput times one efficiency factor calibrated on our measured H100 runs.
+"""A rough step-time estimate before launch: a fixed overhead per step plus the denoiser's FLOPs per step
+divided by a card's dense bf16 tensor throughput times an efficiency, both fitted on every GPU run the
+project measured (H100 and H200).
 
 FLOPs come from assets/memory_tables.json (`flops`, written by tools/make_memory_tables.py --flops-only:
 torch.utils.flop_counter on the full-size model on the meta device, so matmuls, convolutions and
@@ -30,14 +31,17 @@ CARD_TFLOPS = {
 }
 REFERENCE_CARD = "RTX 4090"
 
-# Fraction of the card's dense bf16 peak our steps reach: the geometric mean of achieved/peak over the
-# measured H100 runs in bench/measured_h100.json (docs/memory.md, "Step time"; tests/test_step_time.py
-# recomputes it). Elementwise ops, norms, launch overhead and the optimizer are in it, not in the FLOPs.
-EFFICIENCY = 0.0165
-# the largest factor between the calibrated estimate and a measured point (it/s), both ways: 2.04 over the H100
-# runs; the H200 runs of bench/measured-h200-2026-11-27 (same tensor peak, a faster host for these CPU-bound
-# steps) ran 1.16–2.20× faster than the estimate
-FIT_ERROR = 2.2
+# A step = OVERHEAD_S + FLOPs / (card peak × EFFICIENCY): a fixed cost per optimizer step (kernel launches,
+# the optimizer, the data and the host's Python, which a FLOP count does not see and which dominates small
+# steps) plus the FLOPs at a fraction of the card's dense bf16 peak. Both fitted (`fit`, least squares of
+# the relative error) on every GPU measurement in the repo: bench/measured_h100.json, bench/measured_h200.json
+# and bench/measured-h200-2026-11-27 (bench/step_time_fit.py prints the fit; docs/memory.md, "Step time";
+# tests/test_step_time.py recomputes it).
+OVERHEAD_S = 0.381
+EFFICIENCY = 0.2657
+# the largest factor between the estimate and a measured point (s/step), both ways, over those runs; the
+# published consumer-card figures (SimpleTuner, Flux.1 NF4 on an RTX 4090) are within it too (docs/memory.md)
+FIT_ERROR = 3.1
 
 
 def card_for(name: str) -> str | None:
@@ -76,8 +80,29 @@ def _per_sample(line: list[float], pixels: int, smallest: int) -> float:
     return max(a + b * pixels, 0.0)
 
 
-def seconds(flops: float, tflops: float, efficiency: float = EFFICIENCY) -> float:
-    return flops / (tflops * 1e12 * efficiency)
+def seconds(flops: float, tflops: float, efficiency: float = EFFICIENCY, overhead: float = OVERHEAD_S) -> float:
+    """One step: the fixed overhead plus the FLOPs at `efficiency` of the card's peak."""
+    return overhead + flops / (tflops * 1e12 * efficiency)
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(overhead s, efficiency) of `seconds` that best fit the measured (FLOPs / peak FLOP/s, s/step) points:
+    weighted least squares of the relative error (each point's residual over its measured time), closed
+    form; the overhead is held at 0 when the free fit would make it (or the FLOP term) negative."""
+    if len(points) < 2:
+        raise ValueError("two measured points at least")
+    w = [1 / t ** 2 for _, t in points]
+    sw = sum(w)
+    sx = sum(wi * x for wi, (x, _) in zip(w, points))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, points))
+    st = sum(wi * t for wi, (_, t) in zip(w, points))
+    sxt = sum(wi * x * t for wi, (x, t) in zip(w, points))
+    det = sw * sxx - sx * sx
+    overhead = (st * sxx - sx * sxt) / det if det > 0 else -1.0
+    slope = (sw * sxt - sx * st) / det if det > 0 else 0.0
+    if overhead < 0 or slope <= 0:   # points that no positive overhead and efficiency fit: the FLOP term alone
+        return 0.0, sxx / sxt
+    return overhead, 1 / slope
 
 
 def duration(total_s: float) -> str:
@@ -102,8 +127,8 @@ class StepTime:
     def line(self) -> str:
         # every card in the table reads with "an" (an RTX…, an A100, an H100, an L40S)
         which = "" if self.detected else "reference card; "
-        text = (f"Step time ≈ {self.seconds:.2g} s on an {self.card} ({which}rough: FLOPs on the meta device, "
-                f"efficiency calibrated on H100 runs, measured points within ×{FIT_ERROR:g})")
+        text = (f"Step time ≈ {self.seconds:.2g} s on an {self.card} ({which}rough: overhead + FLOPs at an "
+                f"efficiency fitted on H100/H200 runs, measured points within ×{FIT_ERROR:g})")
         if self.steps:
             total = self.seconds * self.grad_accum * self.steps
             text += f"; {self.steps} steps ≈ {duration(total)}"
@@ -123,28 +148,25 @@ def estimate(table: dict, *, pixels: int, batch: int, full: bool, checkpointing:
     return StepTime(card, detected, seconds(flops, CARD_TFLOPS[card]), steps, max(grad_accum, 1))
 
 
-def calibrate(table_for, measured: list[dict]) -> tuple[float, list[tuple[str, float, float]]]:
-    """Efficiency = geometric mean over the measured runs of achieved/peak FLOP rate on the H100, and per
-    run (name, measured it/s, estimated it/s). `table_for(arch)` gives a family's table; a run's dict is
-    bench/measured_h100.json's case (arch, resolution, sets, it_s)."""
-    ratios, runs = [], []
-    for case in measured:
-        flops = _case_flops(table_for(case["arch"]), case)
-        ratios.append(flops * case["it_s"] / (CARD_TFLOPS["H100"] * 1e12))
-        runs.append((case, flops))
-    eff = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    return eff, [(c["name"], c["it_s"], 1 / seconds(f, CARD_TFLOPS["H100"], eff)) for c, f in runs]
+def calibrate(table_for, measured: list[dict]) -> tuple[float, float, list[tuple[str, float, float]]]:
+    """(overhead s, efficiency, per run (name, measured s/step, estimated s/step)) fitted on measured runs:
+    each a dict with arch, resolution, sets, it_s and card (bench/step_time_fit.py gathers them); `table_for(arch)`
+    gives a family's table."""
+    points = [(_case_flops(table_for(c["arch"]), c) / (CARD_TFLOPS[c["card"]] * 1e12), 1 / c["it_s"]) for c in measured]
+    overhead, eff = fit(points)
+    return overhead, eff, [(c["name"], t, overhead + x / eff) for c, (x, t) in zip(measured, points)]
 
 
-def case_it_s(table: dict, case: dict, card: str, efficiency: float = EFFICIENCY) -> float:
+def case_it_s(table: dict, case: dict, card: str) -> float:
     """The estimate's steps a second for a measured bench case (arch, resolution, sets) on a table card."""
-    return 1 / seconds(_case_flops(table, case), CARD_TFLOPS[card], efficiency)
+    return 1 / seconds(_case_flops(table, case), CARD_TFLOPS[card])
 
 
 def _case_flops(table: dict, case: dict) -> float:
     sets = case.get("sets", {})
     scale = table["vae_scale_factor"]
     side = case["resolution"] // scale
-    # the bench encodes latents every step and caches the text (bench/measured_h100.json's command)
-    return step_flops(table, pixels=side * side, batch=1, full=sets.get("network.type") == "full",
-                      checkpointing=bool(sets.get("precision.gradient_checkpointing")), latents_cached=False)
+    # the bench encodes latents every step unless the case caches them (bench/measured_h100.json's command)
+    return step_flops(table, pixels=side * side, batch=case.get("batch", 1), full=sets.get("network.type") == "full",
+                      checkpointing=bool(sets.get("precision.gradient_checkpointing")),
+                      latents_cached=bool(sets.get("dataset.cache_latents")))
