@@ -148,3 +148,19 @@ def test_make_tiny_model_offers_the_captioners(tmp_path, capsys):
     from trainer_backend.captioners import detect_kind
     assert main(["make-tiny-model", "--arch", "caption-wd14", "--out", str(tmp_path / "tagger")]) == 0
     assert detect_kind(tmp_path / "tagger").name == "wd14"
+
+
+def test_a_second_job_on_the_same_folder_is_refused_while_the_first_runs(tmp_path):
+    from trainer_backend.errors import ConfigError
+    from trainer_backend.run.run_lock import acquire
+    data = make_images(tmp_path / "data")
+    job = tmp_path / "job"
+    with acquire(job, by="caption job"):   # the first job holds the folder
+        with pytest.raises(ConfigError, match=r"^--job-dir: the caption job in .* is already running"):
+            run_caption_job(CaptionOptions(dataset=str(data), model="builtin:tiny-caption-wd14", job_dir=str(job)))
+    assert not (data / "img0.txt").exists()
+    user_folder = tmp_path / "documents"
+    user_folder.mkdir()
+    (user_folder / "letter.odt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"^--job-dir: .*documents already exists and is not a run folder"):
+        run_caption_job(CaptionOptions(dataset=str(data), model="builtin:tiny-caption-wd14", job_dir=str(user_folder)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -136,11 +137,27 @@ class CaptionJob:
     def stop_wanted(self, signals) -> bool:
         return signals.stop_requested or (self.job_dir / CONTROL_DIR / Control.STOP.value).exists()
 
+    def lock(self):
+        """The job folder's lock (run/run_lock.py: one process per folder); ConfigError naming --job-dir."""
+        from ..run.run_folder import RunFolderError
+        from ..run.run_lock import RunLocked, acquire, describe
+        try:
+            return acquire(self.job_dir, by="caption job", argv=sys.argv)
+        except RunLocked as e:
+            raise ConfigError(f"--job-dir: the caption job in {self.job_dir} is already running ({describe(e.holder)}); "
+                              f"stop it first, or choose another --job-dir") from None
+        except RunFolderError as e:   # its message names the training option: name the flag instead
+            text = str(e).split(": ", 1)[-1].replace("output.name or output.dir", "--job-dir")
+            raise ConfigError("--job-dir: " + text.replace("output.name", "--job-dir").replace("output.dir", "--job-dir")
+                              ) from None
+
     def run(self) -> int:
+        with self.lock():
+            return self._run()
+
+    def _run(self) -> int:
         from ..run.events import RunEvents, setup_logging
-        from ..run.run_folder import claim
         from ..run.stop_signals import StartupStop, StopSignals, stop_outside_the_loop
-        claim(self.job_dir)
         (self.job_dir / CONTROL_DIR / Control.STOP.value).unlink(missing_ok=True)   # an earlier Stop's mark
         setup_logging(self.job_dir, True)
         events = RunEvents(self.job_dir, tensorboard=False)
