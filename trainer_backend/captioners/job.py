@@ -41,7 +41,7 @@ HUB_FILES = {"tagger": ["model.onnx", "selected_tags.csv", "*.json"],   # not th
 
 def resolve_model(spec: str) -> Path:
     """--model as a folder: builtin:tiny-caption-<kind>, a local folder, or a hub id (downloaded into
-    the Hugging Face cache by model_sources, progress lines in the log; later starts read the cache)."""
+    the Hugging Face cache by model_sources, progress lines on stderr; later starts read the cache)."""
     from .tiny import resolve_builtin
     builtin = resolve_builtin(spec)
     if builtin is not None:
@@ -53,16 +53,15 @@ def resolve_model(spec: str) -> Path:
         raise ConfigError(f"--model: {spec} is a file; a captioner is a folder (config.json and weights, or "
                           f"model.onnx and selected_tags.csv)")
     try:
-        from ..model_sources import parse_hub_spec
+        from ..model_sources import parse_hub_spec, printer
         from ..model_sources import resolve_model as from_hub
-        from ..model_sources.progress import logged
     except ImportError:
         raise ConfigError(f"--model: {spec} is not a folder (hub downloads are not available here)") from None
     if parse_hub_spec(spec) is None:
         raise ConfigError(f"--model: {spec} is neither a folder nor a hub repo id (org/name or org/name@revision)")
-    first = from_hub(spec, allow_patterns=HUB_FIRST, progress=logged(LOG), key="--model", kind="files")
+    first = from_hub(spec, allow_patterns=HUB_FIRST, progress=printer(), key="--model", kind="files")
     files = HUB_FILES["tagger" if (Path(first) / "selected_tags.csv").is_file() else "transformers"]
-    return Path(from_hub(spec, allow_patterns=files, progress=logged(LOG), key="--model", kind="files"))
+    return Path(from_hub(spec, allow_patterns=files, progress=printer(), key="--model", kind="files"))
 
 
 def check_options(options: CaptionOptions, kind: CaptionerKind) -> str:
