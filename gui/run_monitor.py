@@ -41,6 +41,22 @@ def clean_log(text: str) -> list[str]:
     return lines
 
 
+LOG_RECORD = re.compile(r"^\d\d:\d\d:\d\d (\w+) ")   # train.log's "%H:%M:%S LEVEL message"
+
+
+def without_debug(lines: list[str]) -> list[str]:
+    """train.log without its DEBUG records (known-harmless library warnings, run/library_noise.py) and
+    their continuation lines; Download full log keeps them."""
+    kept, hiding = [], False
+    for line in lines:
+        record = LOG_RECORD.match(line)
+        if record:
+            hiding = record.group(1) == "DEBUG"
+        if not hiding:
+            kept.append(line)
+    return kept
+
+
 def log_tail(run_dir: Path, max_lines: int = LOG_LINES, with_console: bool = False) -> str:
     """The last lines of the log; `with_console` appends the end of console.log when the main
     log is train.log (after a crash: tracebacks and warnings that bypassed logging)."""
@@ -62,6 +78,8 @@ def _tail_lines(path: Path, max_lines: int) -> str:
     lines = clean_log(data)
     if size > LOG_BYTES:
         lines = lines[1:]  # the first line was cut in the middle
+    if path.name == LOG_FILE:
+        lines = without_debug(lines)
     if lines and not lines[-1]:
         lines = lines[:-1]
     return "\n".join(lines[-max_lines:])

@@ -193,6 +193,8 @@ def _train(cfg) -> int:
 
 
 def _train_locked(cfg) -> int:
+    from .training.optional_backends import hold_back_unused
+    hold_back_unused(cfg)  # before diffusers/transformers import torchao/bitsandbytes for nothing
     from .training.loop import TrainingDiverged, train
     try:
         return train(cfg)

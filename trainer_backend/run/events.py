@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .contract import EVENTS_FILE, LOG_FILE, TENSORBOARD_DIR, Event
+from . import library_noise
 
 LOG = logging.getLogger("trainer")
 
@@ -133,10 +134,12 @@ def setup_logging(run_dir: Path | None, main_process: bool) -> None:
     console.setFormatter(fmt)
     console.setLevel(logging.INFO if main_process else logging.WARNING)
     root.addHandler(console)
+    file_handler = None
     if main_process and run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         file_handler = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
         file_handler.setFormatter(fmt)
         root.addHandler(file_handler)
+    library_noise.install(console, file_handler)   # known-harmless library warnings: train.log's DEBUG only
     for noisy in ("PIL", "urllib3", "filelock", "matplotlib", "h5py"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

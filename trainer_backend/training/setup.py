@@ -15,6 +15,7 @@ import torch
 from ..config import TrainConfig, save_toml, to_dict
 from ..run.contract import COMMAND_FILE, CONFIG_FILE, CONTROL_DIR, Control
 from ..run.events import RunEvents, setup_logging
+from ..run.library_noise import route_library_loggers
 
 LOG = logging.getLogger("trainer")
 WEIGHT_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -50,6 +51,7 @@ def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Ru
         from ..run.run_folder import claim
         claim(run_dir)  # a new folder or already a run's (ConfigError otherwise); writes the run marker
     setup_logging(run_dir, main)
+    route_library_loggers()   # transformers'/diffusers' warnings into train.log, the harmless ones at DEBUG
     if main:
         save_toml(to_dict(cfg), run_dir / CONFIG_FILE)
         if not (run_dir / COMMAND_FILE).exists():  # the GUI/launcher writes the outer argv itself
