@@ -88,6 +88,10 @@ def test_a_captioner_that_cannot_write_the_target_is_one_line_naming_the_flag(tm
     assert code == 2 and err[-1].startswith("error: --target natural:")
     code = main(["caption", "--dataset", str(tmp_path / "missing"), "--model", "builtin:tiny-caption-wd14"])
     assert code == 2 and "--dataset" in capsys.readouterr().err
+    code = main(["caption", "--dataset", str(data), "--model", "builtin:tiny-caption-florence2", "--device", "cpu",
+                 "--quantize", "4bit", "--job-dir", str(tmp_path / "job")])
+    assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --quantize 4bit:")
+    assert not (data / "img0.txt").exists()
 
 
 def test_stop_then_a_second_start_continues_where_the_first_stopped(tmp_path):
@@ -164,3 +168,19 @@ def test_a_second_job_on_the_same_folder_is_refused_while_the_first_runs(tmp_pat
     (user_folder / "letter.odt").write_text("mine")
     with pytest.raises(ConfigError, match=r"^--job-dir: .*documents already exists and is not a run folder"):
         run_caption_job(CaptionOptions(dataset=str(data), model="builtin:tiny-caption-wd14", job_dir=str(user_folder)))
+
+
+def test_a_caption_job_runs_as_a_job_of_the_studio_queue(tmp_path):
+    from trainer_backend.captioners import queue_caption_job
+    from trainer_backend.jobqueue import JobQueue, QueueSettings
+    data = make_images(tmp_path / "data")
+    queue = JobQueue(QueueSettings(runs_dir=tmp_path / "runs", poll_s=0.1)).start()
+    try:
+        job = queue_caption_job(queue, CaptionOptions(dataset=str(data), model="builtin:tiny-caption-wd14",
+                                                      job_dir=str(tmp_path / "runs" / "caption-data")))
+        finished = queue.worker.wait(job.id, 240)
+        assert finished.status == "done", (Path(job.run_dir) / "console.log").read_text()[-2000:]
+    finally:
+        queue.close()
+    assert (data / "img0.txt").read_text() and (data / "img1.txt").read_text() == HAND_WRITTEN
+    assert caption_progress(Path(job.run_dir)).state == "done"

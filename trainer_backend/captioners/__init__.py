@@ -4,16 +4,18 @@ undoable entry of the dataset's workbench journal. docs/dataset.md, "Captioning"
 
     python -m trainer_backend caption --dataset FOLDER --model ID_OR_PATH [options]
     start_caption_job(CaptionOptions(...)) / caption_progress(job_dir) / stop_caption_job(job_dir)
+    queue_caption_job(job_queue, CaptionOptions(...))   (a job of the studio's queue)
 
 This face imports no torch (the studio imports it); the models load in the job's process."""
 from __future__ import annotations
 
 from .kinds import KIND_NAMES, KINDS, TINY_ARCHS, CaptionerKind, detect_kind
 from .options import CaptionOptions
-from .process import CaptionProgress, caption_argv, caption_progress, start_caption_job, stop_caption_job
+from .process import (CaptionProgress, caption_argv, caption_progress, queue_caption_job, start_caption_job,
+                      stop_caption_job)
 
 __all__ = ["KINDS", "KIND_NAMES", "TINY_ARCHS", "CaptionOptions", "CaptionProgress", "CaptionerKind",
-           "build_tiny_captioner", "caption_argv", "caption_progress", "detect_kind", "run_caption_job",
+           "build_tiny_captioner", "caption_argv", "caption_progress", "detect_kind", "queue_caption_job", "run_caption_job",
            "start_caption_job", "stop_caption_job"]
 
 

@@ -30,11 +30,24 @@ def caption_argv(options: CaptionOptions, python: str = "") -> list[str]:
     return [python or sys.executable, "-m", "trainer_backend", "caption", *to_argv(options)]
 
 
+def absolute(options: CaptionOptions) -> CaptionOptions:
+    """The options with absolute dataset and job folder (the job's working directory does not matter then)."""
+    return dataclasses.replace(options, dataset=str(Path(options.dataset).expanduser().resolve()),
+                               job_dir=str(options.resolved_job_dir().resolve()))
+
+
+def queue_caption_job(queue, options: CaptionOptions, gpus: int = 1, priority: int = 0, front: bool = False):
+    """The job as a job of the studio's queue (trainer_backend.jobqueue.JobQueue): it waits for a free slot,
+    runs under that slot's CUDA_VISIBLE_DEVICES and the folder's lock, Stop and progress as any queue job."""
+    options = absolute(options)
+    job_dir = Path(options.job_dir)
+    return queue.submit_command(job_dir.name, caption_argv(options), gpus=gpus, priority=priority, front=front,
+                                run_dir=job_dir)
+
+
 def start_caption_job(options: CaptionOptions, env: dict[str, str] | None = None, python: str = "") -> Path:
-    """Start the job in its own session (a studio restart leaves it running); returns its folder.
-    Paths are made absolute first, so the job's working directory does not matter."""
-    options = dataclasses.replace(options, dataset=str(Path(options.dataset).expanduser().resolve()),
-                                  job_dir=str(options.resolved_job_dir().resolve()))
+    """Start the job in its own session (a studio restart leaves it running); returns its folder."""
+    options = absolute(options)
     job_dir = Path(options.job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / CONTROL_DIR / Control.STOP.value).unlink(missing_ok=True)
