@@ -1,4 +1,4 @@
-"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset|caption.
+"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset|caption|download.
 
 Exit codes: 0 ok, 1 error, 2 bad config or input (one line on stderr naming the key or
 file), 75 stopped with state saved (see exitcodes.py).
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .workbench.cli import add_parser as add_dataset_parser
     add_dataset_parser(sub)   # dataset check|edit|undo|index (the workbench)
     add_caption_parser(sub)
+    from .model_sources.cli import add_parser as add_download
+    add_download(sub)
     return parser
 
 
@@ -89,6 +91,9 @@ def _checked(args) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.command == "download":
+        from .model_sources.cli import run as download
+        return download(args)
     if args.command == "caption":
         from .captioners.cli import run as caption
         return caption(args)
@@ -136,11 +141,15 @@ def _dispatch(args) -> int:
         from .launch.memory_advice import memory_lines, memory_report
         arch = _plan_arch(cfg)
         column = plan.multi if plan.num_processes > 1 else plan.single  # the run's optimizer steps
+        from .model_sources import plan_lines
+        downloads = plan_lines(cfg)  # hub models: the download size and the free space
         if args.json:
-            print(json.dumps({**plan.to_dict(), "memory": memory_report(cfg, arch, scan.buckets,
+            print(json.dumps({**plan.to_dict(), "downloads": downloads, "memory": memory_report(cfg, arch, scan.buckets,
                                                                         steps=column.total_steps)}, indent=1))
         else:
             print(format_plan_table(plan))
+            for line in ["", *downloads] if downloads else []:
+                print(line)
             print("\n".join(["", *memory_lines(cfg, arch, scan.buckets, steps=column.total_steps)]))
         return exitcodes.OK
     if args.command == "launch":

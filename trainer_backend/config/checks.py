@@ -20,12 +20,16 @@ def _dataset_path(cfg: TrainConfig) -> Iterator[Problem]:
 
 
 def _model_paths(cfg: TrainConfig) -> Iterator[Problem]:
+    from ..model_sources import hub_problems, hub_spec  # hub repo ids download when the run starts
     if not cfg.model.path:
-        yield Problem("model.path", "required (a diffusers folder, a .safetensors file, or builtin:tiny-sd1)")
-    elif not cfg.model.path.startswith(BUILTIN_PREFIX) and not Path(cfg.model.path).exists():
+        yield Problem("model.path", "required (a diffusers folder, a .safetensors file, a hub repo org/name, or "
+                                    "builtin:tiny-sd1)")
+    elif (not cfg.model.path.startswith(BUILTIN_PREFIX) and not Path(cfg.model.path).exists()
+          and hub_spec(cfg.model.path) is None):
         yield Problem("model.path", f"{cfg.model.path} does not exist")
-    if cfg.model.vae and not Path(cfg.model.vae).exists():
+    if cfg.model.vae and not Path(cfg.model.vae).exists() and hub_spec(cfg.model.vae) is None:
         yield Problem("model.vae", f"{cfg.model.vae} does not exist")
+    yield from (Problem(key, message) for key, message in hub_problems(cfg))
 
 
 def _run_folder(cfg: TrainConfig) -> Iterator[Problem]:

@@ -43,9 +43,20 @@ class Output(Section):
 class Model(Section):
     """The base model."""
     TAB: ClassVar[str] = "Model"
-    path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, or builtin:tiny-<family> "
-                      "(" + ", ".join(f"builtin:{n}" for n in BUILTIN_TINY) + ").", widget="path",
+    path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, a Hugging Face hub repo "
+                      "(org/name, org/name@revision, or one file: org/name/file.safetensors; downloaded once into "
+                      "the Hugging Face cache, docs/models.md), or builtin:tiny-<family> "
+                      "(" + ", ".join(f"builtin:{n}" for n in BUILTIN_TINY) + "). Every other model file field "
+                      "takes a hub repo or file too.", widget="path",
                       resume="ignored")
+    hub_download: bool = F(True, "Download hub repos named in the model fields that are not in the Hugging Face "
+                                 "cache yet. Off = offline: hub ids come from the cache only and local paths "
+                                 "work as always (HF_HUB_OFFLINE=1 does the same).", advanced=True,
+                           resume="ignored")
+    hub_token_name: str = F("HF_TOKEN", "Name of the secret (environment variable, the studio's Secrets panel or "
+                                        "a cloud.secrets_file line) holding a Hugging Face token, for gated and "
+                                        "private repos; the value never enters the config or the logs.",
+                            advanced=True, pattern=r"^([A-Za-z_][A-Za-z0-9_.-]*)?$", resume="ignored")
     arch: Literal[ARCH_CHOICES] = F("auto", "Model family; auto detects it from the model.", resume="unsafe:arch")
     vae: str = F("", "Optional VAE to use instead of the model's own (diffusers folder or file).",
                  widget="path", advanced=True, resume="ignored")

@@ -12,7 +12,7 @@ from .registry import BUILTIN_TINY, FAMILY_NAMES, all_families, get_family
 
 __all__ = ["FAMILY_NAMES", "get_family", "all_families", "detect_family", "load_model", "load_configured",
            "build_tiny_model",
-           "resolve_model_path", "build_pipeline"]
+           "resolve_model_path", "build_pipeline", "repo_files"]
 
 
 from .builtin import resolve_model_path  # noqa: E402  (builtin:tiny-<family> paths)
@@ -62,6 +62,14 @@ def detect_family(path: str):
     labels = ", ".join(f.label for f in all_families())
     raise ConfigError(f"model.path: {src} is not a checkpoint of a supported family ({labels}) in the "
                       "original key layout")
+
+
+def repo_files(probe_folder: Path, files: list[str]) -> tuple[list[str], str]:
+    """The files of a hub pipeline repo its family loads, and the family's name: the family is detected from
+    the repo's small files already in `probe_folder` (model_index.json and the components' config.json)."""
+    family = detect_family(str(probe_folder))
+    index = json.loads((Path(probe_folder) / "model_index.json").read_text(encoding="utf-8"))
+    return family.hub_files(files, index), family.name
 
 
 def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: str = "auto", tokenizer: str = "",

@@ -130,6 +130,12 @@ class Family:
         """A tiny random model of this family as a diffusers folder (tests, the demo)."""
         raise NotImplementedError
 
+    def hub_files(self, files: list[str], index: dict) -> list[str]:
+        """Of a hub repo's files (a pipeline repo: its model_index.json is `index`), those `load` reads:
+        by default each listed component's folder with one weight variant and format (families/hub_files.py)."""
+        from .hub_files import pipeline_files
+        return pipeline_files(files, index)
+
     def meta_denoiser(self):
         """The full-size denoiser built on the meta device (no weights): key-set checks."""
         raise NotImplementedError

@@ -61,6 +61,7 @@ class Event(str, Enum):
     CHECKPOINT = "checkpoint"      # a complete checkpoint folder
     EXPORT = "export"              # an intermediate output file
     UPLOAD = "upload"              # the cloud uploader's progress (status: started, done, failed, …)
+    DOWNLOAD = "download"          # a hub model's download (model_sources/progress.py DownloadStatus)
     DONE = "done"                  # finished: the outputs
     STOPPED = "stopped"            # stopped on request, state saved
     PREEMPTED = "preempted"        # stopped by a signal (spot instance), state saved
@@ -86,6 +87,8 @@ FIELDS: dict[Event, tuple[str, ...] | None] = {
     Event.EXPORT: ("step", "path"),
     Event.UPLOAD: ("status", "what", "step", "url", "bytes", "queued", "seconds", "attempts", "retry_in_s",
                    "error", "message", "pending"),
+    Event.DOWNLOAD: ("repo", "status", "file", "bytes", "total", "file_bytes", "file_total", "files_done",
+                     "files_total", "speed", "eta_s"),
     Event.DONE: ("step", "outputs", "elapsed_s"),
     Event.STOPPED: ("step", "epoch", "outside_training"),
     Event.PREEMPTED: ("step", "epoch", "outside_training"),

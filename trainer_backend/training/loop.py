@@ -51,7 +51,7 @@ def train(cfg: TrainConfig) -> int:
     set_seed(cfg.schedule.seed)
     run = open_run(cfg, accelerator)
     start_tracking(cfg, accelerator, run)  # W&B (logging.tracker): follows the run's events
-    model = load_base_model(cfg, accelerator)  # LoadedModel: model.family knows what its parts mean
+    model = load_base_model(cfg, accelerator, run.events)  # LoadedModel: model.family knows what its parts mean
     weight_dtype = place_encoders(model, cfg, accelerator)  # the denoiser waits for the cache pass
     cfg = prepare_class_images(cfg, model, accelerator, run, weight_dtype,  # DreamBooth: generate missing ones
                                place_denoiser=lambda: place_denoiser(model, cfg, accelerator))

@@ -63,9 +63,14 @@ def open_run(cfg: TrainConfig, accelerator, argv: list[str] | None = None) -> Ru
     return Run(cfg=cfg, dir=run_dir, events=events, is_main=main, started=time.time())
 
 
-def load_base_model(cfg: TrainConfig, accelerator):
+def load_base_model(cfg: TrainConfig, accelerator, events: RunEvents | None = None):
     from ..methods import load_method_model
+    from ..model_sources import resolve_config_models
     with accelerator.main_process_first(), _without_zero3_init(accelerator):  # builtin: built once, by rank 0
+        # hub ids -> the Hugging Face cache: rank 0 downloads (progress in events and the log), the others
+        # then find the files cached
+        main = accelerator.is_main_process
+        resolve_config_models(cfg, emit=events.emit if events is not None and main else None, show=main)
         return load_method_model(cfg)
 
 

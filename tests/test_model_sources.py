@@ -1,0 +1,174 @@
+"""Hub model ids: parsing (property tests), the family's choice of files, and downloads from a real
+loopback server speaking the hub's protocol (tests/hub_server.py): the tiny model fetched once and then
+used offline, gated repos, 404, a stalled server, a truncated file, a stopped download resumed."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from hub_server import HubServer, point_client_at
+from trainer_backend.errors import ConfigError
+from trainer_backend.families.hub_files import pipeline_files, plain_files, tokenizer_files
+from trainer_backend.model_sources import HubSpec, hub_spec, parse_hub_spec, resolve_model
+from trainer_backend.model_sources.progress import Meter, status_line, DownloadStatus
+
+part = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9_-]{0,10}[A-Za-z0-9])?", fullmatch=True)
+revision = st.one_of(st.just("main"), st.from_regex(r"[0-9a-f]{40}", fullmatch=True),
+                     st.from_regex(r"v[0-9]\.[0-9]", fullmatch=True))
+
+
+@given(part, part, revision, st.sampled_from(["", "model.safetensors", "sub/ae.sft"]))
+def test_a_hub_spec_reads_back_from_its_text(org, name, rev, filename):
+    spec = HubSpec(f"{org}/{name}", rev, filename)
+    assert parse_hub_spec(str(spec)) == spec
+
+
+@given(st.sampled_from(["/abs/", "./", "../", "~/", "C:\\", "builtin:", "s3://"]), part, part)
+def test_local_looking_paths_are_never_hub_ids(prefix, a, b):
+    assert parse_hub_spec(f"{prefix}{a}/{b}") is None
+
+
+def test_what_is_and_is_not_a_hub_id(tmp_path, monkeypatch):
+    assert parse_hub_spec("stabilityai/stable-diffusion-xl-base-1.0") == HubSpec(
+        "stabilityai/stable-diffusion-xl-base-1.0")
+    assert parse_hub_spec("org/name@v1.0") == HubSpec("org/name", "v1.0")
+    assert parse_hub_spec("Comfy-Org/flux1/split_files/ae.safetensors") == HubSpec(
+        "Comfy-Org/flux1", "main", "split_files/ae.safetensors")
+    for local in ("models/sdxl.safetensors", "model", "org/name/folder", "org/--x", "org/a..b", ""):
+        assert parse_hub_spec(local) is None, local
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert hub_spec("org/name") is None  # an existing local folder wins
+
+
+def test_a_pipeline_repo_gets_one_weight_copy_per_component():
+    files = ["model_index.json", "README.md", "v1-5-pruned.safetensors", "v1-5-pruned.ckpt",
+             "unet/config.json", "unet/diffusion_pytorch_model.safetensors",
+             "unet/diffusion_pytorch_model.fp16.safetensors", "unet/diffusion_pytorch_model.bin",
+             "text_encoder/config.json", "text_encoder/model.fp16.safetensors", "text_encoder/flax_model.msgpack",
+             "tokenizer/vocab.json", "tokenizer/merges.txt", "safety_checker/model.safetensors",
+             "vae/diffusion_pytorch_model.safetensors", "vae/config.json", "onnx/unet/model.onnx"]
+    index = {"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
+             "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+             "vae": ["diffusers", "AutoencoderKL"], "safety_checker": [None, None]}
+    assert pipeline_files(files, index) == [
+        "model_index.json", "text_encoder/config.json", "text_encoder/model.fp16.safetensors",
+        "tokenizer/merges.txt", "tokenizer/vocab.json", "unet/config.json",
+        "unet/diffusion_pytorch_model.safetensors", "vae/config.json", "vae/diffusion_pytorch_model.safetensors"]
+    assert plain_files(["ae.safetensors", "ae.fp16.safetensors", "sd_xl_base_1.0.safetensors", "a.png"]) == [
+        "ae.safetensors", "sd_xl_base_1.0.safetensors"]
+    assert tokenizer_files(files) == ["model_index.json", "text_encoder/config.json", "tokenizer/merges.txt",
+                                      "tokenizer/vocab.json", "unet/config.json", "vae/config.json"]
+
+
+def test_speed_and_eta_come_from_the_bytes_over_time():
+    meter = Meter(total=1000)
+    for t in range(5):
+        meter.add(100, float(t))
+    assert meter.speed() == pytest.approx(100.0) and meter.eta_s() == pytest.approx(5.0)
+    line = status_line(DownloadStatus("org/m", "downloading", "unet/w.safetensors", 500, 1000, 0, 0, 1, 3,
+                                      100.0, 5.0))
+    assert "500 B / 1.0 KB" in line and "ETA 5 s" in line and "unet/w.safetensors, 2/3" in line
+
+
+# ---- against the loopback hub
+WEIGHT = "unet/diffusion_pytorch_model.safetensors"
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch, tiny_models):
+    """The tiny SD1 model as `org/tiny-sd1` (plus copies a load never reads), a gated copy, and this
+    process pointed at the server with an empty cache."""
+    server = HubServer().start()
+    repo = server.add_folder("org/tiny-sd1", tiny_models("sd1"))
+    repo.files.update({"unet/diffusion_pytorch_model.fp16.safetensors": b"half" * 1000,
+                       "v1-5-pruned-emaonly.safetensors": b"single file" * 1000, "README.md": b"# tiny"})
+    server.add_folder("org/gated-sd1", tiny_models("sd1"), token="hf_right_token")
+    point_client_at(monkeypatch, server, tmp_path / "hf", download_timeout=0.3, chunk_size=16 * 1024)
+    yield server
+    server.stop()
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_a_hub_model_downloads_once_then_works_offline(hub, tiny_models, tmp_path, monkeypatch):
+    seen = []
+    folder = resolve_model("org/tiny-sd1", progress=seen.append)
+    assert folder.is_relative_to(tmp_path / "hf" / "hub")  # the standard cache under HF_HOME
+    source = tiny_models("sd1")
+    for f in source.rglob("*"):
+        if f.is_file():
+            assert _sha(folder / f.relative_to(source)) == _sha(f)
+    assert not (folder / "unet/diffusion_pytorch_model.fp16.safetensors").exists()
+    assert not (folder / "v1-5-pruned-emaonly.safetensors").exists() and not (folder / "README.md").exists()
+    last = seen[-1]
+    assert last.status == "done" and last.bytes == last.total > 0 and last.files_total >= 5
+    assert any(s.file == WEIGHT and s.file_bytes == s.file_total for s in seen)
+
+    before = len(hub.requests)
+    assert resolve_model("org/tiny-sd1") == folder and len(hub.requests) == before  # no network
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_model("org/tiny-sd1") == folder
+    with pytest.raises(ConfigError, match=r"^model.path: org/gated-sd1 is not \(completely\) in the Hugging Face "
+                                          r"cache and downloads are off"):
+        resolve_model("org/gated-sd1")
+
+
+def test_gated_repos_name_the_repo_the_licence_and_the_token(hub):
+    with pytest.raises(ConfigError) as e:
+        resolve_model("org/gated-sd1")
+    message = str(e.value)
+    assert message.startswith("model.path: org/gated-sd1 is a gated or private repo") and "HTTP 401" in message
+    assert f"{hub.url}/org/gated-sd1" in message and "licence" in message and "HF_TOKEN" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match="refused the token .HTTP 403"):
+        resolve_model("org/gated-sd1", token="hf_wrong_token")
+    folder = resolve_model("org/gated-sd1", token="hf_right_token")
+    assert (folder / WEIGHT).is_file()
+    assert "hf_right_token" not in json.dumps([r.__dict__ for r in hub.requests])
+
+
+def test_unknown_repos_files_and_revisions_get_one_line(hub):
+    with pytest.raises(ConfigError, match=r"^model.vae: org/nothing-here is neither a local folder or file nor a "
+                                          r"repo on the hub .*HTTP 404"):
+        resolve_model("org/nothing-here", key="model.vae")
+    with pytest.raises(ConfigError, match=r"org/tiny-sd1 has no file 'missing.safetensors'"):
+        resolve_model("org/tiny-sd1/missing.safetensors")
+    with pytest.raises(ConfigError, match=r"org/tiny-sd1 has no revision 'v9'"):
+        resolve_model("org/tiny-sd1@v9")
+
+
+def test_a_stalled_download_says_so_and_resumes_where_it_stopped(hub):
+    hub.faults.stall_after[WEIGHT] = 12 * 16384  # whole chunks of the client's (point_client_at's chunk_size)
+    with pytest.raises(ConfigError, match=r"^model.path: the hub .* stopped answering while downloading "
+                                          r"org/tiny-sd1/unet/diffusion_pytorch_model.safetensors"):
+        resolve_model("org/tiny-sd1")
+    hub.faults.stall_after.clear()
+    hub.stopping.set()  # release the stalled handlers
+    folder = resolve_model("org/tiny-sd1")
+    resumed = [r.range for r in hub.file_requests(WEIGHT)][-1]
+    assert resumed == f"bytes={12 * 16384}-"  # the second run asked only for the rest
+    assert _sha(folder / WEIGHT) == hashlib.sha256(hub.repos["org/tiny-sd1"].files[WEIGHT]).hexdigest()
+
+
+def test_a_truncated_file_is_an_error_and_a_retry_fetches_it(hub):
+    hub.faults.truncate[WEIGHT] = 1000
+    with pytest.raises(ConfigError, match=r"unet/diffusion_pytorch_model.safetensors arrived truncated"):
+        resolve_model("org/tiny-sd1")
+    hub.faults.truncate.clear()
+    folder = resolve_model("org/tiny-sd1")
+    assert _sha(folder / WEIGHT) == hashlib.sha256(hub.repos["org/tiny-sd1"].files[WEIGHT]).hexdigest()
+
+
+def test_only_the_named_file_or_patterns_are_fetched(hub):
+    path = resolve_model("org/tiny-sd1/v1-5-pruned-emaonly.safetensors", key="model.path")
+    assert path.name == "v1-5-pruned-emaonly.safetensors" and path.read_bytes() == b"single file" * 1000
+    folder = resolve_model("org/tiny-sd1", allow_patterns=["tokenizer/*"])
+    assert sorted(p.name for p in (folder / "tokenizer").iterdir())
+    assert not (folder / WEIGHT).exists()
