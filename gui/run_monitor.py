@@ -169,7 +169,29 @@ def progress_numbers(snap: Snapshot, alive: bool, started: float | None, now: fl
         eta = None
     return {"step": step, "total": total, "epoch": last.get("epoch"), "it_per_s": _number(last.get("it_per_s")),
             "loss": _number(last.get("loss")), "elapsed": (end - start) if start else None, "eta": eta,
-            "fraction": min(1.0, step / total) if total else 0.0}
+            "fraction": min(1.0, step / total) if total else 0.0,
+            "download": snap.download if alive and not snap.steps and snap.download.get("status") != "done" else {}}
+
+
+def _size(n) -> str:
+    n = _number(n) or 0.0
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def download_bits(ev: dict) -> tuple[float, list[str]]:
+    """A hub download in progress (a `download` event): the bar's fraction and its words."""
+    repo = html.escape(str(ev.get("repo", "")))
+    if ev.get("status") == "waiting":
+        return 0.0, [f"waiting for another process that is downloading <b>{repo}</b>"]
+    done, total = _number(ev.get("bytes")) or 0.0, _number(ev.get("total")) or 0.0
+    bits = [f"downloading <b>{repo}</b>: {_size(done)} / {_size(total)}", f"{_size(ev.get('speed'))}/s",
+            f"ETA {fmt_duration(_number(ev.get('eta_s')))}",
+            f"{html.escape(str(ev.get('file', '')))} ({(ev.get('files_done') or 0) + 1}/{ev.get('files_total') or '?'})"]
+    return (min(1.0, done / total) if total else 0.0), bits
 
 
 def cost_line(elapsed: float | None, eta: float | None, price_per_gpu_hour: float, gpus: int) -> str:
@@ -206,6 +228,9 @@ def progress_html(status: RunStatus, numbers: dict, cost: str = "", warnings: st
         bits.append(f"ETA {fmt_duration(numbers['eta'])}")
     if cost:
         bits.append(html.escape(cost))
+    if numbers.get("download"):  # before the first step: the base model is still downloading
+        pct, bits = download_bits(numbers["download"])
+        pct *= 100
     return (f'<div class="run-progress status-{status.status}">{warnings}'
             f'<div class="run-status" id="run-status-text">{html.escape(status.text)}</div>'
             f'<div class="bar"><div class="fill" style="width:{pct:.1f}%"></div></div>'

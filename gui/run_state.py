@@ -38,6 +38,7 @@ class Snapshot:
     class_images: dict = field(default_factory=dict)       # DreamBooth class images, once ready
     warnings: list[dict] = field(default_factory=list)     # the trainer's warnings (a LoRA with no effect, …)
     adapter_effect: dict = field(default_factory=dict)     # the end's with/without-adapter measure
+    download: dict = field(default_factory=dict)          # the last hub download event (bytes, speed, ETA, file)
     terminal: dict | None = None                          # the last done/stopped/preempted/error
     outputs: list[str] = field(default_factory=list)
     first_time: float | None = None
@@ -85,6 +86,10 @@ def _class_images(snap: Snapshot, ev: dict) -> None:
     snap.class_images = ev
 
 
+def _download(snap: Snapshot, ev: dict) -> None:
+    snap.download = ev
+
+
 def _terminal(snap: Snapshot, ev: dict) -> None:
     snap.terminal = ev
     if ev.get("event") == Event.DONE:
@@ -102,6 +107,7 @@ FOLDS = {
     Event.EXPORT: _appended_to("exports"), Event.CLASS_IMAGES: _class_images,
     Event.WARNING: _appended_to("warnings"),
     Event.ADAPTER_EFFECT: lambda snap, ev: setattr(snap, "adapter_effect", ev),
+    Event.DOWNLOAD: _download,
     **{kind: _terminal for kind in TERMINAL},
 }
 

@@ -172,3 +172,31 @@ def test_only_the_named_file_or_patterns_are_fetched(hub):
     folder = resolve_model("org/tiny-sd1", allow_patterns=["tokenizer/*"])
     assert sorted(p.name for p in (folder / "tokenizer").iterdir())
     assert not (folder / WEIGHT).exists()
+
+
+def test_the_download_command_plans_and_fails_in_one_line(hub, capsys, monkeypatch):
+    from trainer_backend.__main__ import main
+    assert main(["download", "org/gated-sd1", "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: repo: org/gated-sd1 is a gated or private repo"), err
+    monkeypatch.setenv("HF_TOKEN", "hf_right_token")
+    assert main(["download", "org/gated-sd1", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "org/gated-sd1: download" in out and "(sd1 files only" in out and "free space in" in out
+    assert WEIGHT in out and "hf_right_token" not in out
+    assert main(["download", "org/gated-sd1"]) == 0
+    assert (Path(capsys.readouterr().out.strip()) / WEIGHT).is_file()
+
+
+def test_the_run_page_shows_a_download_before_the_first_step():
+    from gui.run_monitor import progress_html, progress_numbers
+    from gui.run_state import RunStatus, fold_events
+    events = [{"event": "download", "time": 1.0, **DownloadStatus(
+        "org/big", "downloading", "unet/w.safetensors", 2_000_000_000, 5_000_000_000, 0, 0, 2, 7, 48e6, 62.0).to_dict()}]
+    numbers = progress_numbers(fold_events(events), alive=True, started=0.0, now=2.0)
+    page = progress_html(RunStatus("running", "running", True, False), numbers)
+    assert "downloading <b>org/big</b>: 2.0 GB / 5.0 GB" in page and "48.0 MB/s" in page and "ETA 1:02" in page
+    assert "unet/w.safetensors (3/7)" in page and 'style="width:40.0%"' in page
+    done = events + [{"event": "step", "time": 3.0, "step": 1, "total_steps": 10}]
+    assert "downloading" not in progress_html(RunStatus("running", "running", True, False),
+                                               progress_numbers(fold_events(done), alive=True, started=0.0))

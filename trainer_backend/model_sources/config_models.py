@@ -62,13 +62,16 @@ def hub_problems(cfg) -> Iterator[tuple[str, str]]:
 
 def resolve_config_models(cfg, emit: Callable[..., None] | None = None, show: bool = True):
     """Every hub id in cfg's [model] fields replaced (in place) by its local path, downloading what is
-    missing; progress as `download` events through `emit(kind, **fields)` and lines on stderr (train.log)."""
+    missing; progress as `download` events through `emit(kind, **fields)` and log lines (train.log)."""
+    import logging
     from . import resolve_model
-    from .progress import both, printer, to_events
+    from .progress import both, logged, to_events
     fields = config_hub_fields(cfg)
     if not fields:
         return cfg
-    progress = both(to_events(emit) if emit else None, printer() if show else None)
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):  # one INFO line per HTTP request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    progress = both(to_events(emit) if emit else None, logged(logging.getLogger(__name__)) if show else None)
     token = hub_token(cfg)
     for key, name, spec in fields:
         path = resolve_model(spec, progress=progress, key=key, token=token, kind=FIELD_KINDS.get(name, "files"),

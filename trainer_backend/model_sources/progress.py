@@ -135,9 +135,15 @@ def printer(stream: TextIO | None = None, every_s: float = 2.0) -> Progress:
     return Throttled(show, every_s)
 
 
+def logged(logger, every_s: float = 5.0) -> Progress:
+    """Progress lines through a logger (the trainer's console and train.log)."""
+    return Throttled(lambda status: logger.info("download: %s", status_line(status)), every_s)
+
+
 def to_events(emit: Callable[..., None], every_s: float = 1.0) -> Progress:
     """`download` events (the DownloadStatus fields) through a run's `emit(kind, **fields)`."""
-    return Throttled(lambda status: emit("download", **status.to_dict()), every_s)
+    from ..run.contract import Event
+    return Throttled(lambda status: emit(Event.DOWNLOAD, **status.to_dict()), every_s)
 
 
 def both(*sinks: Progress | None) -> Progress:
