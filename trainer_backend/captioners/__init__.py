@@ -24,6 +24,6 @@ def build_tiny_captioner(kind: str, out, seed: int = 0):
     return build(kind, out, seed)
 
 
-def run_caption_job(options: CaptionOptions) -> int:
+def run_caption_job(options: CaptionOptions, own_process: bool = False) -> int:
     from .job import run_caption_job as run
-    return run(options)
+    return run(options, own_process)

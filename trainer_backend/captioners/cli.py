@@ -4,6 +4,7 @@ naming the flag), 75 stopped (a second start continues)."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .options import add_arguments, from_namespace
 
@@ -24,4 +25,6 @@ def run(args: argparse.Namespace) -> int:
             from .job import run_caption_job
         except StartupStop:
             return exitcodes.STOPPED_SAVED
-    return run_caption_job(from_namespace(args))
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    own = getattr(main, "name", "") == "trainer_backend.__main__"   # `python -m trainer_backend`, not a test's main()
+    return run_caption_job(from_namespace(args), own_process=own)

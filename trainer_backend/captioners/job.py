@@ -64,6 +64,21 @@ def resolve_model(spec: str) -> Path:
     return Path(from_hub(spec, allow_patterns=files, progress=printer(), key="--model", kind="files"))
 
 
+def hold_back_unused(folder: Path, quantize: str) -> list[str]:
+    """Mark torchao (no captioner uses it) and bitsandbytes (unless --quantize or a folder saved quantized
+    asks for it) unavailable before transformers imports them: their import alone fills the log with
+    kernel warnings (as training/optional_backends.py does for a training run)."""
+    try:
+        saved_quantized = "quantization_config" in (folder / "config.json").read_text(encoding="utf-8")
+    except OSError:
+        saved_quantized = False
+    held = ["torchao"] + ([] if quantize != "none" or saved_quantized else ["bitsandbytes"])
+    held = [name for name in held if name not in sys.modules]
+    for name in held:
+        sys.modules[name] = None   # type: ignore[assignment]  # Python's marker for "not importable"
+    return held
+
+
 def check_options(options: CaptionOptions, kind: CaptionerKind) -> str:
     """The effective target; ConfigError naming the flag for options the captioner cannot honour."""
     target = options.target if options.target != "auto" else kind.targets[-1 if kind.name == "wd14" else 0]
@@ -136,8 +151,8 @@ def _write(dataset: Path, changes: dict[Path, str], expected: dict[Path, str | N
 
 
 class CaptionJob:
-    def __init__(self, options: CaptionOptions):
-        self.options = options
+    def __init__(self, options: CaptionOptions, own_process: bool = False):
+        self.options, self.own_process = options, own_process
         self.dataset = Path(options.dataset).expanduser().resolve()
         self.job_dir = options.resolved_job_dir().resolve()
         if not self.dataset.is_dir():
@@ -218,6 +233,8 @@ class CaptionJob:
         options = self.options
         folder = resolve_model(options.model)
         kind = detect_kind(folder)
+        if self.own_process:   # never in a caller's process (tests, the bench), which may need them later
+            hold_back_unused(folder, options.quantize)
         target = check_options(options, kind)
         LOG.info("loading %s (%s) from %s", options.model, kind.label, folder)
         return Captioner(folder, kind, options, target), target
@@ -228,7 +245,7 @@ class CaptionJob:
             return self._preview(captioner, pending, target)
         label = f"captions: {options.model} ({self.job_dir.name})"
         events.emit(Event.START, step=already, total_steps=total)
-        started, done_now, written_files = time.monotonic(), 0, 0
+        started, done_now, written_files, unreadable = time.monotonic(), 0, 0, 0
         for first in range(0, len(pending), options.batch_size):
             if self.stop_wanted(signals):
                 user = (self.job_dir / CONTROL_DIR / Control.STOP.value).exists() or not signals.stop_requested
@@ -256,6 +273,7 @@ class CaptionJob:
             append_ledger(self.job_dir, kept)
             written_files += sum(1 for r in kept if r["entry"])
             done_now += len(batch)
+            unreadable += len(batch) - len(items)
             rate = done_now / max(time.monotonic() - started, 1e-6)
             events.emit(Event.STEP, step=already + done_now, total_steps=total, it_per_s=round(rate, 3),
                         eta_s=round((len(pending) - done_now) / rate, 1))
@@ -263,7 +281,8 @@ class CaptionJob:
                 LOG.info("%s: %s", r["image"], r["caption"] if r["caption"] is not None else "(kept as it was)")
         elapsed = time.monotonic() - started
         events.emit(Event.DONE, step=total, outputs=[], elapsed_s=round(elapsed, 2))
-        LOG.info("captioned %d images (%d caption files written) in %.1f s", done_now, written_files, elapsed)
+        LOG.info("went through %d images in %.1f s: %d caption files written, %d images unreadable (skipped)",
+                 done_now, elapsed, written_files, unreadable)
         return exitcodes.OK
 
     def _preview(self, captioner: Captioner, pending: list[WorkItem], target: str) -> int:
@@ -279,5 +298,6 @@ class CaptionJob:
         return exitcodes.OK
 
 
-def run_caption_job(options: CaptionOptions) -> int:
-    return CaptionJob(options).run()
+def run_caption_job(options: CaptionOptions, own_process: bool = False) -> int:
+    """Run the job in this process; `own_process`: this process exists for the job (the CLI)."""
+    return CaptionJob(options, own_process).run()
