@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="runs", help="folder of run directories (default ./runs)")
     p.add_argument("--allow-output-dir", action="append", default=[], metavar="DIR",
                    help="a folder (besides --runs-dir) that runs started from the studio may write into; repeatable")
+    p.add_argument("--datasets-dir", default="datasets", help="folder of datasets for the Datasets page (default ./datasets)")
+    p.add_argument("--allow-dataset-dir", action="append", default=[], metavar="DIR",
+                   help="a folder (besides --datasets-dir) the Datasets page may open and import from; repeatable")
     p.add_argument("--presets-dir", default="", help="folder of user presets (default presets/user/)")
     p.add_argument("--preset", default="demo-sd1-lora", help="preset loaded when the page opens")
     p.add_argument("--stop-timeout", type=float, default=120.0,
@@ -83,9 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     from gui.studio import CSS, TITLE, build_app
     from gui.system_monitor import gpu_count
 
+    datasets_dir = Path(args.datasets_dir).expanduser().resolve()
+    datasets_dir.mkdir(parents=True, exist_ok=True)
+    dataset_roots = [Path(d).expanduser().resolve() for d in args.allow_dataset_dir]
     settings = Settings(runs_dir=runs_dir, presets_dir=Path(args.presets_dir).expanduser() if args.presets_dir
                         else None, initial_preset=args.preset, stop_timeout_s=args.stop_timeout,
-                        allowed_output_dirs=[Path(d).expanduser() for d in args.allow_output_dir])
+                        allowed_output_dirs=[Path(d).expanduser() for d in args.allow_output_dir],
+                        datasets_dir=datasets_dir, dataset_roots=dataset_roots)
     studio = Studio.create(settings, gpu_count=gpu_count())
     app = build_app(studio)
     app.queue(default_concurrency_limit=4)
@@ -93,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{TITLE}: http://{'127.0.0.1' if host == '0.0.0.0' else host}:{args.port}{args.root_path or ''}/"
           f"  (runs in {runs_dir.resolve()})", flush=True)
     app.launch(server_name=host, server_port=args.port, auth=auth, share=args.share,
-               root_path=args.root_path or None, allowed_paths=[str(runs_dir.resolve()),
+               root_path=args.root_path or None, allowed_paths=[str(runs_dir.resolve()), str(datasets_dir),
+                                                                  *(str(d) for d in dataset_roots),
                                                                   *(str(Path(d).expanduser().resolve()) for d in args.allow_output_dir)],
                inbrowser=args.inbrowser, css=CSS, theme="soft", show_error=True, quiet=True,
                footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share), "routes": api_routes(queue)},

@@ -27,6 +27,8 @@ class Settings:
     refresh_s: float = 1.5
     idle_refresh_s: float = 10.0    # the Run page while no run is live: each tick costs the browser ~1 CPU-s
     allowed_output_dirs: list[Path] = field(default_factory=list)   # besides runs_dir (--allow-output-dir)
+    datasets_dir: Path = Path("datasets")                            # the Datasets page's folder (--datasets-dir)
+    dataset_roots: list[Path] = field(default_factory=list)          # other folders it may open (--allow-dataset-dir)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from trainer_backend.config import ConfigError, from_dict
 
 from gui.shared_state import Studio, overlay
 from gui.form_draft import FormDraft
+from gui.datasets_page import KEYS_JS, build_datasets_page
 from gui.preset_panel import build_preset_panel, wire_preset_panel
 from gui.run_control import StartRefused
 from gui.run_page import build_run_page
@@ -76,7 +77,11 @@ def build_app(studio: Studio) -> gr.Blocks:
             with gr.Tab("Runs", id="runs", elem_id="page-runs") as runs_tab:
                 runs_timer = build_runs_page(studio, page.form, after_load, main_tabs, page.secret_boxes,
                                              runs_tab)
-        tick_only_while_shown([(training_tab, None), (run_tab, run_timer), (runs_tab, runs_timer)])
+            with gr.Tab("Datasets", id="datasets", elem_id="page-datasets") as datasets_tab:
+                datasets_timer, _ = build_datasets_page(studio, page.form, after_load, main_tabs, datasets_tab)
+        tick_only_while_shown([(training_tab, None), (run_tab, run_timer), (runs_tab, runs_timer),
+                               (datasets_tab, datasets_timer)])
+        app.load(None, js=KEYS_JS)   # the caption editor's keys (gui/datasets_page.py)
         wire_preset_panel(panel, studio, page.form, after_load)
         # a reload keeps the form: the draft in the browser is restored, then the form is refreshed
         draft.wire(app, page.form, after_load)

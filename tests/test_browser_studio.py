@@ -58,7 +58,8 @@ class Server:
         self.url = f"http://127.0.0.1:{port}/"
         log = open(self.tmp / f"app-{port}.log", "w")
         self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--runs-dir", str(self.runs),
-                                      "--presets-dir", str(self.presets), "--stop-timeout", "60", *self.extra_args],
+                                      "--presets-dir", str(self.presets), "--datasets-dir", str(self.tmp / "datasets"),
+                                      "--stop-timeout", "60", *self.extra_args],
                                      cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                      # the trainer it starts inherits this: one compute thread, so the
                                      # browser and the server keep a core of a 2-core CI machine

@@ -192,7 +192,7 @@ def test_no_event_of_the_server_reads_the_whole_form(studio):
     patch_id = by_elem["form-patch"]
     deps = config["dependencies"]
     setters = [d for d in deps if patch_id in d["outputs"]]
-    assert len(setters) == 5
+    assert len(setters) == 6   # ... and the Datasets page's "Train on this dataset"
     for setter in setters:
         assert setter["outputs"][:len(field_ids)] == field_ids and values_id in setter["inputs"]
         (merge,) = [d for d in deps if d.get("trigger_after") == setter["id"]]
@@ -210,12 +210,14 @@ def test_only_the_shown_page_ticks_and_an_idle_run_page_ticks_slowly(studio, liv
     app = build_app(studio)
     timers = sorted((b for b in app.blocks.values() if isinstance(b, gr.Timer) and b.value < 5),
                     key=lambda t: t.value)
-    run_timer, runs_timer = timers                   # refresh_s, 2 × refresh_s
-    assert not run_timer.active and not runs_timer.active   # the page opens on Training
+    run_timer, runs_timer, datasets_timer = timers   # refresh_s, 2 × refresh_s, the Datasets page's 4 s
+    assert not run_timer.active and not runs_timer.active and not datasets_timer.active  # the page opens on Training
     tab_ids = {b._id: b.id for b in app.blocks.values() if isinstance(b, gr.Tab)}
     switched = {tab_ids[f.targets[0][0]]: [u.constructor_args["active"] for u in f.fn()]
-                for f in app.fns.values() if f.outputs == [run_timer, runs_timer] and f.targets[0][1] == "select"}
-    assert switched == {"training": [False, False], "run": [True, False], "runs": [False, True]}
+                for f in app.fns.values() if f.outputs == [run_timer, runs_timer, datasets_timer]
+                and f.targets[0][1] == "select"}
+    assert switched == {"training": [False, False, False], "run": [True, False, False],
+                        "runs": [False, True, False], "datasets": [False, False, True]}
 
     (runs_tick,) = [f for f in app.fns.values() if f.targets == [(runs_timer._id, "tick")]]
     assert runs_tick.fn(None, {})[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # none listed

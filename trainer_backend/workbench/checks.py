@@ -22,7 +22,8 @@ from ..data.buckets import Crop, Size, assign_bucket, bucket_name, bucket_spec, 
 from ..data.captions import read_caption, split_tags
 
 FLAG_KINDS = ("unreadable", "too_small", "extreme_aspect", "crop_cuts", "exif_rotated", "cmyk", "alpha",
-              "sixteen_bit", "palette", "animated", "duplicate", "near_duplicate", "uncaptioned", "caption")
+              "sixteen_bit", "palette", "animated", "duplicate", "near_duplicate", "uncaptioned", "caption",
+              "control_missing", "control_size")
 KEPT_AT_LEAST = 2 / 3      # a crop that cuts away more than a third is flagged
 
 
@@ -174,3 +175,32 @@ def report(folder: Path, items: list[dict], groups: list[dict]) -> dict:
 
 def settings_dict(settings: CheckSettings) -> dict:
     return asdict(settings)
+
+
+def pair_flags(folder: Path, control_root: Path, records: list[dict]) -> dict[str, dict[str, str]]:
+    """Edit pairs (data/pairs.py's matching): path -> {"control_missing" | "control_size": message} and
+    `controls`: the control images' paths, for every image of the folder."""
+    from types import SimpleNamespace
+
+    from ..data.images import probe
+    from ..data.pairs import control_index, controls_of, highest_numbers
+    index = control_index(Path(control_root), [])
+    highest = highest_numbers(index)
+    out: dict[str, dict] = {}
+    for r in records:
+        controls = controls_of(Path(folder) / r["path"], SimpleNamespace(root=Path(folder)), index, highest)
+        entry: dict = {"controls": [str(c) for c in controls]}
+        if not controls:
+            entry["control_missing"] = "no control image (the trainer skips this image)"
+        elif "width" in r:
+            for c in controls:
+                try:
+                    info = probe(c, 10**9)
+                except Exception as e:
+                    entry["control_missing"] = f"control image {c.name} unreadable ({e})"
+                    break
+                if (info.width, info.height) != (r["width"], r["height"]):
+                    entry["control_size"] = (f"control {c.name} is {info.width}×{info.height}, the image "
+                                             f"{r['width']}×{r['height']} (centre-cropped and resized to match)")
+        out[r["path"]] = entry
+    return out

@@ -128,7 +128,7 @@ def read_index(cache: Path, folder: Path) -> dict[str, dict]:
     return out
 
 
-def _is_current(record: dict | None, path: Path) -> bool:
+def is_current(record: dict | None, path: Path) -> bool:
     try:
         st = path.stat()
     except OSError:
@@ -156,7 +156,7 @@ def build_index(folder: Path, cache: Path | None, *, workers: int | None = None,
     todo = []
     for path in images:
         rel = path.relative_to(folder).as_posix()
-        if _is_current(known.get(rel), path):
+        if is_current(known.get(rel), path):
             records[rel] = known[rel]
         else:
             todo.append((path, folder, cache, max_pixels))

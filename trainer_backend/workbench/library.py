@@ -297,3 +297,46 @@ def delete_dataset(folder: Path) -> None:
         raise LibraryError(f"{folder.name}: holds files the studio did not bring in ({', '.join(sorted(foreign)[:3])}"
                            f"{' …' if len(foreign) > 3 else ''}); nothing was deleted")
     shutil.rmtree(folder)
+
+
+EXCLUDED_DIR = "excluded"
+
+
+def exclude(dataset: Path, image_rel: str) -> Path:
+    """Take one image (and its captions) out of the training set without deleting it: it moves to
+    `.workbench/excluded/` (a dot folder the trainer never reads); `restore` brings it back."""
+    dataset = Path(dataset)
+    source = dataset / image_rel
+    if not source.is_file() or not within(source, [dataset]) or WORKBENCH_DIR in Path(image_rel).parts:
+        raise LibraryError(f"{image_rel}: not an image of {dataset.name}")
+    target = dataset / WORKBENCH_DIR / EXCLUDED_DIR / image_rel
+    if target.exists():
+        raise LibraryError(f"{image_rel}: an excluded image of that name exists; restore it first")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for ext in CAPTION_EXTENSIONS:
+        if source.with_suffix(ext).is_file():
+            os.replace(source.with_suffix(ext), target.with_suffix(ext))
+    os.replace(source, target)
+    return target
+
+
+def excluded(dataset: Path) -> list[str]:
+    root = Path(dataset) / WORKBENCH_DIR / EXCLUDED_DIR
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                  if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS) if root.is_dir() else []
+
+
+def restore(dataset: Path, image_rel: str) -> Path:
+    dataset = Path(dataset)
+    source = dataset / WORKBENCH_DIR / EXCLUDED_DIR / image_rel
+    target = dataset / image_rel
+    if not source.is_file() or ".." in Path(image_rel).parts:
+        raise LibraryError(f"{image_rel}: not an excluded image of {dataset.name}")
+    if target.exists():
+        raise LibraryError(f"{image_rel}: a file of that name is back in the dataset; rename it first")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for ext in CAPTION_EXTENSIONS:
+        if source.with_suffix(ext).is_file() and not target.with_suffix(ext).exists():
+            os.replace(source.with_suffix(ext), target.with_suffix(ext))
+    os.replace(source, target)
+    return target

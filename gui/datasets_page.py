@@ -1,0 +1,264 @@
+"""The Datasets page: the datasets folder, one dataset's thumbnail grid (paged, filtered), an
+image's detail with the trainer's crop drawn, the caption editor (Alt+←/→ previous/next, Ctrl+S
+save), bulk caption edits with preview and undo, tag frequencies, duplicates excluded in one click,
+and "Train on this dataset". The backend is trainer_backend.workbench (the `dataset` CLI calls the
+same functions); bringing images in and bulk edits are wired in gui/datasets_tools.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from trainer_backend.workbench import CheckSettings, EditError, JournalError, save_caption
+from trainer_backend.workbench.library import LibraryError, exclude, list_datasets, within
+
+from gui.datasets_model import FLAG_LABELS, PAGE_SIZE, Indexer, Views, detail_picture, grid_label, page_of, \
+    thumb_or_placeholder
+from gui.shared_state import Studio
+from gui.widgets import FormWidgets
+
+SETTING_KEYS = ("resolution", "bucketing", "bucket_min_side", "bucket_max_side", "bucket_step", "bucket_no_upscale",
+                "center_crop", "caption_extension")
+KEYS_JS = """() => { if (window.__datasetKeys) return; window.__datasetKeys = true;
+  document.addEventListener('keydown', (e) => {
+    const page = document.querySelector('#page-datasets');
+    if (!page || page.offsetParent === null) return;
+    const click = (id) => { const b = document.querySelector(id); if (b) { e.preventDefault(); b.click(); } };
+    if (e.altKey && e.key === 'ArrowRight') click('#ds-next');
+    else if (e.altKey && e.key === 'ArrowLeft') click('#ds-prev');
+    else if ((e.ctrlKey || e.metaKey) && e.key === 's') click('#ds-save');
+  }); }"""
+
+
+class DatasetsPage:
+    """The page's components and the studio-wide helpers its events share."""
+
+    def __init__(self, studio: Studio):
+        self.studio = studio
+        self.root = Path(studio.settings.datasets_dir)
+        self.cache = self.root / ".cache"
+        self.views = Views(self.cache)
+        self.indexer = Indexer(self.cache, studio.settings.python)
+
+    def roots(self) -> list[Path]:
+        return [self.root, *self.studio.settings.dataset_roots]
+
+    def folder_of(self, chosen: str) -> Path:
+        """A dataset name under the datasets folder, or a folder path inside the allowed roots."""
+        if not chosen:
+            raise LibraryError("choose or create a dataset first")
+        folder = Path(chosen).expanduser() if ("/" in chosen or chosen.startswith("~")) else self.root / chosen
+        if not within(folder, self.roots()):
+            raise LibraryError(f"{folder}: outside the folders the studio may open "
+                               f"({', '.join(str(r) for r in self.roots())}; add one with --allow-dataset-dir)")
+        if not folder.is_dir():
+            raise LibraryError(f"{folder}: no such folder")
+        return folder
+
+    def choices(self, extra: str = "") -> list[str]:
+        names = [d.name for d in list_datasets(self.root)] if self.root.is_dir() else []
+        return names + ([extra] if extra and extra not in names else [])
+
+    def view(self, chosen: str, settings: dict, control_root: str = ""):
+        """The dataset's view; starts the background indexer when files are not indexed yet."""
+        folder = self.folder_of(chosen)
+        view = self.views.get(folder, CheckSettings.from_values(settings), control_root)
+        if view.indexed < len(view.items):
+            self.indexer.ensure(folder)
+        return view
+
+
+def settings_from_form(form: FormWidgets, payload) -> dict:
+    """The [dataset] values of the Training form that decide buckets and crops."""
+    values = dict(zip([f.dotted for f in form.fields], form.read(payload)))
+    return {k: values[f"dataset.{k}"] for k in SETTING_KEYS if f"dataset.{k}" in values}
+
+
+def summary_markdown(view, running: bool) -> str:
+    counts = view.counts()
+    captioned = sum(1 for i in view.items if i.get("caption") is not None)
+    flagged = sum(1 for i in view.items if i["flags"])
+    head = (f"**{len(view.items)} images** · {captioned} captioned · {flagged} flagged"
+            + (f" · thumbnails {view.indexed}/{len(view.items)} (making the rest in the background)"
+               if view.indexed < len(view.items) or running else ""))
+    details = [f"{FLAG_LABELS[k]} {n}" for k, n in counts.items() if n]
+    dup = len(view.groups)
+    return head + (f"  \n{' · '.join(details)}" if details else "") + (f"  \n{dup} duplicate groups" if dup else "")
+
+
+def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main_tabs: gr.Tabs, tab: gr.Tab):
+    """The Datasets page; returns (its refresh timer, the page helper) (the timer runs while the tab is shown)."""
+    page = DatasetsPage(studio)
+    from gui.datasets_tools import build_tools
+    with gr.Row(equal_height=True):
+        chooser = gr.Dropdown(choices=page.choices(), value=None, label="Dataset", allow_custom_value=True, scale=3,
+                              elem_id="ds-choose", info=f"a dataset in {page.root}, or a folder path to open")
+        refresh = gr.Button("Refresh", elem_id="ds-refresh", scale=0, min_width=100)
+        train = gr.Button("Train on this dataset", variant="primary", elem_id="ds-train", scale=1)
+    summary = gr.Markdown("", elem_id="ds-summary")
+    message = gr.Markdown("", elem_id="ds-message")
+    settings = gr.State({})
+    state = gr.State({"indices": [], "page": 0, "selected": None, "loaded": None})
+    with gr.Row(equal_height=True):
+        flag = gr.Dropdown(choices=[("all images", ""), ("any flag", "flagged")]
+                           + [(label, kind) for kind, label in FLAG_LABELS.items()], value="", label="Show",
+                           elem_id="ds-filter", scale=2)
+        tag = gr.Textbox(label="With tag", elem_id="ds-tag", scale=2)
+        bucket = gr.Dropdown(choices=[("any bucket", "")], value="", label="Bucket", elem_id="ds-bucket", scale=1)
+        control = gr.Textbox(label="Control images folder (edit pairs)", elem_id="ds-control", scale=2)
+    with gr.Row(equal_height=True):
+        prev_page = gr.Button("◀ Page", elem_id="ds-page-prev", scale=0, min_width=90)
+        page_label = gr.Markdown("", elem_id="ds-page-label")
+        next_page = gr.Button("Page ▶", elem_id="ds-page-next", scale=0, min_width=90)
+    grid = gr.Gallery(columns=10, height=420, allow_preview=False, show_label=False, elem_id="ds-grid",
+                      object_fit="contain")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3):
+            picture = gr.Image(type="pil", interactive=False, label="The crop the trainer takes (red)",
+                               elem_id="ds-picture", height=460)
+        with gr.Column(scale=2):
+            info = gr.Markdown("Click an image.", elem_id="ds-info")
+            caption = gr.Textbox(label="Caption (Alt+←/→ previous/next, Ctrl+S save)", lines=4, elem_id="ds-caption")
+            with gr.Row():
+                prev_img = gr.Button("◀ Previous", elem_id="ds-prev")
+                save = gr.Button("Save caption", variant="primary", elem_id="ds-save")
+                next_img = gr.Button("Next ▶", elem_id="ds-next")
+            exclude_btn = gr.Button("Exclude this image (moved to .workbench/excluded)", elem_id="ds-exclude",
+                                    size="sm")
+            partner = gr.Gallery(label="Its duplicate / control images", columns=3, height=200, allow_preview=False,
+                                 elem_id="ds-partner")
+    tags_table = gr.Dataframe(headers=["tag", "images"], interactive=False, elem_id="ds-tags", max_height=260,
+                              label="Tag frequency")
+    timer = gr.Timer(4.0, active=False)   # thumbnails filling in; only while the page is shown
+
+    def grid_outputs(chosen, settings_value, state_value, flag_value, tag_value, bucket_value, control_value,
+                     page_no=None):
+        try:
+            view = page.view(chosen, settings_value, control_value)
+        except LibraryError as e:
+            return [gr.skip(), gr.skip(), f"⚠️ {e}", state_value, gr.skip(), gr.skip(), gr.skip()]
+        indices = view.filtered(flag_value, tag_value, bucket_value)
+        shown, number, pages = page_of(indices, state_value.get("page", 0) if page_no is None else page_no)
+        cells = [(thumb_or_placeholder(page.cache, view.items[i]), grid_label(view.items[i])) for i in shown]
+        new_state = dict(state_value, indices=indices, page=number, folder=str(view.folder), stamp=view.stamp)
+        buckets = gr.update(choices=[("any bucket", "")] + [(b, b) for b in view.buckets()])
+        table = pd.DataFrame(view.tags[:200], columns=["tag", "images"])
+        return [cells, summary_markdown(view, page.indexer.running(view.folder)), gr.skip(), new_state,
+                f"page {number + 1} of {pages} ({len(indices)} shown, {PAGE_SIZE} a page)", buckets, table]
+
+    grid_out = [grid, summary, message, state, page_label, bucket, tags_table]
+    filters = [chooser, settings, state, flag, tag, bucket, control]
+
+    for trigger in (chooser.change, flag.change, tag.submit, bucket.change, control.submit, refresh.click):
+        trigger(lambda *args: grid_outputs(*args, page_no=0), inputs=filters, outputs=grid_out,
+                show_progress="hidden", concurrency_id="ds-grid", concurrency_limit=1)
+
+    def on_page(step):
+        def turn(*args):
+            return grid_outputs(*args, page_no=args[2].get("page", 0) + step)
+        return turn
+    prev_page.click(on_page(-1), inputs=filters, outputs=grid_out, show_progress="hidden", concurrency_id="ds-grid")
+    next_page.click(on_page(1), inputs=filters, outputs=grid_out, show_progress="hidden", concurrency_id="ds-grid")
+
+    def on_tick(*args):
+        """While the page is shown: new thumbnails, files added or captions changed elsewhere appear."""
+        chosen, settings_value, state_value, control_value = args[0], args[1], args[2], args[6]
+        try:
+            view = page.view(chosen, settings_value, control_value)
+        except LibraryError:
+            return [gr.skip()] * len(grid_out)
+        if view.stamp == state_value.get("stamp"):
+            return [gr.skip()] * len(grid_out)
+        return grid_outputs(*args)
+    timer.tick(on_tick, inputs=filters, outputs=grid_out, show_progress="hidden", concurrency_id="ds-grid")
+
+    def show_item(chosen, settings_value, state_value, control_value, position):
+        indices = state_value.get("indices", [])
+        if not indices:
+            return [None, "No image.", "", state_value, []]
+        position = min(max(0, position), len(indices) - 1)
+        view = page.view(chosen, settings_value, control_value)
+        item = view.items[indices[position]]
+        image, text = detail_picture(view.folder, item, view.settings)
+        partners = [(thumb_or_placeholder(page.cache, other), grid_label(other)) for g in view.groups
+                    if item["path"] in g["paths"] for other in view.items if other["path"] in g["paths"]
+                    and other["path"] != item["path"]]
+        partners += [(c, f"control {Path(c).name}") for c in item.get("controls", [])]
+        new_state = dict(state_value, selected=position, loaded=item.get("caption"),
+                         page=position // PAGE_SIZE)
+        return [image, text, item.get("caption") or "", new_state, partners]
+
+    detail_out = [picture, info, caption, state, partner]
+    detail_in = [chooser, settings, state, control]
+
+    def on_select(chosen, settings_value, state_value, control_value, evt: gr.SelectData):
+        return show_item(chosen, settings_value, state_value, control_value,
+                         state_value.get("page", 0) * PAGE_SIZE + evt.index)
+    grid.select(on_select, inputs=detail_in, outputs=detail_out, show_progress="hidden")
+
+    def step_item(step):
+        def go(chosen, settings_value, state_value, control_value):
+            current = state_value.get("selected")
+            return show_item(chosen, settings_value, state_value, control_value,
+                             0 if current is None else current + step)
+        return go
+    prev_img.click(step_item(-1), inputs=detail_in, outputs=detail_out, show_progress="hidden")
+    next_img.click(step_item(1), inputs=detail_in, outputs=detail_out, show_progress="hidden")
+
+    def on_save(chosen, settings_value, state_value, control_value, text):
+        position = state_value.get("selected")
+        if position is None:
+            return "Click an image first.", state_value
+        try:
+            view = page.view(chosen, settings_value, control_value)
+            item = view.items[state_value["indices"][position]]
+            ext = CheckSettings.from_values(settings_value).caption_extension
+            entry = save_caption(view.folder, item["path"], text.strip(), state_value.get("loaded"), ext)
+        except (EditError, JournalError, LibraryError) as e:
+            return f"⚠️ {e}", state_value
+        return (f"Saved the caption of `{item['path']}`." if entry else "No change."), \
+            dict(state_value, loaded=text.strip())
+    save.click(on_save, inputs=[*detail_in, caption], outputs=[message, state], show_progress="hidden",
+               concurrency_id="ds-edit")
+
+    def on_exclude(chosen, settings_value, state_value, control_value, *filter_values):
+        position = state_value.get("selected")
+        if position is None:
+            return ["Click an image first.", *[gr.skip()] * len(grid_out)]
+        try:
+            view = page.view(chosen, settings_value, control_value)
+            rel = view.items[state_value["indices"][position]]["path"]
+            exclude(view.folder, rel)
+        except LibraryError as e:
+            return [f"⚠️ {e}", *[gr.skip()] * len(grid_out)]
+        out = grid_outputs(chosen, settings_value, dict(state_value, selected=None), *filter_values, control_value)
+        out[2] = f"Excluded `{rel}` (moved to `.workbench/excluded/`; restore it from the tools below)."
+        return [out[2], *out]
+    exclude_btn.click(on_exclude, inputs=[*detail_in, flag, tag, bucket], outputs=[message, *grid_out],
+                      show_progress="hidden", concurrency_id="ds-edit")
+
+    # the crop is the form's: its dataset settings are read whenever the page is shown
+    def on_show(payload, chosen):
+        values = settings_from_form(form, payload)
+        return values, gr.update(choices=page.choices(chosen), value=chosen)
+    tab.select(on_show, inputs=[form.values, chooser], outputs=[settings, chooser], show_progress="hidden").then(
+        lambda *args: grid_outputs(*args, page_no=0), inputs=filters, outputs=grid_out, show_progress="hidden",
+        concurrency_id="ds-grid")
+
+    def on_train(chosen, *current):
+        try:
+            folder = page.folder_of(chosen)
+        except LibraryError as e:
+            return [gr.skip()] * len(form.inputs) + [f"⚠️ {e}", gr.skip()]
+        values = [gr.skip()] * len(form.inputs)
+        for i, f in enumerate(form.fields):
+            if f.dotted == "dataset.path":
+                values[i] = str(folder.resolve())
+        return [*values, f"The Training page's dataset.path is now `{folder}`.", gr.Tabs(selected="training")]
+    ev = train.click(form.loading(on_train, at=1), inputs=[chooser, form.values],
+                     outputs=[*form.inputs, message, main_tabs, form.patch], show_progress_on=message)
+    form_after_load(ev)
+
+    build_tools(page, chooser, settings, state, filters, grid_out, grid_outputs, message)
+    return timer, page
