@@ -70,6 +70,16 @@ class FormDraft:
         fields = self.studio.fields
         return draft_of(fields, preset, list(values)), modified_markdown(self.studio, preset, list(values))
 
+    def on_preset_change(self, preset, *values):
+        """The chosen preset changed: Save as (the form equals the new preset), Delete (no preset), a
+        choice not loaded yet, a Load or a restore whose values the form's `values` does not hold yet
+        (the browser merges them after this event is sent). Only the first two are certain here: the
+        line is cleared and the draft saved when the form equals the preset (or there is none); else
+        both are left to the refresh that every Load and restore chains (issue 29 item 4: a stale
+        comparison said "27 fields differ" right after a Load, once for good after a reload)."""
+        draft, line = self.remember(preset, *values)
+        return (draft, line) if not line else (gr.skip(), gr.skip())
+
     def on_edit(self) -> EditHook:
         """The draft's part of the form refresh: the preset label in, the draft and the line out."""
         return EditHook(inputs=[self.dropdown], outputs=[self.state, self.marker],
@@ -79,7 +89,7 @@ class FormDraft:
         """Save when the chosen preset changes; restore on page load, then `refresh_event(event)`
         (which refreshes the form and saves the draft again)."""
         studio, fields, inputs = self.studio, self.studio.fields, form.inputs
-        self.dropdown.change(form.reading(self.remember, at=1), inputs=[self.dropdown, form.values],
+        self.dropdown.change(form.reading(self.on_preset_change, at=1), inputs=[self.dropdown, form.values],
                              outputs=[self.state, self.marker], trigger_mode="always_last", show_progress="hidden")
 
         def restore(stored, preset, *current):

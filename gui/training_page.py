@@ -47,11 +47,13 @@ class TrainingPage:
     start_button: gr.Button
     secret_boxes: list              # (name, value) textboxes, flat
     shown: gr.State                 # keys of the error-line and cell updates the browser has (only_changed)
-    edit_hook: EditHook             # rides on every refresh (its inputs after `shown`, its outputs last)
+    edit_hook: EditHook             # rides on every refresh (its inputs after `refused`, its outputs last)
+    refused: gr.State               # the form's values Start last refused (its message stays while they hold)
 
     @property
     def refresh_inputs(self) -> list:
-        return [self.form.values, *self.secret_boxes, self.inspected, self.shown, *self.edit_hook.inputs]
+        return [self.form.values, *self.secret_boxes, self.inspected, self.shown, self.refused,
+                *self.edit_hook.inputs]
 
 
 def _inspector(ui: dict) -> None:
@@ -99,6 +101,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         _preview(ui)
     inspected = gr.State("")
     shown = gr.State(None)
+    refused = gr.State(None)
     fields = studio.fields
 
     def refresh(*args):
@@ -154,16 +157,21 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         then the edit hook's outputs."""
         split = len(args) - len(hook.inputs)
         extra = list(args[split:])
-        *args, previous = args[:split]
+        *args, previous, refused_values = args[:split]
         out = refresh(*args)
         n = len(fields)
+        if refused_values is not None and refused_values == list(args[:n]):
+            # a refresh of the values Start refused (the page load's, a blur sent before Start): Start's
+            # message stays until the user changes something (issue 29 item 1)
+            out[n] = gr.skip()
         visible = field_visibility(fields, list(args[:n]))
         form_updates, keys = only_changed([*out[:n], *form.visibility_updates(visible, shown_errors(out[:n]))],
                                           previous)
         return [*form_updates[:n], *out[n:], *form_updates[n:], keys, *hook.fn(list(args[:n]), *extra)]
 
     refresh_with_visibility = form.reading(refresh_with_visibility)
-    gr.on(triggers, refresh_with_visibility, inputs=[form.values, *secret_boxes, inspected, shown, *hook.inputs],
+    gr.on(triggers, refresh_with_visibility, inputs=[form.values, *secret_boxes, inspected, shown, refused,
+                                                     *hook.inputs],
           outputs=[*form.errors, *outputs, *form.visibility_outputs, shown, *hook.outputs], trigger_mode="always_last",
           show_progress="hidden", concurrency_id=FORM_REFRESH, concurrency_limit=1)
 
@@ -171,7 +179,8 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     def on_start(*args):
         args, warned_at = args[:-1], args[-1]
-        visible = field_visibility(fields, list(args[:len(fields)]))
+        values = list(args[:len(fields)])   # what a refusal is about (`refused`)
+        visible = field_visibility(fields, values)
 
         def cleared():
             return [*error_updates(fields, None), *form.visibility_updates(visible)]
@@ -182,16 +191,16 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             warning = dv.start_memory_warning(cfg, warned_at, time.time())
             if warning:   # the memory plan says it will not fit the card: warn first, start on a second press
                 return [*cleared(), f"⚠️ {warning}", gr.skip(), gr.skip(), time.time(),
-                        only_changed(cleared(), None)[1]]
+                        only_changed(cleared(), None)[1], values]
             try:
                 run_dir = studio.manager.start(cfg, secret_env=env_from_rows(list(args[len(fields):])))
             except ConfigError as e:
                 error = e
             except StartRefused as e:
-                return [*cleared(), f"⚠️ {e}", gr.skip(), gr.skip(), None, only_changed(cleared(), None)[1]]
+                return [*cleared(), f"⚠️ {e}", gr.skip(), gr.skip(), None, only_changed(cleared(), None)[1], values]
             else:
                 return [*cleared(), f"Started **{run_dir.name}** — follow it on the Run page.",
-                        gr.skip(), gr.Tabs(selected="run"), None, only_changed(cleared(), None)[1]]
+                        gr.skip(), gr.Tabs(selected="run"), None, only_changed(cleared(), None)[1], None]
         target = error_field(fields, error)
         hint = f" (tab {target.tab})" if target else ""
         more = f" (and {len(errors) - 1} more, shown under their fields)" if len(errors) > 1 else ""
@@ -199,10 +208,11 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         placed += form.visibility_updates(visible, shown_errors(placed))
         return [*placed, f"⚠️ Not started: {error}{hint}{more}",
                 gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip(), None,
-                only_changed(placed, None)[1]]
+                only_changed(placed, None)[1], values]
 
     start.click(form.reading(on_start), inputs=[form.values, *secret_boxes, memory_warned],
-                outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown],
+                outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown,
+                         refused],
                 show_progress_on=message,
                 # in turn with the form's refresh: a refresh sent before Start (the blur of the field
                 # just typed in) finishes first, and never blanks Start's refusal (issue 29 item 1)
@@ -211,5 +221,5 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                         refresh_outputs=[*outputs, *form.visibility_outputs, shown, *hook.outputs],
                         refresh=refresh_with_visibility,
                         inspected=inspected, start_button=start, secret_boxes=secret_boxes,
-                        shown=shown, edit_hook=hook)
+                        shown=shown, edit_hook=hook, refused=refused)
 

@@ -105,15 +105,16 @@ def test_a_repeated_form_refresh_re_renders_no_error_line_or_cell(studio):
     refresh = _fn(app, "refresh_with_visibility")[0]
     n = len(studio.fields)
     refresh_fn = next(f for f in app.fns.values() if f.name == "refresh_with_visibility")
-    secrets = [""] * (len(refresh_fn.inputs) - 4)   # the secrets panel's name/value boxes
-    # inputs: the form's values, the secrets, the inspected signature, what was sent, the preset label
-    # (the draft's); outputs end with what was sent, then the browser's draft of the form and its line
-    first = refresh(values, *secrets, "", None, label)
+    secrets = [""] * (len(refresh_fn.inputs) - 5)   # the secrets panel's name/value boxes
+    # inputs: the form's values, the secrets, the inspected signature, what was sent, the values Start
+    # last refused, the preset label (the draft's); outputs end with what was sent, then the browser's
+    # draft of the form and its line
+    first = refresh(values, *secrets, "", None, None, label)
     assert len(_sent(first[:n])) == n          # the first refresh sets every error line
     draft, differs = first[-2:]
     model_path = values[[f.dotted for f in studio.fields].index("model.path")]
     assert draft["preset"] == label and draft["values"]["model.path"] == model_path and differs == ""
-    second = refresh(values, *secrets, first[n + 10], first[-3], label)   # inspected signature, what was sent
+    second = refresh(values, *secrets, first[n + 10], first[-3], None, label)   # inspected signature, what was sent
     form_part = second[:n] + second[n + 11:-3]   # error lines, then cells and section headings
     assert _sent(form_part) == [], f"{len(_sent(form_part))} unchanged error lines/cells re-sent"
 
