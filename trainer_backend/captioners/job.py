@@ -39,9 +39,10 @@ HUB_FILES = {"tagger": ["model.onnx", "selected_tags.csv", "*.json"],   # not th
              "transformers": ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]}
 
 
-def resolve_model(spec: str) -> Path:
+def resolve_model(spec: str, events=None, token_name: str = "") -> Path:
     """--model as a folder: builtin:tiny-caption-<kind>, a local folder, or a hub id (downloaded into
-    the Hugging Face cache by model_sources, progress lines on stderr; later starts read the cache)."""
+    the Hugging Face cache by model_sources, its progress in the log and as `download` events of the
+    job's `events`; later starts read the cache)."""
     from .tiny import resolve_builtin
     builtin = resolve_builtin(spec)
     if builtin is not None:
@@ -53,15 +54,23 @@ def resolve_model(spec: str) -> Path:
         raise ConfigError(f"--model: {spec} is a file; a captioner is a folder (config.json and weights, or "
                           f"model.onnx and selected_tags.csv)")
     try:
-        from ..model_sources import parse_hub_spec, printer
+        from ..model_sources import parse_hub_spec, to_events
         from ..model_sources import resolve_model as from_hub
+        from ..model_sources.progress import both, logged
     except ImportError:
         raise ConfigError(f"--model: {spec} is not a folder (hub downloads are not available here)") from None
     if parse_hub_spec(spec) is None:
         raise ConfigError(f"--model: {spec} is neither a folder nor a hub repo id (org/name or org/name@revision)")
-    first = from_hub(spec, allow_patterns=HUB_FIRST, progress=printer(), key="--model", kind="files")
+    token = None
+    if token_name:   # never in argv, a log or job.json: only the variable's name travels
+        from ..remote.secrets import Secrets, mask_in_logs
+        token = Secrets({}).require(token_name, "--hub-token-name")
+        mask_in_logs({token})
+    progress = both(logged(LOG), to_events(events.emit) if events is not None else None)
+    fetch = dict(progress=progress, key="--model", kind="files", token=token)
+    first = from_hub(spec, allow_patterns=HUB_FIRST, **fetch)
     files = HUB_FILES["tagger" if (Path(first) / "selected_tags.csv").is_file() else "transformers"]
-    return Path(from_hub(spec, allow_patterns=files, progress=printer(), key="--model", kind="files"))
+    return Path(from_hub(spec, allow_patterns=files, **fetch))
 
 
 def hold_back_unused(folder: Path, quantize: str) -> list[str]:
@@ -196,7 +205,7 @@ class CaptionJob:
                     LOG.info("nothing to caption: every image has a caption or was captioned by this job "
                              "(--existing overwrite/append redoes captioned images, --fresh forgets this job's)")
                     return exitcodes.OK
-                captioner, target = self._load()
+                captioner, target = self._load(events)
             signals = StopSignals(self.job_dir)
             try:
                 return self._loop(events, signals, captioner, pending, already, target)
@@ -229,9 +238,9 @@ class CaptionJob:
         LOG.info("%d images to caption in %s (%d done by this job before)", len(pending), self.dataset, already)
         return pending, already
 
-    def _load(self) -> tuple[Captioner, str]:
+    def _load(self, events) -> tuple[Captioner, str]:
         options = self.options
-        folder = resolve_model(options.model)
+        folder = resolve_model(options.model, events, options.hub_token_name)
         kind = detect_kind(folder)
         if self.own_process:   # never in a caller's process (tests, the bench), which may need them later
             hold_back_unused(folder, options.quantize)

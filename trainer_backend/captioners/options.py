@@ -40,6 +40,9 @@ class CaptionOptions:
     dtype: str = _opt("auto", "weights' dtype (auto: bf16 on a GPU, fp32 on a CPU)", ("auto", "bf16", "fp16", "fp32"))
     quantize: str = _opt("none", "load the weights in 8 or 4 bits (bitsandbytes, CUDA only) to fit a small card",
                          ("none", "8bit", "4bit"))
+    hub_token_name: str = _opt("", "for a gated or private hub repo: the environment variable that holds the token "
+                                   "(the studio passes its secret so); default: huggingface_hub's own (HF_TOKEN or "
+                                   "a saved login)")
     preview: int = _opt(0, "caption only this many images (4 when given without a number), print them and write "
                            "nothing", const=4)
     fresh: bool = _opt(False, "forget what an earlier start of this job did (default: continue where it stopped)")

@@ -69,12 +69,22 @@ class CaptionProgress:
     total: int = 0
     images_per_s: float = 0.0
     eta_s: float | None = None
-    message: str = ""            # the error's one line
+    message: str = ""            # the error's one line, or the model's download while it downloads
     recent: list[dict] = field(default_factory=list)   # the last captions written: {"image", "caption"}
 
     @property
     def fraction(self) -> float:
         return self.done / self.total if self.total else 0.0
+
+
+def _download_line(event: dict) -> str:
+    from ..model_sources.progress import DownloadStatus, status_line
+    fields = {k: event[k] for k in DownloadStatus.__dataclass_fields__ if k in event}
+    try:
+        line = status_line(DownloadStatus(**fields))
+        return line if event.get("status") == "done" else "downloading " + line
+    except TypeError:
+        return f"downloading {event.get('repo', 'the model')}"
 
 
 def _process(job_dir: Path) -> dict:
@@ -118,6 +128,9 @@ def caption_progress(job_dir: Path, recent: int = 5) -> CaptionProgress:
             progress.images_per_s = event.get("it_per_s", 0.0) if kind == "step" else 0.0
             progress.eta_s = event.get("eta_s") if kind == "step" else None
             progress.message = ""
+        if kind == "download":   # the captioner's model coming from the hub (model_sources)
+            progress.state = "running"
+            progress.message = _download_line(event)
         if kind in ("done", "stopped", "preempted", "error"):
             ended_at = event.get("time", 0.0)
         if kind == "done":
