@@ -261,4 +261,6 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     form_after_load(ev)
 
     build_tools(page, chooser, settings, state, filters, grid_out, grid_outputs, message)
+    from gui.datasets_caption import build_caption_panel
+    build_caption_panel(page, chooser, settings, message, timer)
     return timer, page
