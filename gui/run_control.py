@@ -154,10 +154,22 @@ class RunManager:
         return run_dir
 
     def _check_allowed(self, run_dir: Path) -> None:
-        """Runs started here write only inside the allowed roots (not /etc, not the user's home)."""
-        if any(run_dir == root or run_dir.is_relative_to(root) for root in self.allowed_roots):
-            return
+        """Runs started here write only inside the allowed roots (not /etc, not the user's home), with
+        every link resolved: a link placed in the runs folder (runs/x -> /elsewhere) is refused."""
+        def inside(path: Path) -> bool:
+            return any(path == root or path.is_relative_to(root) for root in self.allowed_roots)
+
         roots = ", ".join(str(r) for r in self.allowed_roots)
+        if inside(run_dir):
+            try:
+                real = run_dir.resolve()
+            except (OSError, RuntimeError):  # a link loop
+                real = None
+            if real is not None and inside(real):
+                return
+            raise ConfigError(f"output.name: {run_dir} leads to {real or 'a link loop'} through a link, outside the "
+                              f"folders this studio writes runs into ({roots}); remove the link or choose another "
+                              "output.name")
         raise ConfigError(f"output.dir: {run_dir.parent} is outside the folders this studio writes runs into "
                           f"({roots}); choose one of them, or start the studio with --allow-output-dir "
                           f"{run_dir.parent}")

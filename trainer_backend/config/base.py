@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..errors import ConfigError  # noqa: F401  (re-exported: the schema's error type)
+from ..file_limits import path_text_problem
 
 CONFIG_VERSION = 1
 
@@ -63,3 +64,16 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
     TAB: ClassVar[str] = "Other"
     WHEN: ClassVar[dict[str, tuple]] = {}  # where the whole section applies (as F's `when`)
+
+    @field_validator("*")
+    @classmethod
+    def _usable_path(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every path option (widget "path") holds text the system can open: no NUL, within its length
+        limits (file_limits.py); otherwise one line naming the key, never an OSError later."""
+        extra = cls.model_fields[info.field_name].json_schema_extra if info.field_name else None
+        if isinstance(extra, dict) and extra.get("ui", {}).get("widget") == "path":
+            for item in value if isinstance(value, list) else [value]:
+                problem = path_text_problem(item) if isinstance(item, str) else None
+                if problem:
+                    raise ValueError(f"the path {problem}")
+        return value

@@ -9,6 +9,7 @@ from typing import Iterator
 from . import TrainConfig, rules
 from .base import ConfigError, Problem
 from .input_checks import dataset_images, model_files
+from ..file_limits import file_kind_problem, read_text_capped
 from .paths import BUILTIN_PREFIX, PROJECT_ROOT, resolve_path, resolve_paths  # noqa: F401 (re-exported)
 
 
@@ -27,8 +28,12 @@ def _model_paths(cfg: TrainConfig) -> Iterator[Problem]:
     elif (not cfg.model.path.startswith(BUILTIN_PREFIX) and not Path(cfg.model.path).exists()
           and hub_spec(cfg.model.path) is None):
         yield Problem("model.path", f"{cfg.model.path} does not exist")
+    elif problem := file_kind_problem(cfg.model.path, folder_ok=True):  # a FIFO would hang the loader
+        yield Problem("model.path", f"{cfg.model.path} {problem}")
     if cfg.model.vae and not Path(cfg.model.vae).exists() and hub_spec(cfg.model.vae) is None:
         yield Problem("model.vae", f"{cfg.model.vae} does not exist")
+    elif cfg.model.vae and (problem := file_kind_problem(cfg.model.vae, folder_ok=True)):
+        yield Problem("model.vae", f"{cfg.model.vae} {problem}")
     yield from (Problem(key, message) for key, message in hub_problems(cfg))
 
 
@@ -106,7 +111,7 @@ def _sample_controls(cfg: TrainConfig) -> Iterator[Problem]:
             if not Path(resolve_path(control)).expanduser().is_file():  # it decodes: checked when sampling starts
                 yield Problem(key, f"line {number}: --control {control}: no such image file")
     if cfg.samples.prompt_file:
-        text = Path(cfg.samples.prompt_file).expanduser().read_text(encoding="utf-8")
+        text = read_text_capped("samples.prompt_file", cfg.samples.prompt_file)  # read above: cannot fail here
         yield from (Problem(key, message) for key, message in control_line_problems(
             cfg, "samples.prompt_file", text, family_control_mode(cfg.model.arch), cfg.model.arch))
 
@@ -121,11 +126,11 @@ def _prompt_file(cfg: TrainConfig) -> Iterator[Problem]:
     s = cfg.samples
     if not s.prompt_file:
         return
-    path = Path(s.prompt_file).expanduser()
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        yield Problem("samples.prompt_file", f"cannot read {path} ({e})")
+        text = read_text_capped("samples.prompt_file", s.prompt_file)  # regular files only, size capped
+    except ConfigError as e:
+        key, _, message = str(e).partition(": ")
+        yield Problem(key, message)
         return
     bad = [Problem(key, message) for key, message in line_problems(cfg, "samples.prompt_file", text)]
     yield from bad

@@ -72,7 +72,12 @@ def _describe(err: dict) -> str:
         msg = "must be a finite number (not nan or inf)"
     elif err["type"] == "literal_error":
         msg = f"must be one of {ctx.get('expected')}"
-    return f"{loc}: {msg}, got {err.get('input')!r}"
+    elif err["type"] == "value_error":
+        msg = str(ctx.get("error", msg))
+    got = repr(err.get("input"))
+    if len(got) > 80:  # a 5,000-character path is not echoed back whole
+        got = f"{got[:50]}…{got[-10:]} ({len(got):,} characters)"
+    return f"{loc}: {msg}, got {got}"
 
 
 def from_dict(data: dict) -> TrainConfig:

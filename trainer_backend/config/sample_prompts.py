@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Iterator
 
 from .base import ConfigError
+from ..file_limits import read_text_capped
 from .schema import TrainConfig
 
 _OPTION = re.compile(r"\s+--([a-z]+)(?=\s|$)")
@@ -119,11 +119,7 @@ def prompt_lines(cfg: TrainConfig) -> list[tuple[str, int, str]]:
     """(config key, line number, text) of every prompt line, samples.prompts first."""
     out = _numbered("samples.prompts", cfg.samples.prompts)
     if cfg.samples.prompt_file:
-        path = Path(cfg.samples.prompt_file).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"samples.prompt_file: cannot read {path} ({e})") from None
+        text = read_text_capped("samples.prompt_file", cfg.samples.prompt_file)  # regular files, size capped
         out += _numbered("samples.prompt_file", text)
     return out
 

@@ -23,7 +23,9 @@ def _existing(path: str) -> Path:
     if not str(path).strip():
         raise ConfigError("model.path: is empty; give a diffusers folder, a .safetensors checkpoint or "
                           + "|".join(f"builtin:{n}" for n in BUILTIN_TINY))
+    from ..file_limits import check_readable_path
     src = resolve_model_path(path)
+    check_readable_path("model.path", src, folder_ok=True)  # a FIFO or device would hang the loader
     if not src.exists():
         raise ConfigError(f"model.path: {src} does not exist")
     return src

@@ -270,4 +270,29 @@ def _finalise(tmp: Path, final: Path, state: TrainState, metrics: dict | None, t
 
 
 def load_state(path: Path) -> TrainState:
-    return TrainState.from_dict(json.loads((Path(path) / STATE_FILE).read_text(encoding="utf-8")))
+    """The checkpoint's trainer_state.json, each field of the type TrainState declares (a damaged
+    or hand-edited file is refused naming it and the field, as a damaged manifest is)."""
+    from ..errors import ConfigError
+    file = Path(path) / STATE_FILE
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{file}: not readable JSON ({e}); this checkpoint cannot be resumed") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: not a trainer state (a JSON object); this checkpoint cannot be resumed")
+    for f in fields(TrainState):
+        if f.name not in data:
+            continue
+        value, kind = data[f.name], _KINDS[str(f.type)]
+        if kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2 ** 63
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            what = "a whole number ≥ 0" if kind is int else "text" if kind is str else "a JSON object"
+            raise ConfigError(f"{file}: {f.name} must be {what}, got {value!r:.60}; this checkpoint cannot be "
+                              "resumed (choose another in checkpoints.resume, or \"none\")")
+    return TrainState.from_dict(data)
+
+
+_KINDS = {"int": int, "str": str, "dict": dict}  # TrainState's field annotations (strings, see __future__)

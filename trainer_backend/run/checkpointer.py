@@ -18,6 +18,8 @@ from .checkpoint_files import (TrainState, checkpoint_infos, clean_incomplete, i
                                save_checkpoint)
 from ..config import TrainConfig, rules, strip_secrets, to_dict
 from .contract import CHECKPOINTS_DIR, MANIFEST_FILE, Event
+from .safe_load import check_checkpoint_files, tensors_only
+from .scheduler_state import legacy_scheduler_state
 from .retention import RetentionPolicy, retained_steps
 from .stop_signals import StopSignals
 
@@ -61,10 +63,12 @@ class Checkpointer:
         if path is None:
             state, resumed_from = TrainState(), ""
         else:
+            check_checkpoint_files(path)  # JSON, safetensors, or tensors-only pickles; refused otherwise
             state = load_state(path)
             safe = check_compatible(state, self.cfg, fingerprint, acc.num_processes, str(path))
             fresh = capture_hparams(optimizer, lr_scheduler)
-            acc.load_state(str(path))
+            with tensors_only(), legacy_scheduler_state(acc, lr_scheduler, path):
+                acc.load_state(str(path))
             changes = restore_hparams(optimizer, lr_scheduler, fresh)
             for line in safe:
                 LOG.info("changed since the checkpoint (allowed): %s", line)

@@ -24,6 +24,7 @@ from ..run import exitcodes
 from ..run.checkpoint_files import TrainState
 from ..run.checkpointer import Checkpointer
 from ..run.contract import Event
+from ..run.scheduler_state import register_scheduler_state
 from ..run.stop_signals import StopSignals
 from .diffusion_loss import LossParts
 from .ema import make_ema
@@ -73,7 +74,7 @@ def train(cfg: TrainConfig) -> int:
     prepared = accelerator.prepare(*trainable.modules.values(), optimizer, **placement(cfg, model, trainable))
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
     install_after_prepare(cfg, model, trainable, optimizer, accelerator.device)  # block swap, fused backward
-    accelerator.register_for_checkpointing(lr_scheduler)
+    register_scheduler_state(accelerator, lr_scheduler)  # lr_scheduler.json in each checkpoint
     ema = make_ema(cfg, trainable, accelerator)
     batch_loss = method_loss(cfg, model, modules, weight_dtype, accelerator)  # diffusion or reconstruction
 

@@ -36,11 +36,9 @@ def read_keys_and_metadata(path: Path) -> tuple[dict[str, tuple[int, ...]], dict
                 return shapes, dict(f.metadata() or {})
         except Exception as e:  # safetensors raises several types for a corrupt header
             raise ConfigError(f"model.path: {path} is not a readable .safetensors file ({e})") from None
-    import torch
-    try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        raise ConfigError(f"model.path: {path} is not a readable checkpoint ({e})") from None
+    from ...run.safe_load import load_pickled  # tensors only; one line, never torch's weights_only=False advice
+    state = load_pickled(path, key="model.path", what="a model file never needs code to load (prefer its "
+                         ".safetensors release)")
     state = state.get("state_dict", state) if isinstance(state, dict) else {}
     return {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}, {}
 
