@@ -290,7 +290,8 @@ def plan_markdown(cfg: TrainConfig, counts, summary: dict | None = None) -> str:
     from trainer_backend.launch.memory_advice import memory_lines
     lines += ["", "#### GPU memory", ""]
     lines += [f"{line}  " for line in memory_lines(cfg, buckets=summary_buckets(summary), markdown=True)]
-    return "\n".join(lines)
+    from gui.hub_plan import downloads_markdown
+    return "\n".join(lines + downloads_markdown(cfg))
 
 
 def memory_only_markdown(cfg: TrainConfig) -> str:
@@ -302,7 +303,8 @@ def memory_only_markdown(cfg: TrainConfig) -> str:
              f"Planned at dataset.resolution = {cfg.dataset.resolution} (the largest bucket, once the dataset "
              f"is scanned).  "]
     lines += [f"{line}  " for line in memory_lines(cfg, markdown=True)]
-    return "\n".join(lines)
+    from gui.hub_plan import downloads_markdown
+    return "\n".join(lines + downloads_markdown(cfg))
 
 
 def summary_buckets(summary: dict | None) -> list[tuple[int, int]]:

@@ -187,6 +187,9 @@ def download_bits(ev: dict) -> tuple[float, list[str]]:
     repo = html.escape(str(ev.get("repo", "")))
     if ev.get("status") == "waiting":
         return 0.0, [f"waiting for another process that is downloading <b>{repo}</b>"]
+    if ev.get("status") == "planned":
+        return 0.0, [f"<b>{repo}</b>: {_size(ev.get('total'))} to download in {ev.get('files_total')} files",
+                     f"{_size(ev.get('cached_bytes'))} already cached", f"{_size(ev.get('free_bytes'))} free on disk"]
     done, total = _number(ev.get("bytes")) or 0.0, _number(ev.get("total")) or 0.0
     bits = [f"downloading <b>{repo}</b>: {_size(done)} / {_size(total)}", f"{_size(ev.get('speed'))}/s",
             f"ETA {fmt_duration(_number(ev.get('eta_s')))}",

@@ -32,6 +32,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 CHUNK = 16 * 1024
+LFS_FROM = 10_000   # files this big are served as LFS files (tree entries with `lfs`, ETag = sha256)
 
 
 @dataclass
@@ -109,6 +110,22 @@ class HubServer:
         self.stop()
 
 
+def _etag(data: bytes) -> str:
+    """The hub's ETag: an LFS file's sha256, a small (git) file's blob id."""
+    return hashlib.sha256(data).hexdigest() if len(data) >= LFS_FROM else _git_oid(data)
+
+
+def _git_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _tree_file(name: str, data: bytes) -> dict:
+    entry = {"type": "file", "path": name, "size": len(data), "oid": _git_oid(data)}
+    if len(data) >= LFS_FROM:
+        entry.update(size=134, lfs={"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134})
+    return entry
+
+
 def _handler(hub: HubServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -172,8 +189,7 @@ def _handler(hub: HubServer):
             names = sorted(n for n in repo.files if not under or n.startswith(under.rstrip("/") + "/"))
             folders = sorted({"/".join(n.split("/")[:i]) for n in names for i in range(1, n.count("/") + 1)})
             return ([{"type": "directory", "path": f, "oid": hashlib.sha1(f.encode()).hexdigest()} for f in folders]
-                    + [{"type": "file", "path": n, "size": len(repo.files[n]),
-                        "oid": hashlib.sha1(repo.files[n]).hexdigest()} for n in names])
+                    + [_tree_file(n, repo.files[n]) for n in names])
 
         def _file(self, repo: HubRepo, name: str, body: bool) -> None:
             data = repo.files.get(name)
@@ -190,7 +206,7 @@ def _handler(hub: HubServer):
             status = 206 if start else 200
             self.send_response(status)
             self.send_header("X-Repo-Commit", repo.sha)
-            self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
+            self.send_header("ETag", '"' + _etag(data) + '"')
             self.send_header("Content-Length", str(len(data) - start))
             self.send_header("Accept-Ranges", "bytes")
             if start:

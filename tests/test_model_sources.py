@@ -151,7 +151,10 @@ def test_a_stalled_download_says_so_and_resumes_where_it_stopped(hub):
         resolve_model("org/tiny-sd1")
     hub.faults.stall_after.clear()
     hub.stopping.set()  # release the stalled handlers
-    folder = resolve_model("org/tiny-sd1")
+    seen = []
+    folder = resolve_model("org/tiny-sd1", progress=seen.append)
+    assert seen[0].status == "planned" and seen[0].cached_bytes > 0  # the files before the weight stay fetched
+    assert seen[-1].status == "done" and seen[-1].bytes == seen[-1].total
     resumed = [r.range for r in hub.file_requests(WEIGHT)][-1]
     assert resumed == f"bytes={12 * 16384}-"  # the second run asked only for the rest
     assert _sha(folder / WEIGHT) == hashlib.sha256(hub.repos["org/tiny-sd1"].files[WEIGHT]).hexdigest()
@@ -200,3 +203,47 @@ def test_the_run_page_shows_a_download_before_the_first_step():
     done = events + [{"event": "step", "time": 3.0, "step": 1, "total_steps": 10}]
     assert "downloading" not in progress_html(RunStatus("running", "running", True, False),
                                                progress_numbers(fold_events(done), alive=True, started=0.0))
+
+
+def test_network_down_disk_full_and_offline_checks_name_the_field(hub, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    from trainer_backend.config import TrainConfig
+    from trainer_backend.config.checks import run_problems
+    from trainer_backend.model_sources.hub import DownloadPlan, RepoFile, check_space
+    closed = HubServer()  # a port nothing listens on once it is closed: the network is down
+    closed._server.server_close()
+    monkeypatch.setenv("HF_ENDPOINT", closed.url)
+    monkeypatch.setattr(constants, "ENDPOINT", closed.url)
+    with pytest.raises(ConfigError, match=r"^model.path: cannot reach the hub .* to download org/tiny-sd1: network down"):
+        resolve_model("org/tiny-sd1")
+
+    plan = DownloadPlan(HubSpec("org/big"), "0" * 40, [RepoFile("a.safetensors", 5_000_000_000, False),
+                                                       RepoFile("b.json", 10, True)], tmp_path, 3_000_000_000)
+    with pytest.raises(ConfigError, match=r"^model.path: org/big needs 5.0 GB of downloads but .* has 3.0 GB free"):
+        check_space(plan, "model.path")
+    check_space(DownloadPlan(HubSpec("org/big"), "0" * 40, plan.files[:1], tmp_path, 6_000_000_000), "model.path")
+
+    cfg = TrainConfig()
+    cfg.model.path, cfg.dataset.path = "org/not-cached", str(tmp_path)
+    assert not [p for p in run_problems(cfg) if p.key == "model.path"]  # online: downloaded when the run starts
+    cfg.model.hub_download = False
+    problem = next(p for p in run_problems(cfg) if p.key == "model.path")
+    assert "org/not-cached is not (completely) in the Hugging Face cache and downloads are off" in str(problem)
+
+
+def test_the_studio_plan_shows_the_download_size_and_free_space(hub, tmp_path):
+    import time
+    from gui import hub_plan
+    from trainer_backend.config import TrainConfig
+    cfg = TrainConfig()
+    cfg.model.path = "org/tiny-sd1"
+    first = hub_plan.download_lines(cfg)
+    assert first == ["model.path: org/tiny-sd1: asking the hub for the download size and checking the free space…"]
+    deadline = time.monotonic() + 180
+    while "asking" in (lines := hub_plan.download_lines(cfg))[0]:  # the live plan never waits on the network
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert lines[0].startswith("model.path: org/tiny-sd1: download 4.9 MB in ") and "free space in" in lines[0]
+    assert "(sd1 files only; 3 other files of the repo skipped)" in lines[0]  # fp16 copy, single file, README
+    cfg.model.path = str(tmp_path)  # a local folder: no line
+    assert hub_plan.download_lines(cfg) == []

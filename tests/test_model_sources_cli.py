@@ -51,8 +51,11 @@ def hub():
         yield server
 
 
-def test_a_run_trains_on_a_hub_model(hub, tiny_models, tmp_path):
+def test_a_run_trains_on_a_hub_model_after_a_stop_during_its_download(hub, tiny_models, tmp_path):
+    """Run 1 is stopped (SIGTERM, the studio's Stop) while the weights download: it ends as a stop, not an
+    error. Run 2 (the same config, as Start again does) downloads the rest and trains."""
     hub.add_folder("org/tiny-sd1", tiny_models("sd1"))
+    hub.faults.throttle[BIG] = 200_000  # ~20 s for the UNet: run 1 is stopped long before
     make_dataset(tmp_path / "data", n=2, size=32)
     config = {"output": {"dir": str(tmp_path / "runs"), "name": "from-hub"},
               "model": {"path": "org/tiny-sd1"},
@@ -60,16 +63,31 @@ def test_a_run_trains_on_a_hub_model(hub, tiny_models, tmp_path):
               "network": {"rank": 2, "alpha": 2.0}, "schedule": {"max_steps": 2, "batch_size": 1},
               "precision": {"mixed": "no"}, "hardware": {"cpu": True}}
     (tmp_path / "run.toml").write_text(dumps_toml(config))
-    r = subprocess.run([sys.executable, "-m", "trainer_backend", "train", "--config", str(tmp_path / "run.toml")],
-                       cwd=ROOT, env=_env(hub, tmp_path), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    argv = [sys.executable, "-m", "trainer_backend", "train", "--config", str(tmp_path / "run.toml")]
     run = tmp_path / "runs" / "from-hub"
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-    downloads = [e for e in events if e["event"] == "download"]
+
+    def events() -> list[dict]:
+        path = run / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+    first = subprocess.Popen(argv, cwd=ROOT, env=_env(hub, tmp_path), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    _wait(lambda: any(e.get("file") == BIG for e in events()), seconds=300)
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 75, err[-2000:]  # stopped, nothing lost; not an error
+    assert events()[-1]["event"] in ("stopped", "preempted")
+    planned = next(e for e in events() if e["event"] == "download")
+    assert planned["status"] == "planned" and planned["total"] > 1_000_000 and planned["free_bytes"] > 0
+
+    hub.faults.throttle.clear()
+    r = subprocess.run(argv, cwd=ROOT, env=_env(hub, tmp_path), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    downloads = [e for e in events() if e["event"] == "download"]
     assert downloads[-1]["status"] == "done" and downloads[-1]["bytes"] == downloads[-1]["total"] > 1_000_000
-    assert any(e["file"] == BIG for e in downloads)
-    assert events[-1]["event"] == "done" and (run / "from-hub.safetensors").is_file()
-    assert "download: org/tiny-sd1: downloaded" in (run / "train.log").read_text()
+    assert events()[-1]["event"] == "done" and (run / "from-hub.safetensors").is_file()
+    log = (run / "train.log").read_text()
+    assert "download: org/tiny-sd1: downloaded" in log and "free on the cache's disk" in log
     assert tomllib.loads((run / "config.toml").read_text())["model"]["path"] == "org/tiny-sd1"  # the id, kept
     assert (tmp_path / "hf" / "hub" / "models--org--tiny-sd1" / "snapshots").is_dir()
 

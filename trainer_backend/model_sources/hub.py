@@ -134,9 +134,11 @@ def make_plan(spec: HubSpec, settings: HubSettings, token: str | None, select: S
     api = HfApi(endpoint=settings.endpoint, token=token)
     commit = spec.revision if _COMMIT.match(spec.revision) else api.model_info(spec.repo_id,
                                                                                revision=spec.revision).sha
-    listing = {f.path: (f.lfs.size if f.lfs else f.size) for f in api.list_repo_tree(
-        spec.repo_id, revision=commit, recursive=True) if isinstance(f, HubFile)}
+    tree = [f for f in api.list_repo_tree(spec.repo_id, revision=commit, recursive=True) if isinstance(f, HubFile)]
+    listing = {f.path: (f.lfs.size if f.lfs else f.size) for f in tree}
+    blob_names = {f.path: (f.lfs.sha256 if f.lfs else f.blob_id) for f in tree}  # huggingface_hub's blob = etag
     snapshot = storage_folder(settings, spec) / "snapshots" / commit
+    blobs = storage_folder(settings, spec) / "blobs"
 
     def fetch(names: list[str]) -> Path:
         for name in names:
@@ -150,7 +152,8 @@ def make_plan(spec: HubSpec, settings: HubSettings, token: str | None, select: S
         raise ConfigError(f"{key}: {spec.repo_id} has no file {missing[0]!r} at revision {spec.revision!r}")
     if not chosen:
         raise ConfigError(f"{key}: nothing in {spec.repo_id} that a model needs ({len(listing)} files, none chosen)")
-    files = [RepoFile(name, listing[name], (snapshot / name).is_file()) for name in chosen]
+    files = [RepoFile(name, listing[name], (snapshot / name).is_file() or (blobs / str(blob_names[name])).is_file())
+             for name in chosen]
     return DownloadPlan(spec, commit, files, settings.cache_dir, free_space(settings.cache_dir), family,
                         skipped=len(listing) - len(chosen))
 
@@ -204,7 +207,8 @@ def _fetch_file(spec: HubSpec, commit: str, name: str, settings: HubSettings, to
     meta = get_hf_file_metadata(hf_hub_url(spec.repo_id, name, revision=commit, endpoint=settings.endpoint),
                                 token=token)
     blob = storage_folder(settings, spec) / "blobs" / meta.etag
-    if blob.exists():
+    if blob.exists():  # fetched by an earlier, interrupted run (its snapshot link comes at the end)
+        on_bytes(blob.stat().st_size)
         return
     if meta.xet_file_data is not None and is_xet_available():  # Xet keeps its own chunk cache for resuming
         from huggingface_hub import hf_hub_download
@@ -290,6 +294,9 @@ def fetch(spec: HubSpec, select: Selector, selection: str, *, key: str, token: s
         except Exception as e:
             raise ConfigError(describe(e, spec, key, settings.endpoint)) from e
         check_space(plan, key)
+        pending = [f for f in plan.files if not f.cached]
+        progress(DownloadStatus(str(spec), "planned", total=plan.download_bytes, files_total=len(pending),
+                                free_bytes=plan.free_bytes, cached_bytes=plan.cached_bytes))
         folder = download(plan, settings, token, progress, key)
         _write_record(settings, spec, selection, plan)
         return folder

@@ -13,7 +13,7 @@ from typing import Callable, TextIO
 class DownloadStatus:
     """One moment of a download, as the studio and the log show it (the `download` event's fields)."""
     repo: str
-    status: str                  # waiting | downloading | done
+    status: str                  # planned | waiting | downloading | done
     file: str = ""
     bytes: int = 0               # downloaded so far in this download (files already cached not counted)
     total: int = 0               # to download in this download
@@ -23,6 +23,8 @@ class DownloadStatus:
     files_total: int = 0
     speed: float = 0.0           # bytes per second, over the last few seconds
     eta_s: float | None = None
+    free_bytes: int | None = None   # planned: free space on the cache's disk
+    cached_bytes: int = 0           # planned: bytes of the chosen files already in the cache
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +118,9 @@ class Throttled:
 
 def status_line(s: DownloadStatus, width: int = 24) -> str:
     """`org/name  [#######.....]  1.2 GB / 3.4 GB  45.0 MB/s  ETA 48 s  (unet/model.safetensors, 3/7)`"""
+    if s.status == "planned":
+        return (f"{s.repo}: {human_bytes(s.total)} to download in {s.files_total} files, {human_bytes(s.cached_bytes)} "
+                f"already cached; {human_bytes(s.free_bytes or 0)} free on the cache's disk")
     if s.status == "waiting":
         return f"{s.repo}: waiting for another process that is downloading it"
     if s.status == "done":

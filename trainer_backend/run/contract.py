@@ -88,7 +88,7 @@ FIELDS: dict[Event, tuple[str, ...] | None] = {
     Event.UPLOAD: ("status", "what", "step", "url", "bytes", "queued", "seconds", "attempts", "retry_in_s",
                    "error", "message", "pending"),
     Event.DOWNLOAD: ("repo", "status", "file", "bytes", "total", "file_bytes", "file_total", "files_done",
-                     "files_total", "speed", "eta_s"),
+                     "files_total", "speed", "eta_s", "free_bytes", "cached_bytes"),
     Event.DONE: ("step", "outputs", "elapsed_s"),
     Event.STOPPED: ("step", "epoch", "outside_training"),
     Event.PREEMPTED: ("step", "epoch", "outside_training"),
