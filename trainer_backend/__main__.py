@@ -1,4 +1,4 @@
-"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset|caption|download.
+"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset|caption|download|lora.
 
 Exit codes: 0 ok, 1 error, 2 bad config or input (one line on stderr naming the key or
 file), 75 stopped with state saved (see exitcodes.py).
@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--num-processes", type=int, default=None)
     plan.add_argument("--json", action="store_true")
     _config_args(sub.add_parser("inspect", help="dataset summary and counts as JSON"))
+    from .lora_tools.cli import add_parser as add_lora_parser
+    add_lora_parser(sub)  # lora merge|mix|resize|extract|ema|inspect (lora_tools/)
     ref = sub.add_parser("config-reference", help="print the config reference, or regenerate the generated "
                          "blocks of a doc (--write: docs/config.md; --write docs/checkpoints.md)")
     ref.add_argument("--write", metavar="DOC", nargs="?", const="docs/config.md", default=None)
@@ -91,6 +93,9 @@ def _checked(args) -> int:
 
 
 def _dispatch(args) -> int:
+    if args.command == "lora":
+        from .lora_tools.cli import run as run_lora
+        return run_lora(args)
     if args.command == "download":
         from .model_sources.cli import run as download
         return download(args)

@@ -122,9 +122,12 @@ def _linear_paths(module) -> list[str]:
     return paths
 
 
-def _adapter_ranks(module) -> dict[str, int]:
-    """module path -> rank of its configured LoRA adapter."""
+def _adapter_ranks(module) -> dict[str, int] | None:
+    """module path -> rank of its configured LoRA adapter; None for a plain model without adapters (the
+    LoRA tools read files onto the base itself: split_fused then reads the ranks off the file)."""
     from peft.utils import get_peft_model_state_dict
+    if not getattr(module, "peft_config", None):
+        return None
     return {k[: -len(".lora_A.weight")]: v.shape[0] for k, v in get_peft_model_state_dict(module).items()
             if k.endswith(".lora_A.weight")}
 
@@ -142,6 +145,18 @@ def _block_diagonal(up: torch.Tensor, rows: list[int], ranks: list[int]) -> bool
     return True
 
 
+def _block_ranks(up: torch.Tensor, rows: list[int], parts: list[str]) -> dict[str, int]:
+    """part -> the columns up to its last nonzero one, after the previous part's (a block-diagonal up's
+    ranks); parts whose rows are all zero have none. Not block-diagonal: _block_diagonal then says so."""
+    ranks, col = {}, 0
+    for i, p in enumerate(parts):
+        used = up[rows[i]:rows[i + 1]].abs().sum(0).nonzero().flatten()
+        if used.numel():
+            end = max(int(used.max()) + 1, col + 1)
+            ranks[p], col = end - col, end
+    return ranks
+
+
 def split_fused(down: torch.Tensor, up: torch.Tensor, parts: list[str], sizes: list[int],
                 ranks: dict[str, int]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """One fused adapter -> (down, up) per diffusers part, with exactly the parts' updates.
@@ -150,6 +165,8 @@ def split_fused(down: torch.Tensor, up: torch.Tensor, parts: list[str], sizes: l
     columns) splits into the parts' own ranks; any other gives each part the whole down and its rows."""
     rows = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     nonzero = [p for i, p in enumerate(parts) if up[rows[i]:rows[i + 1]].any()]
+    if ranks is None:  # no configured adapters: each present part's rank from its own columns of a block diagonal
+        ranks = _block_ranks(up, rows, parts)
     stray = [p for p in nonzero if p not in ranks]
     if stray:
         raise KeyError(stray[0])
