@@ -18,7 +18,11 @@ from trainer_backend.families.registry import FAMILY_NAMES, get_family
 from trainer_backend.lora_tools import linalg
 from trainer_backend.lora_tools.files import components, read_lora
 
-LAYOUTS = [(name, layout) for name in FAMILY_NAMES for layout in get_family(name).lora_layouts()]
+# every family in every layout it writes; in the default run a UNet family and Flux's two layouts (fused q/k/v
+# kohya, diffusers), the rest with -m slow (~3 min on 2 cores: mostly building the tiny models)
+FAST = {("sd1", "kohya"), ("flux", "kohya"), ("flux", "diffusers")}
+LAYOUTS = [pytest.param(name, layout, marks=() if (name, layout) in FAST else pytest.mark.slow)
+           for name in FAMILY_NAMES for layout in get_family(name).lora_layouts()]
 
 
 def make_lora(model_dir, path, layout="auto", rank=4, seed=0, conv_rank=0, alpha=2.0):
