@@ -7,7 +7,6 @@ Secrets a kohya file may hold (W&B key, Hugging Face token) are never imported.
 """
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,14 +14,14 @@ from typing import Any
 from trainer_backend.config import ConfigError, TrainConfig, from_dict
 from trainer_backend.config.memory_rules import FUSED_OPTIMIZERS
 
-from gui.kohya_keys import (APPROX_OPTIMIZERS, COMPONENT_FILES, DIRECT, FAMILY_KEYS, LOCON_TYPES, NETWORK_TYPES,
-                            OPTIMIZERS, SAMPLERS, SECRET_KEYS, SPECIAL, TIMESTEP_SAMPLING, WEIGHTING_SCHEME, _blank,
-                            _int, _num, _off, _truthy, block_lr_from_kohya)
+from trainer_backend.file_limits import path_text_problem
+
+from gui.kohya_input import (BAD_VALUE, VALUE_LIMIT, ImportProblem, convert_warmup, parse_kohya_text,  # noqa: F401
+                             planned_steps, read_kohya_file, shown)
+from gui.kohya_keys import (APPROX_OPTIMIZERS, COMPONENT_FILES, DIRECT, FAMILY_KEYS, KOHYA_DEFAULTS, LOCON_TYPES,
+                            NETWORK_TYPES, OPTIMIZERS, SAMPLERS, SECRET_KEYS, SPECIAL, TIMESTEP_SAMPLING,
+                            WEIGHTING_SCHEME, _blank, _int, _num, _off, _truthy, block_lr_from_kohya)
 from gui.schema_form import form_fields
-
-
-class ImportProblem(ValueError):
-    pass
 
 
 @dataclass
@@ -32,6 +31,8 @@ class KohyaImport:
     notes: list[str] = field(default_factory=list)                    # approximations, in words
     unsupported: list[tuple[str, Any]] = field(default_factory=list)  # set in the file, not expressible
     unset: list[str] = field(default_factory=list)                    # unsupported but off/empty: harmless
+    defaults: list[tuple[str, Any, str]] = field(default_factory=list)  # kohya key, value, why it is ours anyway
+    warmup_percent: float | None = None   # lr_warmup in % of a step count the file does not give (see below)
 
     def config(self) -> TrainConfig:
         return from_dict(self.data)
@@ -68,18 +69,37 @@ class _Builder:
     def __init__(self) -> None:
         self.result = KohyaImport()
         self.known = {f.dotted for f in form_fields()}
+        self.paths = {f.dotted for f in form_fields() if f.widget == "path"}
         self.adaptive = False   # the optimizer sets its own step size (lr 1.0)
 
     def put(self, kohya_key: str, dotted: str, value: Any) -> None:
         if dotted not in self.known:
             self.result.unsupported.append((kohya_key, value))
             return
+        if dotted in self.paths and isinstance(value, str):
+            problem = path_text_problem(value)
+            if problem:
+                self.result.unsupported.append((kohya_key, f"the path {problem}"))
+                return
+            if ".." in value.replace("\\", "/").split("/"):
+                self.note(f"`{kohya_key}` = {shown(value)} climbs out of its folder (`..`): check where it points "
+                          "before you start")
         section, key = dotted.split(".", 1)
         self.result.data.setdefault(section, {})[key] = value
         self.result.mapped = [m for m in self.result.mapped if m[1] != dotted] + [(kohya_key, dotted, value)]
 
     def note(self, text: str) -> None:
         self.result.notes.append(text)
+
+    def convert(self, kohya_key: str, dotted: str, convert, value: Any) -> bool:
+        """put(convert(value)); a value the converter refuses ("inf", "1e400", text) becomes a report line."""
+        try:
+            converted = convert(value)
+        except BAD_VALUE as e:
+            self.result.unsupported.append((kohya_key, f"{shown(value)} is not usable here ({e})"))
+            return False
+        self.put(kohya_key, dotted, converted)
+        return True
 
 
 def _special_cases(src: dict, b: _Builder) -> None:
@@ -99,9 +119,8 @@ def _special_cases(src: dict, b: _Builder) -> None:
         elif low in LOCON_TYPES:
             b.put("LoRA_type", "network.type", "lora")
             if not _off(src.get("conv_dim")):
-                b.put("conv_dim", "network.conv_rank", _int(src["conv_dim"]))
-                if not _off(src.get("conv_alpha")):
-                    b.put("conv_alpha", "network.conv_alpha", _num(src["conv_alpha"]))
+                if b.convert("conv_dim", "network.conv_rank", _int, src["conv_dim"]) and not _off(src.get("conv_alpha")):
+                    b.convert("conv_alpha", "network.conv_alpha", _num, src["conv_alpha"])
             else:
                 b.note(f"LoRA_type {lora_type!r} without conv_dim: imported as plain LoRA")
         else:
@@ -132,27 +151,34 @@ def _special_cases(src: dict, b: _Builder) -> None:
             b.result.unsupported.append(("lr_scheduler", scheduler))
 
     if not _off(src.get("max_train_epochs")):
-        b.put("max_train_epochs", "schedule.epochs", _int(src["max_train_epochs"]))
+        b.convert("max_train_epochs", "schedule.epochs", _int, src["max_train_epochs"])
     if b.adaptive:
         pass  # the adaptive optimizer's lr (1.0) was set by _optimizer
     elif not _off(src.get("unet_lr")) and "network_dim" in src:
-        b.put("unet_lr", "optimizer.lr", _num(src["unet_lr"]))
+        b.convert("unet_lr", "optimizer.lr", _num, src["unet_lr"])
     te_lr = src.get("text_encoder_lr", src.get("learning_rate_te"))
     te_key = "text_encoder_lr" if "text_encoder_lr" in src else "learning_rate_te"
     if not _off(te_lr):
-        b.put(te_key, "network.text_encoder_lr", _num(te_lr))
+        b.convert(te_key, "network.text_encoder_lr", _num, te_lr)
     if "network_dim" in src:
         train_te = not src.get("network_train_unet_only", False) and not _off(te_lr)
         b.put("network_train_unet_only/text_encoder_lr", "network.train_text_encoder", train_te)
 
     warmup = src.get("lr_warmup")
     if not _off(warmup) and _off(src.get("lr_warmup_steps")):
-        steps = src.get("max_train_steps")
-        if not _off(steps):
-            b.put("lr_warmup", "optimizer.warmup_steps", int(round(_num(warmup) / 100 * _num(steps))))
-            b.note(f"lr_warmup {warmup}% of max_train_steps converted to optimizer.warmup_steps")
+        try:
+            percent = _num(warmup)
+            if not 0 <= percent <= 100:
+                raise ValueError("a percentage is 0 to 100")
+            steps = None if _off(src.get("max_train_steps")) else _int(src["max_train_steps"])
+        except BAD_VALUE as e:
+            b.result.unsupported.append(("lr_warmup", f"{shown(warmup)} is not usable here ({e})"))
         else:
-            b.result.unsupported.append(("lr_warmup", f"{warmup}% (needs max_train_steps to convert)"))
+            if steps:
+                b.put("lr_warmup", "optimizer.warmup_steps", int(round(percent / 100 * steps)))
+                b.note(f"lr_warmup {percent:g}% of max_train_steps converted to optimizer.warmup_steps")
+            else:  # a share of the step plan's count: convert_warmup, once the plan knows it
+                b.result.warmup_percent = percent
 
     attention = str(src.get("xformers", "")).strip().lower()
     if attention in ("xformers", "sdpa"):
@@ -284,14 +310,18 @@ def import_kohya(source: str | dict) -> KohyaImport:
     """A kohya_ss JSON config (text or parsed) -> sparse studio config plus a report.
     The returned `data` always validates: values the schema rejects are moved to `unsupported`."""
     if isinstance(source, str):
-        try:
-            source = json.loads(source)
-        except json.JSONDecodeError as e:
-            raise ImportProblem(f"not a kohya_ss JSON file: {e.msg} at line {e.lineno}") from None
+        source = parse_kohya_text(source)
     if not isinstance(source, dict):
         raise ImportProblem("not a kohya_ss JSON config: expected an object of settings")
     b = _Builder()
     for key, value in source.items():
+        if isinstance(value, (dict, list)):
+            b.result.unsupported.append((key, "a nested value (kohya's settings are single values): not imported"))
+            continue
+        if isinstance(value, str) and len(value) > VALUE_LIMIT:
+            b.result.unsupported.append((key, f"a text of {len(value):,} characters (at most {VALUE_LIMIT:,}): "
+                                              "not imported"))
+            continue
         if key in SECRET_KEYS:
             if not _blank(value):
                 b.note(f"{key} is a secret and was not imported (set it in the environment or the GUI)")
@@ -302,10 +332,9 @@ def import_kohya(source: str | dict) -> KohyaImport:
             if _blank(value) or (_off(value) and convert is not bool and dotted != "dataset.center_crop"
                                  and key not in ("seed", "max_grad_norm")):
                 continue
-            try:
-                b.put(key, dotted, convert(value))
-            except (TypeError, ValueError):
-                b.result.unsupported.append((key, value))
+            b.convert(key, dotted, convert, value)
+        elif key in KOHYA_DEFAULTS and str(value).strip().lower() in KOHYA_DEFAULTS[key]:
+            b.result.defaults.append((key, value, KOHYA_DEFAULTS[key][str(value).strip().lower()]))
         elif key not in SPECIAL:
             if _off(value):
                 b.result.unset.append(key)
@@ -338,12 +367,16 @@ def _drop_invalid(b: _Builder) -> None:
 
 def report_markdown(result: KohyaImport) -> str:
     lines = [f"**Mapped {len(result.mapped)} settings**", ""]
-    lines += [f"- `{k}` → `{d}` = `{v!r}`" for k, d, v in result.mapped]
+    lines += [f"- `{k}` → `{d}` = `{shown(v)}`" for k, d, v in result.mapped]
+    if result.defaults:
+        lines += ["", f"**Mapped (default) ({len(result.defaults)}: what the studio does anyway)**", ""]
+        lines += [f"- `{k}` = `{shown(v)}`: {why}" for k, v, why in result.defaults]
     if result.notes:
         lines += ["", "**Approximations and notes**", ""] + [f"- {n}" for n in result.notes]
     if result.unsupported:
         lines += ["", f"**Not supported ({len(result.unsupported)}, set in the file, not imported)**", ""]
-        lines += [f"- `{k}` = `{v!r}`" for k, v in result.unsupported]
+        lines += [f"- `{shown(k)[1:-1] if isinstance(k, str) else k}` = `{shown(v, 300)}`"
+                  for k, v in result.unsupported]
     if result.unset:
         lines += ["", f"Also not supported but off/empty in the file ({len(result.unset)}): "
                   + ", ".join(f"`{k}`" for k in result.unset)]

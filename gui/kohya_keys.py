@@ -7,7 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 SECRET_KEYS = {"wandb_api_key", "huggingface_token"}
-NETWORK_TYPES = {"standard": "lora", "lycoris/loha": "loha", "lycoris/lokr": "lokr"}
+NETWORK_TYPES = {"standard": "lora", "flux1": "lora", "lycoris/loha": "loha", "lycoris/lokr": "lokr"}
+# kohya values that equal what the studio does anyway: "mapped (default)" in the report, not a warning
+# (key -> {value as kohya writes it, lower case: why it is the studio's default})
+KOHYA_DEFAULTS = {
+    "loss_type": {"l2": "the studio's loss is the mean squared error (L2)"},
+    "save_model_as": {"safetensors": "the studio writes .safetensors files"},
+    "sdxl_no_half_vae": {"true": "the studio runs the VAE in fp32 (no half-precision VAE to turn off)",
+                         "false": "the studio runs the VAE in fp32"},
+}
 LOCON_TYPES = {"kohya locon", "locon", "lycoris/locon"}   # LoRA plus conv-layer adapters (conv_dim)
 SAMPLERS = {"euler": "euler", "euler_a": "euler_a", "k_euler": "euler", "k_euler_a": "euler_a", "ddim": "ddim",
             "dpmsolver++": "dpmpp_2m", "k_dpm_2": "dpmpp_2m", "pndm": "pndm", "ddpm": "ddpm", "unipc": "unipc"}
@@ -36,11 +44,20 @@ def _off(value: Any) -> bool:
 
 
 def _num(value: Any) -> float:
-    return float(str(value).strip())
+    """A finite number ("inf", "nan", "1e400" and text are a ValueError naming the value)."""
+    if isinstance(value, (dict, list)) or isinstance(value, bool):
+        raise ValueError("not a number")
+    number = float(str(value).strip())
+    if not math.isfinite(number):
+        raise ValueError("not a finite number")
+    return number
 
 
 def _int(value: Any) -> int:
-    return int(round(_num(value)))
+    number = _num(value)
+    if abs(number) > 2 ** 53:
+        raise ValueError("out of range")
+    return int(round(number))
 
 
 def _resolution(value: Any) -> int:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from trainer_backend.config import from_dict
+from trainer_backend.config import ConfigError, from_dict
 
 from gui.shared_state import Studio, overlay, preset_error_text
-from gui.kohya_import import ImportProblem, import_kohya, report_markdown
+from gui.kohya_import import (ImportProblem, convert_warmup, import_kohya, planned_steps, read_kohya_file,
+                              report_markdown)
 from gui.presets import PresetError, sanitize_name
 from gui.schema_form import config_to_values, validate_values
 from gui.widgets import FormWidgets
@@ -179,10 +180,13 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, form: FormWidgets, aft
         if not path:
             return [gr.skip()] * len(inputs) + ["Choose a kohya_ss .json file first.", gr.skip(), gr.skip()]
         try:
-            result = import_kohya(Path(path).read_text(encoding="utf-8"))
+            result = import_kohya(read_kohya_file(path))  # size-capped, then parsed with a depth limit
             cfg = from_dict(overlay(studio.base(), result.data))
+            if result.warmup_percent is not None:  # lr_warmup in %: a share of the step plan's count
+                convert_warmup(result, *planned_steps(cfg))
+                cfg = from_dict(overlay(studio.base(), result.data))
             preset = studio.store.save(name or Path(path).stem, cfg, overwrite=False)
-        except (ImportProblem, PresetError, OSError, UnicodeDecodeError) as e:
+        except (ImportProblem, PresetError, ConfigError, OSError, UnicodeDecodeError) as e:
             return [gr.skip()] * len(inputs) + [gr.skip(), preset_error_text(e), gr.skip()]
         values = with_current_secrets(config_to_values(fields, cfg), list(current))
         report = f"Saved as preset **{preset.name}** and loaded into the form.\n\n" + report_markdown(result)
