@@ -1,5 +1,5 @@
 """Images per second of each tiny captioner on this machine (a regression figure, not a quality one:
-the tiny models' text is gibberish), at batch 1 and batch 4, measured in one run.
+the tiny models' text is gibberish), at batch 1 and batch 4, measured in one run (interleaved rounds, medians).
 
     PYTHONPATH=$PWD .venv/bin/python bench/caption_speed.py [--images 16] [--new-tokens 16] [--size 64]
 
@@ -9,6 +9,7 @@ On a GPU (--device cuda) the same script measures the real models given with --m
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", action="append", default=[], metavar="KIND=FOLDER")
     args = parser.parse_args()
     import torch
@@ -56,7 +58,11 @@ def main() -> None:
             captioner = Captioner(folder, k, options, k.targets[0])
             if args.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
-            one, four = measure(captioner, pics, 1), measure(captioner, pics, 4)
+            rates = {1: [], 4: []}
+            for _ in range(args.rounds):   # interleaved, medians: this machine's load comes and goes
+                for batch in rates:
+                    rates[batch].append(measure(captioner, pics, batch))
+            one, four = statistics.median(rates[1]), statistics.median(rates[4])
             peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else float("nan")
             print(f"{kind:<12} {one:>14.2f} {four:>14.2f} {four / one:>7.2f} {peak:>9.2f}", flush=True)
 

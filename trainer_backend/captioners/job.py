@@ -90,7 +90,7 @@ def hold_back_unused(folder: Path, quantize: str) -> list[str]:
 
 def check_options(options: CaptionOptions, kind: CaptionerKind) -> str:
     """The effective target; ConfigError naming the flag for options the captioner cannot honour."""
-    target = options.target if options.target != "auto" else kind.targets[-1 if kind.name == "wd14" else 0]
+    target = options.target if options.target != "auto" else kind.targets[0]   # its first: its default
     if target not in kind.targets:
         raise ConfigError(f"--target {target}: {kind.label} writes {' or '.join(kind.targets)} only; "
                           f"choose another --target or another captioner")
