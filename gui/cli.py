@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         else None, initial_preset=args.preset, stop_timeout_s=args.stop_timeout,
                         allowed_output_dirs=[Path(d).expanduser() for d in args.allow_output_dir],
                         datasets_dir=datasets_dir, dataset_roots=dataset_roots)
-    studio = Studio.create(settings, gpu_count=gpu_count())
+    studio = Studio.create(settings, gpu_count=gpu_count(), queue=queue)
     app = build_app(studio)
     app.queue(default_concurrency_limit=4)
     _close_on_signals()

@@ -58,6 +58,7 @@ class RunManager:
         self.lock = threading.RLock()  # start() holds it while checking live runs (reap locks too)
         self.current: Path | None = None   # the run the Run page follows
         self.pending: tuple[str, float] | None = None   # (run name, time) while Start is checking/launching
+        self.queue = None   # the studio's JobQueue (trainer_backend/jobqueue): Start and Resume add jobs to it
 
     # ------------------------------------------------------------------ discovery
     def roots(self) -> list[Path]:
@@ -109,15 +110,48 @@ class RunManager:
                         f"Stop it first, or choose other GPUs in hardware.gpu_ids.")
         return ""
 
-    def start(self, cfg: TrainConfig, resume: bool = False, secret_env: dict[str, str] | None = None) -> Path:
+    def start(self, cfg: TrainConfig, resume: bool = False, secret_env: dict[str, str] | None = None,
+              front: bool = True) -> Path:
         """Validate, write the run directory's config/command/process files and start the trainer.
         `secret_env` (secret name -> value, typed in the page) reaches the process environment
-        only. Raises ConfigError (naming a field) or StartRefused."""
+        only. Raises ConfigError (naming a field) or StartRefused. With the studio's job queue
+        (`self.queue`) the run is a job: at the front (`front`), or at the end, and it starts when
+        its GPUs are free."""
         self.pending = (cfg.output.name, time.time())   # the Run page shows it as starting at once
         try:
+            if self.queue is not None:
+                return self._enqueue(cfg, resume, secret_env, front)
             return self._start(cfg, resume, secret_env)
         finally:
             self.pending = None
+
+    def _enqueue(self, cfg: TrainConfig, resume: bool, secret_env: dict[str, str] | None, front: bool) -> Path:
+        from trainer_backend.config.checks import validate_for_run
+        cfg = cfg.model_copy(deep=True)
+        try:
+            cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"output.dir: {e}") from None
+        run_dir = cfg.run_dir
+        self._check_allowed(run_dir)
+        validate_for_run(cfg.model_copy(deep=True))
+        _check_secret_names(cfg, secret_env or {})
+        if not resume and is_run_dir(run_dir):
+            self._refuse_existing(run_dir)
+        # a second job for a folder a job already uses: ConfigError naming output.name (shown under it)
+        self.queue.submit_config(cfg, front=front, secret_env=secret_env, resume=resume, submitted_by="page")
+        if run_dir.parent != self.runs_dir:
+            self.extra_roots.add(run_dir.parent)
+        if front:
+            self.current = run_dir
+        return run_dir
+
+    def queue_note(self) -> tuple[str, str] | None:
+        """(run name, where it waits) when the run this page follows is a job still waiting."""
+        if self.queue is None or self.current is None:
+            return None
+        job = self.queue.job_for(self.current)
+        return (job.name, self.queue.place(job)) if job is not None and job.status == "waiting" else None
 
     def _start(self, cfg: TrainConfig, resume: bool, secret_env: dict[str, str] | None) -> Path:
         from trainer_backend.config.checks import validate_for_run
@@ -137,12 +171,7 @@ class RunManager:
             if conflict:
                 raise StartRefused(conflict)
             if not resume and is_run_dir(run_dir):
-                state = run_status(run_dir)
-                if state.resumable or state.status == "done":
-                    what = "finished" if state.status == "done" else f"{state.status} ({state.text})"
-                    hint = ("press Resume to continue it" if state.resumable else "delete it on the Runs page")
-                    raise StartRefused(f"a run named '{run_dir.name}' already exists and is {what}: {hint}, "
-                                       f"or change output.name to start a new run.")
+                self._refuse_existing(run_dir)
             # a new folder or a run's own (never the user's other files), held by no other trainer: refused
             # with one line naming the holder; the lock is taken before anything is written
             self.children[run_dir] = start_run(cfg, self.python, self.cwd, by="studio", who="the studio",
@@ -152,6 +181,15 @@ class RunManager:
             self.current = run_dir
         forget(run_dir)
         return run_dir
+
+    @staticmethod
+    def _refuse_existing(run_dir: Path) -> None:
+        state = run_status(run_dir)
+        if state.resumable or state.status == "done":
+            what = "finished" if state.status == "done" else f"{state.status} ({state.text})"
+            hint = ("press Resume to continue it" if state.resumable else "delete it on the Runs page")
+            raise StartRefused(f"a run named '{run_dir.name}' already exists and is {what}: {hint}, "
+                               f"or change output.name to start a new run.")
 
     def _check_allowed(self, run_dir: Path) -> None:
         """Runs started here write only inside the allowed roots (not /etc, not the user's home), with

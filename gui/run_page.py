@@ -182,11 +182,13 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> gr.Timer:
     def tick(price_value, seen_value, said_value):
         studio.manager.reap()
         pending = studio.manager.pending
-        if pending is not None:
-            name, since = pending
+        waiting = studio.manager.queue_note() if pending is None else None   # a job not started yet
+        if pending is not None or waiting is not None:
+            name = (pending or waiting)[0]
+            text = (f"starting {name}: checking the config and launching… ({int(time.time() - pending[1])} s)"
+                    if pending else f"{name}: {waiting[1]} (the Queue page orders the jobs)")
             html = ("<div class='run-progress status-starting'><div class='run-status' id='run-status-text'>"
-                    f"starting {name}: checking the config and launching… ({int(time.time() - since)} s)"
-                    "</div></div>")
+                    f"{text}</div></div>")
             off = gr.update(interactive=False)
             return [f"### Run: {name}", gr.update(visible=False), None, off, off, off, off, html,
                     *[gr.skip()] * (len(view.components()) - 1), system_markdown(studio.manager.runs_dir), {},

@@ -38,13 +38,16 @@ class Studio:
     manager: RunManager
     fields: list[FormField] = field(default_factory=form_fields)
 
+    queue: object = None   # the JobQueue (trainer_backend/jobqueue) when the studio runs one
+
     @classmethod
-    def create(cls, settings: Settings, gpu_count: int = 0) -> "Studio":
+    def create(cls, settings: Settings, gpu_count: int = 0, queue=None) -> "Studio":
         store = PresetStore(settings.presets_dir) if settings.presets_dir else PresetStore()
         manager = RunManager(settings.runs_dir, gpu_count=gpu_count, python=settings.python,
                              stop_timeout_s=settings.stop_timeout_s,
                              allowed_roots=settings.allowed_output_dirs)
-        return cls(settings=settings, store=store, manager=manager)
+        manager.queue = queue   # Start and Resume add jobs to it
+        return cls(settings=settings, store=store, manager=manager, queue=queue)
 
     # ------------------------------------------------------------------ configs
     def base(self) -> dict:

@@ -1,4 +1,4 @@
-"""Assemble the studio: Training, Run and Runs pages in one Blocks app."""
+"""Assemble the studio: Training, Run, Runs and Queue pages in one Blocks app."""
 from __future__ import annotations
 
 import tomllib
@@ -13,6 +13,7 @@ from gui.datasets_page import KEYS_JS, build_datasets_page
 from gui.preset_panel import build_preset_panel, wire_preset_panel
 from gui.run_control import StartRefused
 from gui.run_page import build_run_page
+from gui.queue_page import build_queue_page
 from gui.runs_page import build_runs_page
 from gui.training_page import FORM_REFRESH, build_training_page
 
@@ -79,8 +80,11 @@ def build_app(studio: Studio) -> gr.Blocks:
                                              runs_tab)
             with gr.Tab("Datasets", id="datasets", elem_id="page-datasets") as datasets_tab:
                 datasets_timer, _ = build_datasets_page(studio, page.form, after_load, main_tabs, datasets_tab)
-        tick_only_while_shown([(training_tab, None), (run_tab, run_timer), (runs_tab, runs_timer),
-                               (datasets_tab, datasets_timer)])
+            pages = [(training_tab, None), (run_tab, run_timer), (runs_tab, runs_timer), (datasets_tab, datasets_timer)]
+            if studio.queue is not None:
+                with gr.Tab("Queue", id="queue", elem_id="page-queue") as queue_tab:
+                    pages.append((queue_tab, build_queue_page(studio, main_tabs)))
+        tick_only_while_shown(pages)
         app.load(None, js=KEYS_JS)   # the caption editor's keys (gui/datasets_page.py)
         wire_preset_panel(panel, studio, page.form, after_load)
         # a reload keeps the form: the draft in the browser is restored, then the form is refreshed

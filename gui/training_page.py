@@ -96,6 +96,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
     secret_boxes, secret_status = build_secrets_panel()
     with gr.Row(equal_height=True):
         start = gr.Button("▶ Start training", variant="primary", elem_id="start-training", scale=1)
+        enqueue = gr.Button("Add to queue", elem_id="add-to-queue", scale=0, min_width=140)
         message = gr.Markdown("", elem_id="training-message")
     with gr.Accordion("Command preview", open=True, elem_id="command-preview"):   # a panel, not a hidden tab
         _preview(ui)
@@ -177,7 +178,9 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
 
     memory_warned = gr.State(None)
 
-    def on_start(*args):
+    def on_start(*args, front: bool = True):
+        """Start = the job at the front of the queue (it runs when its GPUs are free); Add to queue
+        (`front=False`) = at the end, and the page stays here."""
         args, warned_at = args[:-1], args[-1]
         values = list(args[:len(fields)])   # what a refusal is about (`refused`)
         visible = field_visibility(fields, values)
@@ -193,12 +196,15 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                 return [*cleared(), f"⚠️ {warning}", gr.skip(), gr.skip(), time.time(),
                         only_changed(cleared(), None)[1], values]
             try:
-                run_dir = studio.manager.start(cfg, secret_env=env_from_rows(list(args[len(fields):])))
+                run_dir = studio.manager.start(cfg, secret_env=env_from_rows(list(args[len(fields):])), front=front)
             except ConfigError as e:
                 error = e
             except StartRefused as e:
                 return [*cleared(), f"⚠️ {e}", gr.skip(), gr.skip(), None, only_changed(cleared(), None)[1], values]
             else:
+                if not front:
+                    return [*cleared(), f"Added **{run_dir.name}** to the queue (the Queue page shows its place).",
+                            gr.skip(), gr.skip(), None, only_changed(cleared(), None)[1], None]
                 return [*cleared(), f"Started **{run_dir.name}** — follow it on the Run page.",
                         gr.skip(), gr.Tabs(selected="run"), None, only_changed(cleared(), None)[1], None]
         target = error_field(fields, error)
@@ -210,13 +216,17 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
                 gr.Tabs(selected=tab_id(target.tab)) if target else gr.skip(), gr.skip(), None,
                 only_changed(placed, None)[1], values]
 
-    start.click(form.reading(on_start), inputs=[form.values, *secret_boxes, memory_warned],
-                outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned, shown,
-                         refused],
-                show_progress_on=message,
-                # in turn with the form's refresh: a refresh sent before Start (the blur of the field
-                # just typed in) finishes first, and never blanks Start's refusal (issue 29 item 1)
-                concurrency_limit=1, concurrency_id=FORM_REFRESH)
+    def add_to_queue(*args):
+        return on_start(*args, front=False)
+    for button, handler in ((start, on_start), (enqueue, add_to_queue)):
+        button.click(form.reading(handler),
+                     inputs=[form.values, *secret_boxes, memory_warned],
+                     outputs=[*form.errors, *form.visibility_outputs, message, form.tabs, main_tabs, memory_warned,
+                              shown, refused],
+                     show_progress_on=message,
+                     # in turn with the form's refresh: a refresh sent before Start (the blur of the field
+                     # just typed in) finishes first, and never blanks Start's refusal (issue 29 item 1)
+                     concurrency_limit=1, concurrency_id=FORM_REFRESH)
     return TrainingPage(form=form, message=message,
                         refresh_outputs=[*outputs, *form.visibility_outputs, shown, *hook.outputs],
                         refresh=refresh_with_visibility,

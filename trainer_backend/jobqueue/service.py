@@ -75,7 +75,14 @@ class JobQueue:
         cfg, problems = training_jobs.check_config(config_toml, self.base(), self.allowed_roots, self.cwd)
         if problems:
             raise ConfigProblems(problems)
-        clash = _finished_run(cfg.run_dir)
+        return self.submit_config(cfg, priority=priority, front=front, submitted_by=submitted_by,
+                                  secret_env=secret_env)
+
+    def submit_config(self, cfg, priority: int = 0, front: bool = False, submitted_by: str = "",
+                      secret_env: dict[str, str] | None = None, resume: bool = False) -> Job:
+        """A checked config (output.dir absolute) as a waiting job. A new job may not reuse a folder
+        that holds a run; `resume` (the Run page's Resume) continues the run in it."""
+        clash = "" if resume else _finished_run(cfg.run_dir)
         if clash:
             raise ConfigProblems([Problem("output.name", clash)])
         job = self.store.add("train", cfg.output.name, str(cfg.run_dir), config_toml=training_jobs.stored_toml(cfg),
@@ -85,6 +92,18 @@ class JobQueue:
             self.worker.secrets[job.id] = dict(secret_env)
         self.worker.wake()
         return job
+
+    def job_for(self, run_dir: str | Path) -> Job | None:
+        """The newest job of a run folder."""
+        return self.store.latest_for(str(run_dir))
+
+    def place(self, job: Job) -> str:
+        """Where a waiting job stands, in words: 'waiting in the queue: 2nd of 5'."""
+        ids = [j.id for j in self.store.waiting()]
+        paused = " (the queue is paused)" if self.store.paused else ""
+        if job.id not in ids:
+            return job.status
+        return f"waiting in the queue: {_ordinal(ids.index(job.id) + 1)} of {len(ids)}{paused}"
 
     def submit_command(self, name: str, argv: list[str], gpus: int = 1, priority: int = 0, front: bool = False,
                        run_dir: str | Path | None = None) -> Job:
@@ -149,6 +168,10 @@ class JobQueue:
 
     def live_jobs(self) -> list[Job]:
         return self.store.jobs(LIVE)
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _finished_run(run_dir: Path) -> str:

@@ -192,6 +192,12 @@ class QueueStore:
         with self.lock:
             return [Job.from_row(r) for r in self.db.execute(sql, statuses)]
 
+    def latest_for(self, run_dir: str) -> Job | None:
+        """The newest job writing to this run folder."""
+        with self.lock:
+            row = self.db.execute("SELECT * FROM jobs WHERE run_dir = ? ORDER BY id DESC LIMIT 1", (run_dir,)).fetchone()
+        return Job.from_row(row) if row else None
+
     def waiting(self) -> list[Job]:
         return self.jobs((WAITING,))
 
