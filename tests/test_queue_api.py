@@ -196,6 +196,15 @@ def test_a_killed_studio_restarts_with_the_same_order_and_readopts_the_running_t
         code, log = second.call("GET", f"/jobs/{job['id']}/log?after=0", token)
         assert code == 200 and any("started by the queue" in line for line in log["lines"])
         assert second.call("GET", f"/jobs/{job['id']}/files/..%2Fqueue", token)[0] == 404
+        req = urllib.request.Request(f"http://127.0.0.1:{second.port}/api/v1/jobs/{job['id']}/events",
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:       # the job has ended: the stream ends too
+            assert r.headers["content-type"].startswith("text/event-stream")
+            stream = r.read().decode()
+        events = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: {\"")]
+        assert events[-1]["event"] == "done" and [e["step"] for e in events if e["event"] == "step"] == [1, 2, 3]
+        assert stream.rstrip().endswith("event: end\ndata: {}")
+        assert second.call("POST", f"/jobs/{job['id']}/checkpoint", token, {})[0] == 409    # not running
         assert second.call("DELETE", f"/jobs/{order[0]}", token)[0] == 200
         assert second.call("DELETE", f"/jobs/{job['id']}", token)[0] == 409      # only waiting jobs
         out, _ = client.communicate(timeout=60)

@@ -45,6 +45,8 @@ MIGRATIONS: tuple[str, ...] = (
     """CREATE TABLE tokens (name TEXT PRIMARY KEY, scope TEXT NOT NULL, sha256 TEXT NOT NULL UNIQUE,
                             created REAL NOT NULL);
        ALTER TABLE jobs ADD COLUMN submitted_by TEXT NOT NULL DEFAULT '';""",
+    # version 3: a submit's "does a job already write to this folder?" without reading every row
+    """CREATE INDEX jobs_run_dir ON jobs(run_dir, status);""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
