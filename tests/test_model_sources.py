@@ -247,3 +247,20 @@ def test_the_studio_plan_shows_the_download_size_and_free_space(hub, tmp_path):
     assert "(sd1 files only; 3 other files of the repo skipped)" in lines[0]  # fp16 copy, single file, README
     cfg.model.path = str(tmp_path)  # a local folder: no line
     assert hub_plan.download_lines(cfg) == []
+
+
+def test_a_config_gets_its_hub_ids_with_the_token_from_its_secrets(hub, tmp_path, monkeypatch):
+    from trainer_backend.config import TrainConfig
+    from trainer_backend.model_sources import resolve_config_models
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text("HF_TOKEN=hf_right_token\n")
+    secrets.chmod(0o600)
+    cfg = TrainConfig()
+    cfg.model.path, cfg.model.tokenizer, cfg.cloud.secrets_file = "org/gated-sd1", "org/tiny-sd1", str(secrets)
+    events = []
+    resolve_config_models(cfg, emit=lambda kind, **fields: events.append((str(kind), fields)), show=False)
+    assert (Path(cfg.model.path) / WEIGHT).is_file()
+    tokenizer = Path(cfg.model.tokenizer)  # model.tokenizer: tokenizer files only, no weights
+    assert (tokenizer / "tokenizer" / "vocab.json").is_file() and not (tokenizer / WEIGHT).exists()
+    assert {kind for kind, _ in events} == {"download"} and "hf_right_token" not in json.dumps(events)

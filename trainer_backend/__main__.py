@@ -207,6 +207,8 @@ def _train(cfg) -> int:
 
 
 def _train_locked(cfg) -> int:
+    from .model_sources import fetch_before_training  # hub ids: on every rank, before the process group
+    fetch_before_training(cfg, main=_is_main_rank())
     from .training.optional_backends import hold_back_unused
     hold_back_unused(cfg)  # before diffusers/transformers import torchao/bitsandbytes for nothing
     from .training.loop import TrainingDiverged, train

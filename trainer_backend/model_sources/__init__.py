@@ -17,7 +17,7 @@ from .spec import HubSpec, parse_hub_spec
 
 __all__ = ["HubSpec", "parse_hub_spec", "hub_spec", "resolve_model", "plan_model", "DownloadStatus", "Progress",
            "printer", "to_events", "status_line", "human_bytes", "resolve_config_models", "config_hub_fields",
-           "hub_problems", "plan_lines", "KINDS"]
+           "hub_problems", "plan_lines", "fetch_before_training", "KINDS"]
 
 KINDS = ("model", "files", "tokenizer")  # what a field needs: a model (the family picks), a repo's files, tokenizers
 
@@ -93,4 +93,5 @@ def plan_model(spec: HubSpec, *, key: str = "model.path", token: str | None = No
         raise ConfigError(describe(e, spec, key, settings.endpoint)) from e
 
 
-from .config_models import config_hub_fields, hub_problems, plan_lines, resolve_config_models  # noqa: E402
+from .config_models import (config_hub_fields, fetch_before_training, hub_problems, plan_lines,  # noqa: E402
+                            resolve_config_models)

@@ -60,9 +60,11 @@ def hub_problems(cfg) -> Iterator[tuple[str, str]]:
             yield key, offline_message(spec, key).split(": ", 1)[1]
 
 
-def resolve_config_models(cfg, emit: Callable[..., None] | None = None, show: bool = True):
-    """Every hub id in cfg's [model] fields replaced (in place) by its local path, downloading what is
-    missing; progress as `download` events through `emit(kind, **fields)` and log lines (train.log)."""
+def resolve_config_models(cfg, emit: Callable[..., None] | None = None, show: bool = True, extra=None,
+                          apply: bool = True):
+    """Every hub id in cfg's [model] fields replaced (in place; `apply=False`: only fetched) by its local path,
+    downloading what is missing; progress as `download` events through `emit(kind, **fields)`, log lines
+    (`show`) and `extra`."""
     import logging
     from . import resolve_model
     from .progress import both, logged, to_events
@@ -71,12 +73,13 @@ def resolve_config_models(cfg, emit: Callable[..., None] | None = None, show: bo
         return cfg
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2"):  # one INFO line per HTTP request otherwise
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    progress = both(to_events(emit) if emit else None, logged(logging.getLogger(__name__)) if show else None)
+    progress = both(to_events(emit) if emit else None, logged(logging.getLogger(__name__)) if show else None, extra)
     token = hub_token(cfg)
     for key, name, spec in fields:
         path = resolve_model(spec, progress=progress, key=key, token=token, kind=FIELD_KINDS.get(name, "files"),
                              offline=_offline(cfg))
-        setattr(cfg.model, name, str(path))
+        if apply:
+            setattr(cfg.model, name, str(path))
     return cfg
 
 
@@ -105,3 +108,39 @@ def plan_lines(cfg) -> list[str]:
         except ConfigError as e:
             lines.append(str(e))
     return lines
+
+
+def fetch_before_training(cfg, main: bool) -> None:
+    """The trainer's first act: hub ids in cfg's model fields -> local paths, on every rank and before the
+    process group exists, so a long download never meets a collective's timeout (the other ranks wait on
+    the repo's lock and then find the files cached). Rank 0 reports: `download` events in the run folder
+    and progress lines appended to its train.log. cfg keeps the ids (the run's config.toml shows them); the
+    loader's resolve_config_models then finds them cached, without the network."""
+    if not config_hub_fields(cfg):
+        return
+    from ..run.contract import LOG_FILE
+    from ..run.events import RunEvents
+    from ..run.run_folder import has_marker
+    from .progress import status_line
+    own = main and has_marker(cfg.run_dir)
+    events = RunEvents(cfg.run_dir, enabled=True, tensorboard=False) if own else None
+
+    def to_log(status) -> None:
+        import sys
+        import time
+        line = f"{time.strftime('%H:%M:%S')} INFO download: {status_line(status)}"
+        print(line, file=sys.stderr, flush=True)
+        if not own:
+            return
+        try:
+            with open(cfg.run_dir / LOG_FILE, "a", encoding="utf-8") as log:
+                log.write(line + "\n")
+        except OSError:
+            pass
+    try:
+        from .progress import Throttled
+        resolve_config_models(cfg, emit=events.emit if events else None, show=False,
+                              extra=Throttled(to_log, 5.0) if main else None, apply=False)
+    finally:
+        if events is not None:
+            events.close()
