@@ -120,10 +120,11 @@ def test_lora_end_to_end(arch, tiny_models, launched_runs, tmp_path):
         keys, meta = list(f.keys()), f.metadata()
     assert keys, "the LoRA file is empty"
     assert meta["ss_network_dim"] == "4" and meta["ss_steps"] == "3"
-    assert meta["ss_base_model_version"] == family.base_model_version
     assert meta["modelspec.architecture"].startswith(family.modelspec_architecture)
     # the loaded variant's name (SD3.5 Medium, Flux.1 dev, ...) with the modelspec convention's adapter suffix
     base = load_model(str(model_dir))
+    assert meta["ss_base_model_version"] == family.base_model_version_of(base)
+    assert meta["ss_network_module"] == family.network_module and meta["modelspec.sai_model_spec"] == "1.0.1"
     assert meta["modelspec.architecture"] == f"{family.architecture(base)}/lora"
     freq = json.loads(meta["ss_tag_frequency"])  # per subset folder: tag -> count, as kohya writes it
     assert sum(freq["data"].values()) == 3 and "a red square on a plain background" in freq["data"]

@@ -115,8 +115,9 @@ def test_tiny_lora_loads_in_diffusers_changes_the_image_and_is_the_trained_model
     out = run / f"{layout}.safetensors"
     with safe_open(str(out), "pt") as f:
         keys, meta = set(f.keys()), f.metadata()
-    assert meta["ss_base_model_version"] == "flux2"
-    assert meta["modelspec.architecture"] == ("flux-2-dev/lora" if arch == "flux2-dev" else "flux-2-klein/lora")
+    # musubi-tuner's and SwarmUI's names; a tiny Klein counts as 4B
+    assert meta["ss_base_model_version"] == ("flux_2_dev" if arch == "flux2-dev" else "flux_2_klein_4b")
+    assert meta["modelspec.architecture"] == ("flux.2-dev/lora" if arch == "flux2-dev" else "flux.2-klein-4b/lora")
     assert ("lora_unet_double_blocks_0_img_attn_qkv.alpha" in keys) == (layout == "kohya")
     assert ("lora_unet_single_blocks_0_linear1.lora_up.weight" in keys) == (layout == "kohya")
     assert ("transformer.single_transformer_blocks.0.attn.to_qkv_mlp_proj.lora_A.weight" in keys) == \

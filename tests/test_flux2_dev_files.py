@@ -71,7 +71,7 @@ def _outputs(model):
 def test_comfyui_dev_files_load_through_the_options_as_the_folder_model(dev_files):
     model, folder, out = dev_files
     loaded = _configured(folder, out)
-    assert loaded.family is FLUX2 and FLUX2.architecture(loaded) == "flux-2-dev"
+    assert loaded.family is FLUX2 and FLUX2.architecture(loaded) == "flux.2-dev"
     assert type(loaded.text_encoders[0]).__name__ == "Mistral3ForConditionalGeneration"
     assert loaded.denoiser.config.guidance_embeds
     (hidden_a, out_a), (hidden_b, out_b) = _outputs(loaded), _outputs(model)

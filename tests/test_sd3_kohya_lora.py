@@ -119,7 +119,9 @@ def test_a_kohya_run_holds_the_update_diffusers_applies_from_the_same_runs_diffu
             "lora_unet_joint_blocks_1_x_block_attn_proj.lora_down.weight"} <= keys
     assert any(k.startswith("lora_te1_text_model_encoder_layers_0_self_attn_q_proj") for k in keys)
     assert any(k.startswith("lora_te2_text_model_encoder_layers_0_self_attn_q_proj") for k in keys)
-    assert meta["ss_base_model_version"] == "sd3" and meta["ss_network_dim"] == "4"
+    # kohya's sd3 model type of the tiny SD3.5 Medium-like model (dual attention, q/k norm), its network module
+    assert meta["ss_base_model_version"] == "5-medium" and meta["ss_network_dim"] == "4"
+    assert meta["ss_network_module"] == "networks.lora_sd3"
 
     pipe = SD3.build_pipeline(load_model(str(tiny_models("sd3"))))
     base = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}

@@ -1,6 +1,7 @@
-"""Z-Image LoRA files in both layouts: the key sets of the full-size architecture (meta device), the
-tiny file loading in diffusers with the trained model's output, and the kohya layout merged into the
-original checkpoint the way ComfyUI applies it."""
+"""Z-Image LoRA files in each layout: the key sets of the full-size architecture (meta device), the
+tiny file loading in diffusers with the trained model's output, the "original" layout merged into the
+original checkpoint the way ComfyUI applies it, and the "kohya" layout named as musubi-tuner (kohya's
+Z-Image trainer) names its modules."""
 from __future__ import annotations
 
 import pytest
@@ -29,7 +30,7 @@ def test_full_size_original_layout_is_what_diffusers_converter_reads():
     assert back.keys() == state.keys() and all(back[k].shape == state[k].shape for k in state)
 
 
-@pytest.mark.parametrize("layout", ["diffusers", "kohya"])
+@pytest.mark.parametrize("layout", ["diffusers", "kohya", "original"])
 def test_full_size_lora_keys_of_each_layout(layout):
     denoiser = ZIMAGE.meta_denoiser()
     denoiser.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=list(ZIMAGE.default_targets)))
@@ -42,7 +43,18 @@ def test_full_size_lora_keys_of_each_layout(layout):
     if layout == "diffusers":  # ComfyUI's Z-Image key map reads these names (transformer.<diffusers path>)
         assert all(k.startswith("transformer.") and k.endswith((".lora_A.weight", ".lora_B.weight")) for k in written)
         return
-    # kohya: every name is lora_unet_ + an original-layout Linear weight (ComfyUI's key map), shapes fit
+    if layout == "kohya":  # musubi-tuner's: lora_unet_ + its module path (= diffusers') with _, one per module
+        names = {k.split(".")[0] for k in written}
+        assert names == {"lora_unet_" + m.replace(".", "_") for m in adapted}
+        assert "lora_unet_layers_29_attention_to_q" in names and "lora_unet_layers_0_attention_to_out_0" in names
+        assert "lora_unet_noise_refiner_1_feed_forward_w3" in names and not any("qkv" in n for n in names)
+        # musubi-tuner loads the adapters inside ZImageTransformerBlock modules: all of them here
+        assert all(n.startswith(("lora_unet_layers_", "lora_unet_noise_refiner_", "lora_unet_context_refiner_"))
+                   for n in names)
+        assert all(float(written[f"{n}.alpha"]) == 2.0 for n in names)
+        assert set(to_peft_updates(written, denoiser)) == adapted
+        return
+    # original: every name is lora_unet_ + an original-layout Linear weight (ComfyUI's key map), shapes fit
     original = to_original({k.replace(".base_layer", ""): v for k, v in denoiser.state_dict().items()
                             if "lora_" not in k})
     by_name = {k[: -len(".weight")].replace(".", "_"): v.shape for k, v in original.items()
@@ -78,7 +90,7 @@ def _probe(denoiser) -> torch.Tensor:
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("layout", ["diffusers", "kohya"])
+@pytest.mark.parametrize("layout", ["diffusers", "kohya", "original"])
 def test_tiny_lora_file_loads_in_diffusers_and_matches_the_trained_model(trained, tiny_models, tmp_path, layout):
     from diffusers import ZImagePipeline
     from safetensors.torch import save_file
@@ -95,13 +107,13 @@ def test_tiny_lora_file_loads_in_diffusers_and_matches_the_trained_model(trained
     assert (got - want).abs().max() <= 1e-5
 
 
-def test_kohya_file_merged_as_comfyui_does_matches_the_trained_model(trained):
-    """ComfyUI applies a kohya-layout file by adding alpha/rank · up @ down to each named weight of the
+def test_original_layout_file_merged_as_comfyui_does_matches_the_trained_model(trained):
+    """ComfyUI applies an original-layout file by adding alpha/rank · up @ down to each named weight of the
     original checkpoint: merged, the original file gives the trained model's output."""
     import copy
     model, state = trained
     want = _probe(model.denoiser)
-    written = ZIMAGE.lora_file_state(model, {"transformer": state}, 2.0, "kohya")
+    written = ZIMAGE.lora_file_state(model, {"transformer": state}, 2.0, "original")
     base = copy.deepcopy(model.denoiser)
     base.disable_adapters()
     plain = {k.replace(".base_layer", ""): v for k, v in base.state_dict().items() if "lora_" not in k}
@@ -115,15 +127,16 @@ def test_kohya_file_merged_as_comfyui_does_matches_the_trained_model(trained):
         assert torch.allclose(scale * up @ down, 0.5 * b @ a, atol=1e-6), module
 
 
-def test_a_run_starts_from_a_kohya_layout_file(trained, tiny_models, tmp_path):
-    """network.network_weights = a kohya-layout file (fused qkv): the run's adapters start from it, so
-    after one step at a negligible learning rate the output file applies the same update."""
+@pytest.mark.parametrize("layout", ["original", "kohya"])
+def test_a_run_starts_from_a_kohya_style_file(trained, tiny_models, tmp_path, layout):
+    """network.network_weights = an original-layout file (fused qkv) or musubi-tuner's: the run's adapters
+    start from it, so after one step at a negligible learning rate the output file applies the same update."""
     from safetensors.torch import load_file, save_file
     from conftest import make_dataset
     from method_runs import train_run
     model, state = trained  # rank 4, alpha 2
     path = tmp_path / "start.safetensors"
-    save_file(ZIMAGE.lora_file_state(model, {"transformer": state}, 2.0, "kohya"), str(path))
+    save_file(ZIMAGE.lora_file_state(model, {"transformer": state}, 2.0, layout), str(path))
     data = make_dataset(tmp_path / "data", n=1, size=32)
     run, _, _ = train_run(tmp_path, tiny_models("zimage"), data, "resumed-from-kohya", f"network.network_weights={path}",
                           "network.alpha=2", "network.target_modules=[\"to_q\",\"to_k\",\"to_v\",\"to_out.0\",\"w1\",\"w2\",\"w3\"]",

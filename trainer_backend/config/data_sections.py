@@ -34,8 +34,10 @@ class Output(Section):
                 "read by kohya's sd-scripts, ComfyUI, Forge and diffusers (Chroma's: the same names, read by "
                 "diffusers); SD3's lora_unet_joint_blocks_… (q/k/v "
                 "fused), read by kohya's sd-scripts, ComfyUI and Forge (diffusers has no converter for it); Flux.2's, "
-                "read by ComfyUI and diffusers; Z-Image's lora_unet_layers_…_attention_qkv, read by ComfyUI and "
-                "diffusers; Qwen-Image's lora_unet_transformer_blocks_…, read by ComfyUI and musubi-tuner.",
+                "read by ComfyUI and diffusers; Z-Image's musubi-tuner names (lora_unet_layers_…_attention_to_q), read by "
+                "musubi-tuner and diffusers (ComfyUI after musubi's convert_z_image_lora_to_comfy); Qwen-Image's "
+                "lora_unet_transformer_blocks_…, read by ComfyUI and musubi-tuner. original (Z-Image) = the original "
+                "checkpoint's names (lora_unet_layers_…_attention_qkv, q/k/v fused), read by ComfyUI and diffusers.",
         advanced=True, resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 

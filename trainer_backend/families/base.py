@@ -81,9 +81,14 @@ class Family:
     default_text_encoder_targets: tuple[str, ...] = ()
     # model.<option> names of separate text-encoder files a single-file model loads with (Flux: clip_l, t5)
     text_encoder_file_options: tuple[str, ...] = ()
-    # metadata stamped into outputs (kohya's ss_base_model_version, SAI modelspec)
+    # metadata stamped into outputs, as kohya's sd-scripts / musubi-tuner write it for this family (tools
+    # such as SwarmUI and kohya's merge scripts classify files by it): ss_base_model_version (a variant's,
+    # base_model_version_of), the kohya network module that reads the family's LoRA files, and the SAI
+    # modelspec's architecture (architecture()) and implementation
     base_model_version: str = ""
     modelspec_architecture: str = ""
+    network_module: str = "networks.lora"
+    modelspec_implementation: str = "diffusers"
     # paired control (reference) images, one per training image (dataset.control_path, docs/dataset.md):
     # "" = not used (a control_path is refused), "optional", "required" (an edit model: refused without
     # one). Keep it equal to the registry entry's `control_images` (the config rules read that, torch-free).
@@ -283,6 +288,10 @@ class Family:
         """modelspec.architecture of this base model, without an adapter suffix (full files carry it as
         is, LoRA files with `/lora`): the family's, or where its variants differ the loaded variant's."""
         return self.modelspec_architecture
+
+    def base_model_version_of(self, model) -> str:
+        """ss_base_model_version of this base model: the family's, or the loaded variant's."""
+        return self.base_model_version
 
     def lora_metadata(self) -> dict[str, str]:
         """Family metadata for LoRA files (ss_base_model_version, modelspec.architecture, ...)."""

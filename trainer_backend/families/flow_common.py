@@ -107,7 +107,7 @@ class FlowFamily(Family):
 
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         self.lora_layout(layout)  # diffusers unless the family overrides this (Flux: kohya too)
-        return to_diffusers_lora(adapter_states, alpha)
+        return to_diffusers_lora(adapter_states, alpha, transformers4_prefixes(model, adapter_states))
 
     def diffusers_lora_targets(self, file_state, denoiser) -> set[str]:
         converted = self.pipeline_class().lora_state_dict(dict(file_state))
@@ -179,10 +179,26 @@ def unwrap(module):
 # `text_encoder.…`), which diffusers' `load_lora_weights` reads directly and ComfyUI's LoRA loader
 # maps. The layout has no alpha keys (its loaders take alpha = rank), so alpha/rank is folded into
 # lora_B: the file applies exactly the trained update with no scale to get wrong downstream.
-def to_diffusers_lora(state_dicts: dict[str, dict], alpha: float | Callable[[str, str], float]) -> dict:
-    """peft adapter weights per component -> one diffusers-layout LoRA state dict."""
+def transformers4_prefixes(model, adapter_states: dict) -> dict[str, str]:
+    """Component -> the prefix that gives its keys transformers 4's names. transformers 5 flattened
+    CLIPTextModel (no `text_model.`); ComfyUI maps only `text_encoder.text_model.…` (it dropped all 96
+    of Flux's CLIP-L keys), diffusers with transformers 4 fails without it, and diffusers with
+    transformers 5 reads both. CLIPTextModelWithProjection (SD3's) still has `text_model.`."""
+    if set(adapter_states) <= {getattr(model.family, "denoiser_name", "transformer")}:
+        return {}
+    parts = {name: getattr(m, "module", m) for name, m in model.components().items()}  # DDP-wrapped too
+    return {name: "text_model." for name in adapter_states
+            if getattr(getattr(parts.get(name), "config", None), "model_type", "") == "clip_text_model"
+            and not hasattr(parts[name], "text_model")}
+
+
+def to_diffusers_lora(state_dicts: dict[str, dict], alpha: float | Callable[[str, str], float],
+                      prefixes: dict[str, str] | None = None) -> dict:
+    """peft adapter weights per component -> one diffusers-layout LoRA state dict (`prefixes`: a
+    component's key prefix, transformers4_prefixes)."""
     out: dict = {}
     for component, sd in state_dicts.items():
+        prefix = (prefixes or {}).get(component, "")
         for key, tensor in sd.items():
             if not key.endswith(("lora_A.weight", "lora_B.weight")):
                 raise ValueError(f"unexpected adapter key {key!r}: not a LoRA weight")
@@ -191,5 +207,5 @@ def to_diffusers_lora(state_dicts: dict[str, dict], alpha: float | Callable[[str
                 rank = sd[f"{module}.lora_A.weight"].shape[0]
                 value = alpha(component, module) if callable(alpha) else alpha
                 tensor = tensor * (float(value) / rank)
-            out[f"{component}.{key}"] = tensor.contiguous()
+            out[f"{component}.{prefix}{key}"] = tensor.contiguous()
     return out

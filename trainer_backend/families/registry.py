@@ -48,7 +48,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("chroma", "Chroma (Chroma1-HD, Chroma1-Base)", "trainer_backend.families.chroma", "CHROMA", "flow",
                 ("diffusers", "kohya"), text_encoder_training=False),
     FamilyEntry("zimage", "Z-Image (Turbo, base)", "trainer_backend.families.zimage", "ZIMAGE", "flow",
-                ("diffusers", "kohya"), text_encoder_training=False),
+                ("diffusers", "kohya", "original"), text_encoder_training=False),
     FamilyEntry("flux2", "Flux.2 (Klein 4B, 9B; dev)", "trainer_backend.families.flux2", "FLUX2", "flow",
                 ("kohya", "diffusers"), control_images="optional", text_encoder_training=False,
                 tiny_variants=("dev",)),

@@ -67,8 +67,30 @@ def kohya_metadata(cfg, family, *, steps: int, epochs: int, num_images: int,
         "ss_clip_skip": str(cfg.model.clip_skip) if entry(family.name).clip_skip else "None",
     }
     meta.update(family.lora_metadata())  # ss_base_model_version, modelspec.architecture, ...
+    meta["ss_network_module"] = family.network_module   # kohya's/musubi's module for this family
+    meta.update(modelspec(cfg, family, started_at))
     if model is not None:  # the modelspec convention's adapter suffix, as kohya's sai_model_spec writes it
         meta["modelspec.architecture"] = f"{family.architecture(model)}/lora"
+        meta["ss_base_model_version"] = family.base_model_version_of(model)
+        prediction = PREDICTION_TYPES.get(getattr(model, "prediction_type", ""))
+        if prediction:
+            meta["modelspec.prediction_type"] = prediction
+    return meta
+
+
+PREDICTION_TYPES = {"epsilon": "epsilon", "v_prediction": "v"}   # the SAI model spec's names (none for flow)
+
+
+def modelspec(cfg, family, started_at: float) -> dict[str, str]:
+    """The SAI model spec's required fields and the ones kohya's sd-scripts fill for a LoRA (1.0.1:
+    title = the output name, the training start as its date, the resolution, the clip skip)."""
+    import datetime
+    res = cfg.dataset.resolution
+    meta = {"modelspec.sai_model_spec": "1.0.1", "modelspec.implementation": family.modelspec_implementation,
+            "modelspec.title": cfg.output.name, "modelspec.resolution": f"{res}x{res}",
+            "modelspec.date": datetime.datetime.fromtimestamp(int(started_at or 0)).isoformat()}
+    if entry(family.name).clip_skip and cfg.model.clip_skip > 1:
+        meta["modelspec.encoder_layer"] = str(cfg.model.clip_skip)
     return meta
 
 

@@ -27,6 +27,8 @@ class ChromaFamily(FluxFamily):
                       (r"^(?:pos_embed|x_embedder|context_embedder|distilled_guidance_layer)\.", "BASE"),
                       FlowFamily.BASE_AND_END[1])
     base_model_version = "chroma"
+    network_module = "networks.lora_flux"   # kohya trains Chroma with its Flux network
+    modelspec_implementation = "https://huggingface.co/lodestones/Chroma"
     modelspec_architecture = "chroma"
     short_label = "Chroma"
     pipelines = ("ChromaPipeline", "ChromaImg2ImgPipeline", "ChromaInpaintPipeline")

@@ -29,6 +29,8 @@ class FluxFamily(FlowFamily):
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "double_{0:02d}"),
                       (r"^single_transformer_blocks\.(\d+)\.", "single_{0:02d}"), *FlowFamily.BASE_AND_END)
     base_model_version = "flux1"
+    network_module = "networks.lora_flux"
+    modelspec_implementation = "https://github.com/black-forest-labs/flux"
     modelspec_architecture = "flux-1"  # -dev or -schnell follows (architecture())
     # the diffusers classes and the bundled full-size config folder (assets/model_configs/<configs>/)
     pipelines: tuple[str, ...] = PIPELINES

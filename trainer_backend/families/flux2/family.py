@@ -87,8 +87,11 @@ class Flux2Family(FlowFamily):
                       (r"^(?:x_embedder|context_embedder|time_guidance_embed|double_stream_modulation_img|"
                        r"double_stream_modulation_txt|single_stream_modulation)\.", "BASE"),
                       (r"^(?:norm_out|proj_out)\b", "END"))
-    base_model_version = "flux2"
-    modelspec_architecture = "flux-2"  # the loaded variant's: flux-2-klein or flux-2-dev (architecture)
+    base_model_version = "flux_2"   # the loaded variant's, as musubi-tuner writes it (base_model_version_of)
+    network_module = "networks.lora_flux_2"
+    modelspec_implementation = "https://github.com/black-forest-labs/flux2"
+    # the loaded variant's, as SwarmUI classifies them: flux.2-klein-4b, flux.2-klein-9b, flux.2-dev
+    modelspec_architecture = "flux.2"
     transformer_file_module = ".flux2.original_keys"
     control_images = "optional"
     control_image_argument = "image"
@@ -261,9 +264,21 @@ class Flux2Family(FlowFamily):
             parts["is_distilled"] = _is_distilled(model.source)
         return parts
 
+    def variant_name(self, model) -> str:
+        """klein-4b, klein-9b or dev: Klein 9B's transformer reads Qwen3-8B's 3 x 4096 features, 4B's
+        Qwen3-4B's 3 x 2560 (a tiny test model counts as 4B)."""
+        if variant_of(model.text_encoders[0]) is DEV:
+            return "dev"
+        width = getattr(_unwrap(model.denoiser).config, "joint_attention_dim", 0)
+        return "klein-9b" if width >= 3 * 4096 else "klein-4b"
+
     def architecture(self, model) -> str:
-        """flux-2-klein or flux-2-dev (modelspec.architecture of full fine-tunes)."""
-        return f"flux-2-{variant_of(model.text_encoders[0]).name}"
+        """flux.2-klein-4b, flux.2-klein-9b or flux.2-dev (modelspec.architecture; LoRA files add /lora)."""
+        return f"{self.modelspec_architecture}-{self.variant_name(model)}"
+
+    def base_model_version_of(self, model) -> str:
+        """musubi-tuner's: flux_2_klein_4b, flux_2_klein_9b, flux_2_dev."""
+        return "flux_2_" + self.variant_name(model).replace("-", "_")
 
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
         if self.lora_layout(layout) == "kohya":

@@ -54,6 +54,8 @@ class QwenImageFamily(FlowFamily):
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "block_{0:02d}"),
                       (r"^(?:img_in|txt_in|txt_norm|time_text_embed)\b", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "qwen_image"
+    network_module = "networks.lora_qwen_image"   # musubi-tuner's
+    modelspec_implementation = "https://github.com/QwenLM/Qwen-Image"
     modelspec_architecture = "qwen-image"
     transformer_file_module = ".qwen_image.single_file"
     edit = False

@@ -171,3 +171,4 @@ SD2 = StableDiffusionFamily("sd2", "Stable Diffusion 2.x", text_encoder_names=("
 SDXL = StableDiffusionFamily("sdxl", "Stable Diffusion XL", text_encoder_names=("text_encoder", "text_encoder_2"),
                              base_model_version="sdxl_base_v1-0", modelspec_architecture="stable-diffusion-xl-v1-base",
                              full_size_config="sdxl")
+SDXL.modelspec_implementation = "https://github.com/Stability-AI/generative-models"  # kohya's for SDXL LoRA

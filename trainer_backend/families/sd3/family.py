@@ -36,12 +36,17 @@ class SD3Family(FlowFamily):
     # the joint blocks' attention on both streams, and their MLPs' projections
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     block_patterns = ((r"^transformer_blocks\.(\d+)\.", "joint_{0:02d}"), *FlowFamily.BASE_AND_END)
-    base_model_version = "sd3"
+    base_model_version = "sd3"   # the loaded variant's: medium, 5-medium or 5-large (base_model_version_of)
+    network_module = "networks.lora_sd3"
     transformer_file_module = ".sd3.single_file"
     modelspec_architecture = "stable-diffusion-3"  # the variant's name follows (architecture())
 
     def architecture(self, model) -> str:
         return sd3_architecture(_unwrap(model.denoiser).config)
+
+    def base_model_version_of(self, model) -> str:
+        """kohya's sd3 model type: medium (SD3 Medium), 5-medium, 5-large."""
+        return self.architecture(model).removeprefix("stable-diffusion-3-")
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:

@@ -38,7 +38,9 @@ class ZImageFamily(FlowFamily):
                       (r"^context_refiner\.(\d+)\.", "context_refiner_{0}"),
                       (r"^(?:all_x_embedder|t_embedder|cap_embedder)\.", "BASE"),
                       (r"^all_final_layer\.", "END"))
-    base_model_version = "zimage"
+    base_model_version = "z_image"   # musubi-tuner's names (kohya's Z-Image trainer)
+    network_module = "networks.lora_zimage"
+    modelspec_implementation = "https://github.com/Tongyi-MAI/Z-Image"
     modelspec_architecture = "z-image"
     transformer_file_module = ".zimage.single_file"
 
@@ -118,7 +120,11 @@ class ZImageFamily(FlowFamily):
         return {"guidance_scale": max(float(scale) - 1.0, 0.0)}
 
     def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
-        if self.lora_layout(layout) == "kohya":
+        chosen = self.lora_layout(layout)
+        if chosen == "kohya":   # musubi-tuner's names (kohya's Z-Image trainer); kohya_lora.py
+            from .kohya_lora import to_musubi_zimage
+            return to_musubi_zimage(adapter_states, alpha)
+        if chosen == "original":   # the original checkpoint's names (fused qkv): ComfyUI's generic key map
             from .kohya_lora import to_kohya_zimage
             return to_kohya_zimage(adapter_states, alpha, model.denoiser)
         return super().lora_file_state(model, adapter_states, alpha, layout)

@@ -1,8 +1,15 @@
-"""Z-Image LoRA files in kohya's layout on the original modules (output.lora_format = "kohya"):
-`lora_unet_layers_0_attention_qkv.lora_down.weight` / `.lora_up.weight` / `.alpha`, named after the
-original checkpoint's weights (`layers.0.attention.qkv.weight`, see single_file.py), which is how
-ComfyUI's generic LoRA key map (`lora_unet_` + the model's own weight names) and tools working on
-the original checkpoint find them.
+"""Z-Image LoRA files in kohya's key style (`lora_down`/`lora_up`/`.alpha`), two namings:
+
+- output.lora_format = "kohya": musubi-tuner's (kohya's Z-Image trainer, `networks.lora_zimage`):
+  `lora_unet_` + the diffusers module path with `_`, `lora_unet_layers_0_attention_to_q`, `…_to_out_0`,
+  `…_feed_forward_w1` (musubi's model names its modules as diffusers does). musubi-tuner loads the
+  adapters inside its transformer blocks (layers, noise_refiner, context_refiner); diffusers' Z-Image
+  converter reads the file too; ComfyUI needs musubi's convert_z_image_lora_to_comfy.py (or "original").
+- output.lora_format = "original": the original checkpoint's module names,
+  `lora_unet_layers_0_attention_qkv.lora_down.weight`, named after the original checkpoint's
+  weights (`layers.0.attention.qkv.weight`, see single_file.py), which is how ComfyUI's generic LoRA key
+  map (`lora_unet_` + the model's own weight names) and tools working on the original checkpoint find
+  them; musubi-tuner does not read it (it would keep only the feed-forward adapters).
 
 Where the original model fuses q, k and v into `attention.qkv`, the three adapters become one on the
 fused layer (the down matrices stacked, the up matrices block-diagonal; families/kohya_fused.py
@@ -42,18 +49,39 @@ def to_kohya_zimage(state_dicts: dict[str, dict[str, torch.Tensor]], alpha: floa
     return to_kohya_fused(state_dicts, alpha, denoiser, original_module, {}, lambda _: False, "Z-Image")
 
 
+def to_musubi_zimage(state_dicts: dict[str, dict[str, torch.Tensor]],
+                     alpha: float | Callable[[str, str], float]) -> dict[str, torch.Tensor]:
+    """peft LoRA weights of the transformer -> musubi-tuner's names (one entry per diffusers module)."""
+    from ..kohya_fused import entry
+    extra = [c for c in state_dicts if c != "transformer"]
+    if extra:
+        raise ValueError(f"Z-Image LoRA files hold transformer adapters only, not {extra[0]}")
+    sd, out = state_dicts.get("transformer", {}), {}
+    for key in sd:
+        if key.endswith("lora_A.weight"):
+            module = key[: -len(".lora_A.weight")]
+            value = alpha("transformer", module) if callable(alpha) else alpha
+            out.update(entry("lora_unet_" + module.replace(".", "_"), sd[key], sd[f"{module}.lora_B.weight"],
+                             float(value)))
+        elif not key.endswith("lora_B.weight"):
+            raise ValueError(f"unexpected adapter key {key!r}: not a LoRA weight")
+    return out
+
+
 def is_kohya_zimage(state: dict) -> bool:
     return any(k.startswith("lora_unet_") and k.endswith(".lora_down.weight") for k in state)
 
 
 def kohya_names(denoiser) -> dict[str, tuple[str, list[str]]]:
-    """`lora_unet_<original path with _>` -> (original path, diffusers parts) for every Linear layer."""
+    """`lora_unet_<path with _>` -> (module path, diffusers parts) for every Linear layer, under its
+    original name (fused qkv: "original") and its diffusers name (musubi-tuner's: "kohya")."""
     names = {}
     for path, module in denoiser.named_modules():
         if isinstance(module, torch.nn.Linear) and not path.endswith(("lora_A.default", "lora_B.default")):
             path = path.removesuffix(".base_layer")
             orig, parts = original_module(path)
             names["lora_unet_" + orig.replace(".", "_")] = (orig, parts)
+            names.setdefault("lora_unet_" + path.replace(".", "_"), (path, [path]))
     return names
 
 
