@@ -124,7 +124,8 @@ def read_kohya_zimage(state: dict, modules: dict):
         updates = to_peft_updates(state, modules["transformer"])
     except KeyError as e:
         raise ConfigError(f"network.network_weights: {e.args[0]} is not a module of this Z-Image transformer") from None
-    weights = LoraWeights(layout="kohya")
+    original = any(k.split(".")[0].endswith(("_attention_qkv", "_attention_out")) for k in state)
+    weights = LoraWeights(layout="original" if original else "kohya")
     for module, (down, up, scale) in updates.items():
         weights.add("transformer", module, "lora_A", down)
         weights.add("transformer", module, "lora_B", up)
