@@ -2,6 +2,7 @@
 in the run directory so a restarted GUI re-attaches (see run_state.py)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -106,8 +107,10 @@ class RunManager:
                 hardware = {}
             if live.resolve() == run_dir.resolve() or devices_overlap(wanted, device_set(hardware, self.gpu_count)):
                 where = "the CPU" if "cpu" in wanted else "these GPUs"
+                other = ("" if "cpu" in wanted or self.gpu_count < 2 else
+                         ", or choose other GPUs in hardware.gpu_ids")   # a CPU or one GPU has no other to choose
                 return (f"run '{live.name}' is already using {where} (status: {run_status(live).text}). "
-                        f"Stop it first, or choose other GPUs in hardware.gpu_ids.")
+                        f"Stop it first{other}.")
         return ""
 
     def start(self, cfg: TrainConfig, resume: bool = False, secret_env: dict[str, str] | None = None,
@@ -301,10 +304,27 @@ def _mtime(path: Path) -> float:
 
 
 def run_started_at(run_dir: Path) -> float | None:
+    """When the run's current process started (its record), else its first event."""
     record = procs.read_process_record(run_dir)
     if record and isinstance(record.get("started"), (int, float)):
         return float(record["started"])
     return snapshot(run_dir).first_time
+
+
+def first_started_at(run_dir: Path, snap=None) -> float | None:
+    """When the run first started: a resumed run's process record is the resume's, its first event is
+    older."""
+    times = [t for t in (run_started_at(run_dir), (snap or snapshot(run_dir)).first_time) if t]
+    return min(times) if times else None
+
+
+def exited_at(run_dir: Path) -> float | None:
+    """When the studio saw the run's process exit (its exit record), None when it did not."""
+    try:
+        value = json.loads((Path(run_dir) / procs.EXIT_FILE).read_text(encoding="utf-8")).get("time")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _check_secret_names(cfg: TrainConfig, secret_env: dict[str, str]) -> None:

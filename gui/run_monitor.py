@@ -153,22 +153,27 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def progress_numbers(snap: Snapshot, alive: bool, started: float | None, now: float | None = None) -> dict:
-    """step/total, epoch, it/s, elapsed and ETA (ETA counts down between step events)."""
+def progress_numbers(snap: Snapshot, alive: bool, started: float | None, now: float | None = None,
+                     exited: float | None = None) -> dict:
+    """step/total, epoch, it/s, elapsed and ETA (ETA counts down between step events). Elapsed is the
+    run's total: the earlier sessions of a resumed run plus this one (from `started`, its process's
+    start, else its first event) up to now, or, once ended, its last event or its process's exit
+    (`exited`), whichever is later (so the figure never goes back when the process exits)."""
     now = now or time.time()
     last = snap.last_step
     step, total = last.get("step", 0), last.get("total_steps") or snap.plan.get("total_steps") or 0
     if not total and isinstance(snap.plan.get("multi"), dict):
         total = snap.plan["multi"].get("total_steps", 0)
-    start = started if started is not None else snap.first_time
-    end = now if alive else (snap.last_time or start)
+    session = snap.session_start if snap.session_start is not None else snap.first_time
+    start = started if started is not None and started >= snap.earlier_end else session
+    end = now if alive else max(snap.last_time or start or 0.0, exited or 0.0)
     eta = _number(last.get("eta_s"))
     if eta is not None and alive and isinstance(last.get("time"), (int, float)):
         eta = max(0.0, eta - (now - last["time"]))
     if not alive:
         eta = None
     return {"step": step, "total": total, "epoch": last.get("epoch"), "it_per_s": _number(last.get("it_per_s")),
-            "loss": _number(last.get("loss")), "elapsed": (end - start) if start else None, "eta": eta,
+            "loss": _number(last.get("loss")), "elapsed": (snap.earlier_s + end - start) if start else None, "eta": eta,
             "fraction": min(1.0, step / total) if total else 0.0,
             "download": snap.download if alive and not snap.steps and snap.download.get("status") != "done" else {}}
 

@@ -11,7 +11,7 @@ import gradio as gr
 from gui import run_monitor as rm
 from gui import run_tools
 from gui.shared_state import Studio
-from gui.run_control import StartRefused, run_started_at
+from gui.run_control import StartRefused, exited_at, run_started_at
 from gui.run_state import run_status, snapshot
 from gui.secrets_panel import env_from_rows
 from gui.system_monitor import system_markdown
@@ -44,7 +44,7 @@ def build_run_view(prefix: str) -> RunView:
         lr = gr.LinePlot(x="step", y="lr", title="Learning rate", height=260, elem_id=f"{prefix}-lr", scale=2,
                          y_axis_format=".1e")
     caption = gr.Markdown("", elem_id=f"{prefix}-chart-caption")
-    log = gr.Textbox(label="Log (last lines; ANSI stripped)", lines=16, max_lines=16, autoscroll=True,
+    log = gr.Textbox(label="Log (the last lines)", lines=16, max_lines=16, autoscroll=True,
                      interactive=False, elem_id=f"{prefix}-log", elem_classes=["run-log"], buttons=["copy"])
     gallery = gr.Gallery(label="Samples", columns=6, height=240, elem_id=f"{prefix}-samples", visible=False)
     artifacts = gr.Markdown("", elem_id=f"{prefix}-artifacts")
@@ -96,7 +96,7 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
                 None, None, "", "", gr.update(value=[], visible=False), ""], {"run": ""}
     snap = snapshot(run_dir)
     status = run_status(run_dir, snap)
-    numbers = rm.progress_numbers(snap, status.alive, run_started_at(run_dir))
+    numbers = rm.progress_numbers(snap, status.alive, run_started_at(run_dir), exited=exited_at(run_dir))
     gpus = max(1, int(snap.plan.get("num_processes", 1) or 1))
     html = rm.progress_html(status, numbers, rm.cost_line(numbers["elapsed"], numbers["eta"], price or 0.0, gpus),
                             rm.warnings_html(snap))

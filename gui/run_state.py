@@ -44,6 +44,9 @@ class Snapshot:
     first_time: float | None = None
     last_time: float | None = None
     sessions: int = 0                                     # plan events = starts (first run + resumes)
+    session_start: float | None = None                    # the current session's first event
+    earlier_s: float = 0.0                                # the earlier sessions' run time (resumed runs)
+    earlier_end: float = 0.0                              # when the last earlier session ended
 
     @property
     def last_step(self) -> dict:
@@ -57,6 +60,13 @@ def fold_events(events: list[dict], snap: Snapshot | None = None) -> Snapshot:
     for ev in events:
         kind, t = ev.get("event"), ev.get("time")
         if isinstance(t, (int, float)):
+            if kind == Event.PLAN and snap.sessions and snap.session_start is not None:
+                # a resume: the session before ended with its terminal event (else its last event)
+                ended = (snap.terminal or {}).get("time")
+                ended = ended if isinstance(ended, (int, float)) else snap.last_time
+                snap.earlier_s += max(0.0, ended - snap.session_start)
+                snap.earlier_end, snap.session_start = ended, t
+            snap.session_start = snap.session_start if snap.session_start is not None else t
             snap.first_time = snap.first_time if snap.first_time is not None else t
             snap.last_time = t
         fold = FOLDS.get(kind)

@@ -12,7 +12,7 @@ from trainer_backend.config import ConfigError, load_config
 from trainer_backend.run.contract import CONFIG_FILE
 
 from gui.shared_state import Studio
-from gui.run_control import StartRefused, run_started_at
+from gui.run_control import StartRefused, first_started_at
 from gui.run_page import build_run_view, view_updates
 from gui.run_state import run_status, snapshot
 from gui.schema_form import config_to_values
@@ -35,15 +35,25 @@ def runs_overview(studio: Studio) -> tuple[pd.DataFrame, bool]:
         snap = snapshot(run_dir)
         status = run_status(run_dir, snap)
         any_alive = any_alive or status.alive
-        started = run_started_at(run_dir)
+        started = first_started_at(run_dir, snap)   # a resumed run: when it first started
         last = snap.last_step
         loss = last.get("loss")
-        rows.append([run_dir.name, status.text,
+        rows.append([run_dir.name, clipped(status.text),
                      time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if started else "",
                      f"{last.get('step', 0)}/{last.get('total_steps', '?')}" if last else "0",
                      f"{loss:.4f}" if isinstance(loss, (int, float)) else "",
                      ", ".join(Path(o).name for o in snap.outputs)])
     return pd.DataFrame(rows, columns=COLUMNS), any_alive
+
+
+STATUS_WIDTH = 60
+
+
+def clipped(text: str, width: int = STATUS_WIDTH) -> str:
+    """A status as the table shows it: one line, at most `width` characters (a long error would push
+    every other column out of view); the whole text is in the run's view below the table."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= width else line[:width - 1].rstrip() + "…"
 
 
 def run_choices(studio: Studio) -> list[tuple[str, str]]:
@@ -56,7 +66,8 @@ def build_runs_page(studio: Studio, form: FormWidgets, form_after_load, main_tab
     form_inputs = form.inputs
     with gr.Row(equal_height=True):
         refresh = gr.Button("Refresh", elem_id="runs-refresh", scale=0, min_width=120, size="md")
-        gr.Markdown(f"Runs folder: `{studio.manager.runs_dir}`", elem_id="runs-folder")
+        gr.Markdown(f"Runs folder: `{studio.manager.runs_dir}`. A long status is cut short here: click the run "
+                    f"to read it whole below.", elem_id="runs-folder")
     table = gr.Dataframe(value=runs_table(studio), headers=COLUMNS, interactive=False, elem_id="runs-table",
                          wrap=True, max_height=320)
     with gr.Row(equal_height=False, elem_classes=["preset-row"]):

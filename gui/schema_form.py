@@ -95,7 +95,9 @@ def form_fields() -> list[FormField]:
 ACRONYMS = {"lr": "LR", "ema": "EMA", "vae": "VAE", "cfg": "CFG", "snr": "SNR", "gpu": "GPU", "ids": "IDs",
             "te": "text encoder", "url": "URL", "ip": "IP", "mb": "(MB)", "s3": "S3", "ddp": "DDP", "fsdp": "FSDP",
             "kl": "KL", "bf16": "bf16", "fp16": "fp16", "n": "N", "s": "(seconds)", "p": "probability", "dir": "folder",
-            "abs": "absolute", "num": "number of", "max": "max", "min": "min", "cpu": "CPU", "wandb": "W&B"}
+            "abs": "absolute", "num": "number of", "max": "max", "min": "min", "cpu": "CPU", "wandb": "W&B",
+            "clip": "CLIP", "t5": "T5", "t5xxl": "T5-XXL", "l": "L", "g": "G", "qwen": "Qwen", "nf4": "NF4",
+            "lora": "LoRA", "dora": "DoRA", "toml": "TOML", "json": "JSON", "id": "ID", "hf": "HF", "vlm": "VLM"}
 
 
 def human_label(f: FormField) -> str:
@@ -211,14 +213,19 @@ def error_field(fields: list[FormField], error: ConfigError | str) -> FormField 
 
 
 def field_visibility(fields: list[FormField], values: list[Any]) -> list[bool]:
-    """Per field: does it apply to the form's current values (the schema's `when` conditions)?"""
+    """Per field: does it apply to the form's current values (the schema's `when` conditions)? With
+    model.arch = "auto" the family the model given names decides (a builtin name, a folder's pipeline:
+    trainer_backend/launch/model_size.py), so a tiny SD1 model shows no Flux or SD3 file fields."""
     from trainer_backend.config.applicability import applies
+    from trainer_backend.launch.model_size import arch_of
     current: dict[str, Any] = {}
     for f, raw in zip(fields, values, strict=True):
         try:
             current[f.dotted] = from_widget_value(f, raw)
         except ConfigError:
             current[f.dotted] = raw
+    if current.get("model.arch") == "auto":
+        current["model.arch"] = arch_of("auto", str(current.get("model.path") or ""))
     return [applies(f.when, current) for f in fields]
 
 

@@ -39,7 +39,17 @@ CSS = """
 .run-warning { background: #fdf2e0; color: #8a5300; border-left: 4px solid #e0a030; padding: 6px 10px; margin-bottom: 6px; }
 .status-stopped .run-status, .status-preempted .run-status, .status-interrupted .run-status { color: #b9770e; }
 .status-done .run-status { color: #1e8449; }
+.gradio-container { overflow: clip !important; }  /* clips as "hidden" did, but lets #start-row stick */
+#start-row { position: sticky; bottom: 0; z-index: 20; background: var(--background-fill-primary);
+  padding: 6px 0; box-shadow: 0 -2px 6px rgba(0, 0, 0, 0.08); }
 """
+
+
+def families_text() -> str:
+    """The families the studio trains, from the registry (the header names them all)."""
+    from trainer_backend.families.registry import FAMILIES
+    labels = [e.label.split(" (")[0] for e in FAMILIES]   # "Flux.1 (dev, schnell)": "Flux.1"
+    return ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
 def start_from_toml(studio: Studio, config_toml: str) -> str:
@@ -55,7 +65,7 @@ def start_from_toml(studio: Studio, config_toml: str) -> str:
 def build_app(studio: Studio) -> gr.Blocks:
     label, values = studio.initial_values()
     with gr.Blocks(title=TITLE, analytics_enabled=False) as app:
-        gr.Markdown(f"## {TITLE}  \nLoRA, DreamBooth and full fine-tuning of Stable Diffusion 1/2/XL. "
+        gr.Markdown(f"## {TITLE}  \nLoRA, DreamBooth and full fine-tuning of {families_text()}. "
                     "The demo preset teaches a small model the colour pink on the CPU in about a minute: "
                     "press **Start training** and compare the samples before and after.",
                     elem_id="studio-title")

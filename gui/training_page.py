@@ -94,7 +94,7 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
     form = render_form(studio.fields, initial_values,
                        extras={"Dataset": lambda: _inspector(ui), "GPUs": lambda: _gpus(ui)})
     secret_boxes, secret_status = build_secrets_panel()
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=True, elem_id="start-row"):   # sticky: always in view (docs/gui.md)
         start = gr.Button("▶ Start training", variant="primary", elem_id="start-training", scale=1)
         enqueue = gr.Button("Add to queue", elem_id="add-to-queue", scale=0, min_width=140)
         message = gr.Markdown("", elem_id="training-message")

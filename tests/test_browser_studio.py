@@ -254,7 +254,7 @@ def test_training_page_inspector_messages_and_labels(training_page_server, brows
     assert "in the background" in page.locator("#section-cloud").inner_text()
 
     # 1: the demo folder's thumbnails, captioned with the file name's end
-    page.get_by_role("tab", name="Dataset").click()
+    page.get_by_role("tab", name="Dataset", exact=True).click()
     wait_text(page, "#inspect-summary", r"\d+ images", 90)
     page.wait_for_function("() => document.querySelectorAll('#thumbs img').length > 0", timeout=30_000)
     assert any("." in t for t in page.locator("#thumbs").inner_text().split()), page.locator("#thumbs").inner_text()

@@ -94,11 +94,17 @@ def families_of_pipeline(name: str, path: Path = TABLES) -> list[str]:
 
 
 def planning_arch(cfg) -> str:
-    """model.arch, else the family the model given names: a builtin name's, or a diffusers folder's
-    pipeline class when only one family uses it; "auto" when that does not decide it."""
-    if cfg.model.arch != "auto":
-        return cfg.model.arch
-    text = str(cfg.model.path or "").strip()
+    """model.arch, else the family the model given names (`arch_of`)."""
+    return arch_of(cfg.model.arch, cfg.model.path)
+
+
+def arch_of(arch: str, model_path: str) -> str:
+    """`arch` unless it is "auto", else the family the model given names: a builtin name's, or a diffusers
+    folder's pipeline class (the nearest family in size where several use it); "auto" when that does
+    not decide it (a single file, a path that does not exist)."""
+    if arch != "auto":
+        return arch
+    text = str(model_path or "").strip()
     if text.startswith("builtin:"):
         from ..families.registry import BUILTIN_TINY
         return BUILTIN_TINY.get(text[len("builtin:"):], ("auto", ""))[0]
