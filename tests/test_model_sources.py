@@ -264,3 +264,17 @@ def test_a_config_gets_its_hub_ids_with_the_token_from_its_secrets(hub, tmp_path
     tokenizer = Path(cfg.model.tokenizer)  # model.tokenizer: tokenizer files only, no weights
     assert (tokenizer / "tokenizer" / "vocab.json").is_file() and not (tokenizer / WEIGHT).exists()
     assert {kind for kind, _ in events} == {"download"} and "hf_right_token" not in json.dumps(events)
+
+
+def test_the_plan_lines_say_what_a_run_will_download(hub, monkeypatch):
+    from trainer_backend.config import TrainConfig
+    from trainer_backend.model_sources import plan_lines
+    cfg = TrainConfig()
+    cfg.model.path, cfg.model.vae = "org/tiny-sd1", "org/tiny-sd1/v1-5-pruned-emaonly.safetensors"
+    before = plan_lines(cfg)
+    assert before[0].startswith("model.path: org/tiny-sd1: download 4.9 MB in ") and "free space in" in before[0]
+    assert before[1].startswith("model.vae: org/tiny-sd1/v1-5-pruned-emaonly.safetensors: download 11.0 KB in 1 files")
+    resolve_model("org/tiny-sd1")
+    assert plan_lines(cfg)[0].startswith("model.path: org/tiny-sd1: in the Hugging Face cache")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "downloads are off" in plan_lines(cfg)[1]

@@ -34,6 +34,11 @@ def run(args) -> int:
         for f in plan.files:
             print(f"  {'cached ' if f.cached else 'get    '} {f.size:>14,d}  {f.name}")
         return exitcodes.OK
-    print(resolve_model(spec, allow_patterns=args.allow, progress=printer(sys.stderr, every_s=1.0), key="repo",
-                        token=token, kind=args.kind))
+    try:
+        path = resolve_model(spec, allow_patterns=args.allow, progress=printer(sys.stderr, every_s=1.0), key="repo",
+                             token=token, kind=args.kind)
+    except KeyboardInterrupt:  # Ctrl-C: the partial file stays, the next run resumes it
+        print(f"stopped: {spec}: start the same command again to resume the download", file=sys.stderr)
+        return exitcodes.STOPPED_SAVED
+    print(path)
     return exitcodes.OK
