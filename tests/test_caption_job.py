@@ -1,5 +1,6 @@
 """The caption job end to end on the CPU with a tiny random captioner of every kind (Florence-2,
-Qwen2.5-VL, Qwen3-VL, JoyCaption's LLaVA, the WD14-style ONNX tagger): caption files written
+Qwen2.5-VL, Qwen3-VL, JoyCaption's LLaVA, the WD14-style ONNX tagger, and a Qwen2-VL through the generic
+AutoModelForImageTextToText path): caption files written
 through the dataset's undo journal, a hand-written caption kept, a corrupt image skipped with one
 line, Stop and a second start that continues, the preview that writes nothing. The captions are
 gibberish (random weights); everything around them is real."""
@@ -185,3 +186,14 @@ def test_a_caption_job_runs_as_a_job_of_the_studio_queue(tmp_path):
         queue.close()
     assert (data / "img0.txt").read_text() and (data / "img1.txt").read_text() == HAND_WRITTEN
     assert caption_progress(Path(job.run_dir)).state == "done"
+
+
+def test_a_folder_that_is_no_captioner_is_one_line_naming_the_model(tmp_path):
+    from trainer_backend.captioners import detect_kind
+    from trainer_backend.errors import ConfigError
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ConfigError, match=r"^--model: .*'bert' model, which transformers does not read"):
+        detect_kind(tmp_path / "bert")
+    with pytest.raises(ConfigError, match=r"^--model: .*no config.json"):
+        detect_kind(tmp_path)

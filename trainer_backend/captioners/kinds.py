@@ -35,6 +35,10 @@ KINDS: tuple[CaptionerKind, ...] = (
     CaptionerKind("joycaption", "JoyCaption (LLaVA)", ("llava",), "LlavaForConditionalGeneration", "LlavaProcessor",
                   ("natural", "tags"), "fancyfeast/llama-joycaption-beta-one-hf-llava"),
     CaptionerKind("wd14", "WD14-style tagger (ONNX)", (), "", "", ("tags",), "SmilingWolf/wd-vit-tagger-v3"),
+    # any other model transformers reads as image-text-to-text (SmolVLM, Gemma 3, InternVL, …): the
+    # processor class named in its folder, the chat template it ships; its tiny model is a Qwen2-VL
+    CaptionerKind("vlm", "another vision-language model (AutoModelForImageTextToText)", (),
+                  "AutoModelForImageTextToText", "", ("natural", "tags"), "HuggingFaceTB/SmolVLM-256M-Instruct"),
 )
 KIND_NAMES: tuple[str, ...] = tuple(k.name for k in KINDS)
 TINY_ARCHS: tuple[str, ...] = tuple(f"caption-{k.name}" for k in KINDS)   # make-tiny-model --arch
@@ -64,6 +68,10 @@ def detect_kind(folder: Path) -> CaptionerKind:
     for kind in KINDS:
         if model_type in kind.model_types:
             return kind
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    if model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return kind_named("vlm")
     known = ", ".join(t for k in KINDS for t in k.model_types)
-    raise ConfigError(f"--model: {folder} is a {model_type!r} model; the captioners read {known} "
-                      f"models and WD14-style ONNX taggers")
+    raise ConfigError(f"--model: {folder} is a {model_type!r} model, which transformers does not read as an "
+                      f"image-text-to-text model; the captioners read {known}, the other vision-language models "
+                      f"and WD14-style ONNX taggers")

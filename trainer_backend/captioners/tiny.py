@@ -44,7 +44,8 @@ TINY_TAGS = [("general", 9), ("sensitive", 9), ("questionable", 9), ("explicit",
 def build_tiny_captioner(kind: str, out: str | Path, seed: int = 0) -> Path:
     """Write the tiny `kind` captioner into `out` (created); returns the folder."""
     builders = {"florence2": _florence2, "qwen2_5_vl": lambda o, s: _qwen_vl(o, s, "qwen2_5_vl"),
-                "qwen3_vl": lambda o, s: _qwen_vl(o, s, "qwen3_vl"), "joycaption": _llava, "wd14": _tagger}
+                "qwen3_vl": lambda o, s: _qwen_vl(o, s, "qwen3_vl"), "joycaption": _llava, "wd14": _tagger,
+                "vlm": lambda o, s: _qwen_vl(o, s, "qwen2_vl")}
     if kind not in builders:
         raise ConfigError(f"--arch: unknown captioner caption-{kind} (choose caption-{', caption-'.join(KIND_NAMES)})")
     out = Path(out)
@@ -83,8 +84,8 @@ def _tokenizer(out: Path, extra_tokens: tuple[str, ...] = ()):
 
 
 def _qwen_vl(out: Path, seed: int, kind: str) -> None:
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen3VLConfig,
-                              Qwen3VLForConditionalGeneration)
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration, Qwen3VLConfig, Qwen3VLForConditionalGeneration)
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from ..families.tiny_qwen import ENDOFTEXT, IM_END, qwen_vocab_size, special_token_id
     from .vlm import images_only_processor_class
@@ -96,7 +97,16 @@ def _qwen_vl(out: Path, seed: int, kind: str) -> None:
                 vocab_size=qwen_vocab_size(), max_position_embeddings=2048, rms_norm_eps=1e-6, bos_token_id=None,
                 eos_token_id=special_token_id(IM_END), pad_token_id=special_token_id(ENDOFTEXT))
     _seeded(seed)
-    if kind == "qwen2_5_vl":
+    if kind == "qwen2_vl":   # the generic kind's tiny model: a model type no named kind claims
+        patch = 14
+        text.update(rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [2, 3, 3]},
+                    rope_theta=1e6)
+        vision = dict(depth=1, embed_dim=16, hidden_size=32, mlp_ratio=2, num_heads=2, patch_size=patch,
+                      spatial_merge_size=2, temporal_patch_size=2)
+        model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(
+            text_config=text, vision_config=vision, vocab_size=qwen_vocab_size(), tie_word_embeddings=False, **ids))
+        processor_class = "Qwen2VLProcessor"
+    elif kind == "qwen2_5_vl":
         patch = 14
         text.update(rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [2, 3, 3]},
                     rope_theta=1e6)

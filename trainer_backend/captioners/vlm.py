@@ -1,5 +1,6 @@
 """Vision-language captioners through transformers' own classes (Florence-2, Qwen2.5-VL, Qwen3-VL,
-JoyCaption's LLaVA): the model and its processor loaded from a folder, batches of images in,
+JoyCaption's LLaVA, and any other image-text-to-text model through AutoModelForImageTextToText): the
+model and its processor loaded from a folder, batches of images in,
 one caption per image out; bf16 on a GPU (fp32 on a CPU, where bf16 is emulated and slower),
 optionally 8-bit or 4-bit weights through bitsandbytes to fit small cards.
 
@@ -34,6 +35,29 @@ def images_only_processor_class(name: str):
 
     ImagesOnly.__name__ = ImagesOnly.__qualname__ = name   # saved folders name the real class
     return ImagesOnly
+
+
+def folder_processor_class(folder: Path) -> str:
+    """The processor class a model folder names (processor_config.json, else preprocessor_config.json)."""
+    import json
+    for name in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        try:
+            found = json.loads((Path(folder) / name).read_text(encoding="utf-8")).get("processor_class", "")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if found:
+            return found
+    return ""
+
+
+def load_processor(folder: Path, class_name: str = ""):
+    """The folder's processor for images: the named transformers class without its video processor;
+    AutoProcessor when the folder names no class transformers has."""
+    import transformers
+    name = class_name or folder_processor_class(folder)
+    if name and hasattr(transformers, name):
+        return images_only_processor_class(name).from_pretrained(str(folder), local_files_only=True)
+    return transformers.AutoProcessor.from_pretrained(str(folder), local_files_only=True)
 
 
 def pick_device(device: str) -> str:
@@ -79,8 +103,7 @@ class VisionLanguageCaptioner:
         self.model = model_class.from_pretrained(str(folder), dtype=self.dtype, local_files_only=True, **extra).eval()
         if not quant:
             self.model.to(self.device)
-        self.processor = images_only_processor_class(kind.processor_class).from_pretrained(
-            str(folder), local_files_only=True)
+        self.processor = load_processor(folder, kind.processor_class)
         self.encoder_decoder = bool(getattr(self.model.config, "is_encoder_decoder", False))
         if not self.encoder_decoder:   # decoder-only models continue the prompt: pad on the left
             self.processor.tokenizer.padding_side = "left"
@@ -93,6 +116,8 @@ class VisionLanguageCaptioner:
             messages = [{"role": "system", "content": JOYCAPTION_SYSTEM}, {"role": "user", "content": instruction}]
         else:
             messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]}]
+        if not getattr(self.processor, "chat_template", None):   # a model without a chat template: plain text
+            return image_token + instruction
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if image_token not in text:   # a template that places no image: the image before the instruction
             text = text.replace(instruction, image_token + instruction, 1)
