@@ -109,6 +109,9 @@ def test_a_studio_start_holds_the_run_until_its_trainer_ends(tmp_path):
     """A real studio Start: the launcher it spawns keeps the lock (the studio may restart meanwhile),
     a `train` command on the same run is refused naming the studio, and the lock goes with the run."""
     from gui.run_control import RunManager
+    crashed = _holder_process(tmp_path / "runs" / "studio-run", by="train")   # the last trainer, killed
+    crashed.kill()
+    crashed.wait()
     manager = RunManager(tmp_path / "runs", gpu_count=0)
     run_dir = manager.start(from_dict({**DEMO, "output": {"dir": str(tmp_path / "runs"), "name": "studio-run"},
                                        "schedule": {"max_steps": 400}}))
@@ -119,6 +122,8 @@ def test_a_studio_start_holds_the_run_until_its_trainer_ends(tmp_path):
         other = subprocess.run([sys.executable, "-m", "trainer_backend", "train", "--config",
                                 str(run_dir / "config.toml")], env=ENV, capture_output=True, text=True, timeout=120)
         assert other.returncode == 2 and "'studio-run'" in other.stderr and "the studio" in other.stderr, other.stderr
+        console = (run_dir / "console.log").read_text()
+        assert f"left locked by a `train` command (pid {crashed.pid}" in console   # the crash, said once
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

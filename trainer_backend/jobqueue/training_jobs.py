@@ -14,7 +14,7 @@ from pathlib import Path
 from trainer_backend.config import ConfigError, TrainConfig, dumps_toml, from_dict, save_toml, to_dict
 from trainer_backend.config.base import Problem
 from trainer_backend.run.contract import COMMAND_FILE, CONFIG_FILE, CONSOLE_LOG, EXIT_FILE
-from trainer_backend.run.run_lock import acquire as acquire_run_lock
+from trainer_backend.run.run_lock import acquire as acquire_run_lock, describe as describe_holder
 
 from . import processes as procs
 from .slots import CPU
@@ -107,6 +107,9 @@ def start_run(cfg: TrainConfig, python: str, cwd: Path, by: str, who: str, resum
         with open(run_dir / CONSOLE_LOG, "a", encoding="utf-8") as console:
             console.write(f"--- {'resumed' if resume else 'started'} by {who} at "
                           f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
+            if lock.stale:   # the run's last trainer crashed or was killed holding it (run/run_lock.py)
+                console.write(f"note: the run was left locked by {describe_holder(lock.stale)}, which ended "
+                              "without releasing it; this start took it over\n")
         child = procs.spawn(argv, env, run_dir, cwd=cwd, pass_fds=lock.pass_fds())
         lock.handed_to(child.pid)   # the trainer's launcher holds it while it lives
     return child
