@@ -47,6 +47,18 @@ def test_flux_clip_l_adapters_carry_text_model_in_the_diffusers_layout():
     assert all(clip_l.get_submodule(m) is not None for (_, m) in back.scales)
 
 
+def test_sd3_clip_adapters_keep_their_own_text_model_once():
+    """SD3's CLIPs are CLIPTextModelWithProjection, which keeps `text_model.` in transformers 5: not doubled."""
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+    with torch.device("meta"):
+        clip_g = CLIPTextModelWithProjection(CLIPTextConfig(**bundled("sd3", "text_encoder_2/config.json")))
+    clip_g.add_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=["q_proj"]))
+    state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(clip_g).items()}
+    model = SimpleNamespace(family=SD3, components=lambda: {"transformer": None, "text_encoder_2": clip_g})
+    written = SD3.lora_file_state(model, {"text_encoder_2": state}, 1.0, "diffusers")
+    assert written and all(k.startswith("text_encoder_2.text_model.encoder.layers.") for k in written)
+
+
 def _stub(family, denoiser_config: dict | None = None, denoiser=None, encoder=None, prediction="flow"):
     denoiser = denoiser if denoiser is not None else SimpleNamespace(config=SimpleNamespace(**denoiser_config))
     return SimpleNamespace(family=family, denoiser=denoiser, text_encoders=[encoder], prediction_type=prediction)
