@@ -245,6 +245,8 @@ def test_the_studio_plan_shows_the_download_size_and_free_space(hub, tmp_path):
         time.sleep(0.2)
     assert lines[0].startswith("model.path: org/tiny-sd1: download 4.9 MB in ") and "free space in" in lines[0]
     assert "(sd1 files only; 3 other files of the repo skipped)" in lines[0]  # fp16 copy, single file, README
+    from gui.dataset_view import memory_only_markdown  # the Training page's plan without a scannable dataset
+    assert f"#### Downloads (Hugging Face hub)\n\n{lines[0]}  " in memory_only_markdown(cfg)
     cfg.model.path = str(tmp_path)  # a local folder: no line
     assert hub_plan.download_lines(cfg) == []
 
