@@ -288,6 +288,8 @@ class CaptionJob:
                         eta_s=round((len(pending) - done_now) / rate, 1))
             for r in kept:
                 LOG.info("%s: %s", r["image"], r["caption"] if r["caption"] is not None else "(kept as it was)")
+            LOG.info("%d/%d images, %.2f images/s, about %.0f s left", already + done_now, total, rate,
+                     (len(pending) - done_now) / rate)
         elapsed = time.monotonic() - started
         events.emit(Event.DONE, step=total, outputs=[], elapsed_s=round(elapsed, 2))
         LOG.info("went through %d images in %.1f s: %d caption files written, %d images unreadable (skipped)",
