@@ -197,3 +197,23 @@ def test_a_folder_that_is_no_captioner_is_one_line_naming_the_model(tmp_path):
         detect_kind(tmp_path / "bert")
     with pytest.raises(ConfigError, match=r"^--model: .*no config.json"):
         detect_kind(tmp_path)
+
+
+def test_large_images_reach_the_captioner_scaled_down(tmp_path, monkeypatch):
+    from trainer_backend.captioners import job as job_module
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.new("RGB", (300, 120), (10, 120, 250)).save(data / "wide.png")
+    Image.new("RGB", (48, 40), (250, 120, 10)).save(data / "small.png")
+    seen = []
+    generate = job_module.Captioner.__call__
+
+    def recording(self, images):
+        seen.extend(img.size for img in images)
+        return generate(self, images)
+
+    monkeypatch.setattr(job_module.Captioner, "__call__", recording)
+    options = CaptionOptions(dataset=str(data), model="builtin:tiny-caption-wd14", job_dir=str(tmp_path / "job"),
+                             image_side=100)
+    assert run_caption_job(options) == 0
+    assert sorted(seen) == [(48, 40), (100, 40)]

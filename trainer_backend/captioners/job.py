@@ -97,6 +97,8 @@ def check_options(options: CaptionOptions, kind: CaptionerKind) -> str:
     if options.prompt and kind.name in ("florence2", "wd14"):
         raise ConfigError(f"--prompt: {kind.label} takes no free-text instruction (Florence-2 has task tokens, "
                           f"the tagger none); use --length")
+    if options.image_side and options.image_side < 64:
+        raise ConfigError(f"--image-side: {options.image_side} pixels is too small to caption; at least 64 (0: as they are)")
     if options.batch_size < 1:
         raise ConfigError(f"--batch-size: must be ≥ 1, got {options.batch_size}")
     for flag, value in (("--max-words", options.max_words), ("--max-new-tokens", options.max_new_tokens),
@@ -128,12 +130,17 @@ class Captioner:
         return self.model.caption(images, self.instruction, self.max_new_tokens)
 
 
-def _load_images(items: list[WorkItem]) -> tuple[list[WorkItem], list]:
+def _load_images(items: list[WorkItem], side: int = 0) -> tuple[list[WorkItem], list]:
+    """The batch's images as RGB, scaled down to `side` on their long side (0: as they are)."""
+    from PIL import Image
     from ..data.images import BadImage, load_rgb
     kept, images = [], []
     for item in items:
         try:
-            images.append(load_rgb(item.image, MAX_PIXELS))
+            image = load_rgb(item.image, MAX_PIXELS, draft=(side, side) if side else None)
+            if side and max(image.size) > side:
+                image.thumbnail((side, side), Image.LANCZOS)
+            images.append(image)
             kept.append(item)
         except BadImage as e:
             LOG.warning("skipped %s: %s", item.rel, e)
@@ -263,7 +270,7 @@ class CaptionJob:
                          total)
                 return exitcodes.STOPPED_SAVED
             batch = pending[first:first + options.batch_size]
-            items, images = _load_images(batch)
+            items, images = _load_images(batch, options.image_side)
             texts = captioner(images) if images else []
             changes, expected, records = {}, {}, []
             for item, raw in zip(items, texts):
@@ -298,7 +305,7 @@ class CaptionJob:
 
     def _preview(self, captioner: Captioner, pending: list[WorkItem], target: str) -> int:
         options = self.options
-        items, images = _load_images(pending)
+        items, images = _load_images(pending, options.image_side)
         shown = []
         for item, raw in zip(items, captioner(images) if images else []):
             new = finish(raw, target, options.avoid, options.max_words)

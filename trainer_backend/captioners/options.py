@@ -34,6 +34,9 @@ class CaptionOptions:
     existing: str = _opt("skip", "an image that already has a caption: skip it (default), overwrite it, or append "
                                  "the new text after it (the previous text stays in the dataset's undo journal)",
                          POLICIES)
+    image_side: int = _opt(1024, "images larger than this many pixels on their long side are scaled down first (the "
+                                 "captioners see at most ~1 megapixel: Qwen-VL's tokens grow with the pixels); 0: "
+                                 "as they are")
     caption_extension: str = _opt(".txt", "the caption files' extension")
     batch_size: int = _opt(4, "images per generate call")
     device: str = _opt("auto", DEVICES_HELP)
