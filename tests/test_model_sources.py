@@ -120,7 +120,7 @@ def test_a_hub_model_downloads_once_then_works_offline(hub, tiny_models, tmp_pat
         resolve_model("org/gated-sd1")
 
 
-def test_gated_repos_name_the_repo_the_licence_and_the_token(hub):
+def test_gated_repos_name_the_repo_the_licence_and_the_token(hub, caplog):
     with pytest.raises(ConfigError) as e:
         resolve_model("org/gated-sd1")
     message = str(e.value)
@@ -129,9 +129,10 @@ def test_gated_repos_name_the_repo_the_licence_and_the_token(hub):
     assert "\n" not in message
     with pytest.raises(ConfigError, match="refused the token .HTTP 403"):
         resolve_model("org/gated-sd1", token="hf_wrong_token")
+    caplog.set_level("DEBUG")
     folder = resolve_model("org/gated-sd1", token="hf_right_token")
-    assert (folder / WEIGHT).is_file()
-    assert "hf_right_token" not in json.dumps([r.__dict__ for r in hub.requests])
+    assert (folder / WEIGHT).is_file() and hub.file_requests(WEIGHT)[-1].authorized  # sent as a bearer token
+    assert "hf_right_token" not in caplog.text
 
 
 def test_unknown_repos_files_and_revisions_get_one_line(hub):
