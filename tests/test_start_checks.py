@@ -64,6 +64,13 @@ def test_a_random_file_named_safetensors_is_refused_naming_the_key_and_the_file(
     assert "model.vae" in found and "too short" in found["model.vae"]
 
 
+def test_a_model_folder_without_model_index_is_refused(tmp_path):
+    (tmp_path / "not-a-model").mkdir()
+    found = keyed(run_problems(config(tmp_path, path=str(tmp_path / "not-a-model"))))
+    assert "no model_index.json" in found["model.path"]
+    assert "model.path" not in keyed(run_problems(config(tmp_path, path=str(ROOT / "assets" / "demo_model"))))
+
+
 def test_a_real_safetensors_file_passes_and_a_truncated_one_does_not(tmp_path):
     import torch
     from safetensors.torch import save_file

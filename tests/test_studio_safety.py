@@ -77,9 +77,10 @@ def test_a_stranger_sees_only_the_login_and_runs_stay_inside_the_studios_folders
 
 
 def test_a_failed_run_shows_its_error_and_delete_keeps_start_working(tmp_path):
-    """Items 10 and 9 with real trainer processes: a run that fails before its first step (an empty
-    dataset, exit 2) is shown as an error, not "interrupted (resumable)"; after Delete, the next
-    Start works (it used to fail until the studio restarted)."""
+    """Items 10 and 9 with real trainer processes: a run that fails before its first step (a dataset
+    whose only image does not decode, exit 2: an empty folder Start itself refuses, issue 29 item 2) is
+    shown as an error, not "interrupted (resumable)"; after Delete, the next Start works (it used to
+    fail until the studio restarted)."""
     from trainer_backend.config import from_dict, to_dict
     from gui.runs_page import runs_table
     from gui.run_state import run_status
@@ -87,6 +88,7 @@ def test_a_failed_run_shows_its_error_and_delete_keeps_start_working(tmp_path):
     studio = Studio.create(Settings(runs_dir=tmp_path / "runs", presets_dir=tmp_path / "presets"))
     empty = tmp_path / "empty-dataset"
     empty.mkdir()
+    (empty / "photo.png").write_text("not an image")   # an image by name: the scan in the trainer refuses it
     data = to_dict(studio.load_preset("demo-sd1-lora (built-in)"))
     data["dataset"]["path"] = str(empty)
     data["output"]["name"] = "first"

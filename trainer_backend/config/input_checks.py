@@ -105,13 +105,17 @@ def safetensors_header_problem(path: Path, limit: int = HEADER_LIMIT) -> str:
 
 def model_files(cfg) -> Iterator[Problem]:
     """model.path and model.vae, when they are single .safetensors files: the header must be one
-    (a renamed download page, a truncated copy or a random file is refused here, not 25 s into a run)."""
+    (a renamed download page, a truncated copy or a random file is refused here, not 25 s into a run);
+    a model.path folder must be a diffusers folder (its model_index.json)."""
     for key in ("model.path", "model.vae"):
         value = getattr(cfg.model, key.split(".")[1], "")
         if not value or str(value).startswith("builtin:"):
             continue
         path = Path(value).expanduser()
-        if path.is_file() and path.suffix.lower() in SAFETENSORS_SUFFIXES:
+        if key == "model.path" and path.is_dir() and not (path / "model_index.json").is_file():
+            # what families.detect_family refuses when the run starts
+            yield Problem(key, f"{path} is not a diffusers model folder (no model_index.json)")
+        elif path.is_file() and path.suffix.lower() in SAFETENSORS_SUFFIXES:
             problem = safetensors_header_problem(path)
             if problem:
                 yield Problem(key, f"{path}: {problem}")
