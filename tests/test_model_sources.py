@@ -267,6 +267,10 @@ def test_a_config_gets_its_hub_ids_with_the_token_from_its_secrets(hub, tmp_path
     tokenizer = Path(cfg.model.tokenizer)  # model.tokenizer: tokenizer files only, no weights
     assert (tokenizer / "tokenizer" / "vocab.json").is_file() and not (tokenizer / WEIGHT).exists()
     assert {kind for kind, _ in events} == {"download"} and "hf_right_token" not in json.dumps(events)
+    from gui.run_control import _check_secret_names
+    from gui.secrets_panel import secret_names
+    assert ("model.hub_token_name", "HF_TOKEN") in secret_names(cfg)  # listed in the studio's Secrets panel
+    _check_secret_names(cfg, {"HF_TOKEN": "hf_typed"})  # and passed to the trainer when typed there
 
 
 def test_the_plan_lines_say_what_a_run_will_download(hub, monkeypatch):
