@@ -85,3 +85,8 @@ def test_options_survive_the_argv_the_studio_starts_the_job_with(options):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert from_namespace(parser.parse_args(to_argv(options))) == options
+
+
+def test_the_default_job_folder_is_named_after_the_dataset_as_the_queue_accepts():
+    assert CaptionOptions(dataset="/data/my dogs (2)", model="m").resolved_job_dir().name == "caption-my-dogs-2"
+    assert CaptionOptions(dataset="/data/hunde_größe", model="m").resolved_job_dir().name == "caption-hunde_größe"

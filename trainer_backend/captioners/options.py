@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +54,8 @@ class CaptionOptions:
     def resolved_job_dir(self) -> Path:
         if self.job_dir:
             return Path(self.job_dir).expanduser()
-        return Path("runs") / f"caption-{Path(self.dataset).expanduser().resolve().name or 'dataset'}"
+        name = re.sub(r"[^\w.-]+", "-", Path(self.dataset).expanduser().resolve().name).strip("-.") or "dataset"
+        return Path("runs") / f"caption-{name}"   # a name the queue accepts too (letters, digits, . _ -)
 
 
 def _flag(f: dataclasses.Field) -> str:
