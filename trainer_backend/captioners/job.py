@@ -228,7 +228,11 @@ class CaptionJob:
             raise
         except Exception as e:
             LOG.exception("the caption job failed")
-            events.emit(Event.ERROR, message=f"{type(e).__name__}: {e}")
+            message = f"{type(e).__name__}: {e}".splitlines()[0]
+            if "out of memory" in message.lower():
+                message += " (a smaller --batch-size or --image-side, or --quantize 4bit, needs less)"
+            events.emit(Event.ERROR, message=message)
+            print(f"error: {message}", file=sys.stderr)
             return exitcodes.ERROR
         finally:
             events.close()
