@@ -42,16 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default <runs-dir>/.studio-state)")
     p.add_argument("--new-token", default="", metavar="NAME", help="create an API token, print it and exit")
     p.add_argument("--scope", default="write", choices=("read", "write"), help="the new token's scope (default write)")
+    p.add_argument("--max-upload-mb", type=int, default=512, help="largest file the page accepts (default 512 MB)")
     return p
 
 
-def _host_guard(host: str, share: bool) -> list:
-    """Only the host names the studio was started for; with --auth, only the login form for strangers."""
+def _host_guard(host: str, share: bool, max_upload_mb: int = 512) -> list:
+    """Only the host names the studio was started for; with --auth, only the login form for strangers;
+    writes only from the studio's own page, uploads size-capped (gui/upload_guard.py)."""
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
     from gui.login_gate import LoginOnlyForStrangers
+    from gui.upload_guard import SameOriginWrites
     return [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(host, share)),
-            Middleware(LoginOnlyForStrangers)]
+            Middleware(SameOriginWrites, max_upload_mb=max_upload_mb), Middleware(LoginOnlyForStrangers)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                   *(str(d) for d in dataset_roots),
                                                                   *(str(Path(d).expanduser().resolve()) for d in args.allow_output_dir)],
                inbrowser=args.inbrowser, css=CSS, theme="soft", show_error=True, quiet=True,
-               footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share), "routes": api_routes(queue)},
+               footer_links=["api", "settings"], app_kwargs={"middleware": _host_guard(host, args.share, args.max_upload_mb),
+                                                         "routes": api_routes(queue)},
+               max_file_size=f"{args.max_upload_mb}mb",
                # Gradio's self-check gives the server one 3 s HEAD request and exits when it is late,
                # which happens while a training run keeps the CPU busy; the studio never needs the
                # share-link fallback that check exists for
