@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -66,14 +67,15 @@ class RunEvents:
     def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True):
         self.enabled = enabled
         self.run_dir = Path(run_dir)
-        self._file = None
+        self._fd: int | None = None
+        self._write_error = ""
         self._lock = threading.Lock()  # background uploaders emit too
         self._sink_key = self.run_dir.resolve()
         self._tb = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.run_dir / EVENTS_FILE, "a", encoding="utf-8")
+        self._fd = os.open(self.run_dir / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -88,9 +90,8 @@ class RunEvents:
             return
         record = {"event": kind, "time": round(time.time(), 3), **_jsonable(fields)}
         with self._lock:
-            if self._file is not None:
-                self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-                self._file.flush()
+            if self._fd is not None:
+                self._append((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
         with _SINKS_LOCK:
             sinks = list(_SINKS.get(self._sink_key, []))
         for sink in sinks:
@@ -98,6 +99,26 @@ class RunEvents:
                 sink.handle(record)
             except Exception:
                 LOG.exception("event sink %s failed", type(sink).__name__)
+
+    def _append(self, line: bytes) -> None:
+        """One whole line or nothing: a single write of the full line; a short write (disk full, a
+        file-size limit) is cut back to where the line began, so readers never see half a line."""
+        size = os.fstat(self._fd).st_size
+        try:
+            written = os.write(self._fd, line)
+            if written == len(line):
+                return
+            error = f"only {written} of {len(line)} bytes written"
+        except OSError as e:
+            error = e.strerror or str(e)
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError:
+            pass
+        if not self._write_error:  # once: the console and train.log say it, the run goes on
+            self._write_error = error
+            LOG.warning("%s: cannot append events (%s); later events are lost until there is room",
+                        self.run_dir / EVENTS_FILE, error)
 
     def scalars(self, step: int, **values: float) -> None:
         if self._tb is not None:
@@ -118,9 +139,9 @@ class RunEvents:
             self._tb.close()
             self._tb = None
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 def setup_logging(run_dir: Path | None, main_process: bool) -> None:
@@ -137,9 +158,23 @@ def setup_logging(run_dir: Path | None, main_process: bool) -> None:
     file_handler = None
     if main_process and run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(run_dir / LOG_FILE, encoding="utf-8")
+        file_handler = _LogFile(run_dir / LOG_FILE, encoding="utf-8")
         file_handler.setFormatter(fmt)
         root.addHandler(file_handler)
     library_noise.install(console, file_handler)   # known-harmless library warnings: train.log's DEBUG only
     for noisy in ("PIL", "urllib3", "filelock", "matplotlib", "h5py"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class _LogFile(logging.FileHandler):
+    """train.log. A record it cannot write (disk full) is one line on stderr, once, not logging's
+    traceback for every record; the console keeps the log."""
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            error = sys.exc_info()[1]
+            reason = getattr(error, "strerror", None) or error or "unknown error"
+            print(f"warning: {self.baseFilename}: cannot write the log ({reason}); it continues on this console only",
+                  file=sys.stderr)

@@ -24,6 +24,7 @@ from ..run import exitcodes
 from ..run.checkpoint_files import TrainState
 from ..run.checkpointer import Checkpointer
 from ..run.contract import Event
+from ..run.output_writes import written_or_explained
 from ..run.scheduler_state import register_scheduler_state
 from ..run.stop_signals import StopSignals
 from .diffusion_loss import LossParts
@@ -134,7 +135,8 @@ def train(cfg: TrainConfig) -> int:
         return finish_stopped(run, signals, state, accelerator)
 
     checkpointer.at_end(state)
-    outputs = save_outputs(cfg, accelerator, run, model, trainable, state, scan, ema)
+    outputs = written_or_explained(run.dir, cfg.output.name,  # disk full: path, free space, what to do
+                                   lambda: save_outputs(cfg, accelerator, run, model, trainable, state, scan, ema))
     images.final_check(state)  # a LoRA that barely changes the output is a warning, not a silent success
     run.events.emit(Event.DONE, step=state.global_step, outputs=outputs,
                     elapsed_s=round(time.time() - run.started, 1))
