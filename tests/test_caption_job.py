@@ -217,3 +217,12 @@ def test_large_images_reach_the_captioner_scaled_down(tmp_path, monkeypatch):
                              image_side=100)
     assert run_caption_job(options) == 0
     assert sorted(seen) == [(48, 40), (100, 40)]
+
+
+def test_the_studio_can_import_the_captioners_without_torch():
+    import subprocess
+    import sys
+    code = ("import sys, trainer_backend.captioners; "
+            "print(sorted(m for m in ('torch', 'transformers', 'onnxruntime') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
