@@ -262,7 +262,35 @@ def _cell(value) -> str:
     return str(value)
 
 
-def plan_markdown(cfg: TrainConfig, counts, summary: dict | None = None) -> str:
+_FAMILY_CACHE: dict[tuple, str] = {}
+DETECT = ("import sys\nfrom trainer_backend.families import detect_family\n"
+          "print(detect_family(sys.argv[1]).name)")
+
+
+def model_family(cfg: TrainConfig, python: str = sys.executable, cwd: str | Path | None = None) -> str:
+    """The family the planner plans for: model.arch, a builtin name's or a folder's (launch/model_size.py,
+    pure), else a single model file's as the trainer detects it from its keys (families.detect_family, in
+    a subprocess: the families import torch), cached per file; "auto" when nothing says."""
+    from trainer_backend.config.paths import resolve_path
+    from trainer_backend.launch.model_size import planning_arch
+    arch = planning_arch(cfg)
+    path = Path(resolve_path(cfg.model.path)).expanduser() if cfg.model.path else None
+    if arch != "auto" or path is None or not path.is_file():
+        return arch
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _FAMILY_CACHE:
+        try:
+            proc = subprocess.run([python, "-c", DETECT, str(path)], capture_output=True, text=True, cwd=cwd,
+                                  timeout=INSPECT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            name = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else ""
+        except (OSError, subprocess.TimeoutExpired):
+            name = ""
+        _FAMILY_CACHE[key] = name or "auto"
+    return _FAMILY_CACHE[key]
+
+
+def plan_markdown(cfg: TrainConfig, counts, summary: dict | None = None, arch: str | None = None) -> str:
     """1 GPU vs N side by side (rows and labels from the plan's own columns), the automatic
     adjustment in words, the plan's warnings, then the memory plan (peak GPU memory at the dataset's
     largest bucket, a verdict for the card, what would make it fit)."""
@@ -289,12 +317,12 @@ def plan_markdown(cfg: TrainConfig, counts, summary: dict | None = None) -> str:
         lines += ["", "Set hardware.num_processes above 1 to see what more GPUs change."]
     from trainer_backend.launch.memory_advice import memory_lines
     lines += ["", "#### GPU memory", ""]
-    lines += [f"{line}  " for line in memory_lines(cfg, buckets=summary_buckets(summary), markdown=True)]
+    lines += [f"{line}  " for line in memory_lines(cfg, arch, buckets=summary_buckets(summary), markdown=True)]
     from gui.hub_plan import downloads_markdown
     return "\n".join(lines + downloads_markdown(cfg))
 
 
-def memory_only_markdown(cfg: TrainConfig) -> str:
+def memory_only_markdown(cfg: TrainConfig, arch: str | None = None) -> str:
     """The plan without a dataset that can be scanned: the step counts need one, the memory plan does
     not (it is planned at dataset.resolution², the largest bucket once the images are known)."""
     from trainer_backend.launch.memory_advice import memory_lines
@@ -302,7 +330,7 @@ def memory_only_markdown(cfg: TrainConfig) -> str:
              "step count).", "", "#### GPU memory", "",
              f"Planned at dataset.resolution = {cfg.dataset.resolution} (the largest bucket, once the dataset "
              f"is scanned).  "]
-    lines += [f"{line}  " for line in memory_lines(cfg, markdown=True)]
+    lines += [f"{line}  " for line in memory_lines(cfg, arch, markdown=True)]
     from gui.hub_plan import downloads_markdown
     return "\n".join(lines + downloads_markdown(cfg))
 
@@ -315,12 +343,12 @@ def summary_buckets(summary: dict | None) -> list[tuple[int, int]]:
 START_CONFIRM_S = 120.0
 
 
-def start_memory_warning(cfg: TrainConfig, warned_at: float | None, now: float) -> str:
+def start_memory_warning(cfg: TrainConfig, warned_at: float | None, now: float, arch: str | None = None) -> str:
     """The warning Start shows (instead of starting) when the memory plan says the run will not fit
     the card; "" when it fits, or when the user was warned less than START_CONFIRM_S ago and pressed
     Start again (start anyway)."""
     if warned_at and now - warned_at < START_CONFIRM_S:
         return ""
     from trainer_backend.launch.memory_advice import will_not_fit
-    message = will_not_fit(cfg)
+    message = will_not_fit(cfg, arch)
     return f"{message} Press Start again within {START_CONFIRM_S:.0f} s to start anyway." if message else ""

@@ -121,6 +121,9 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             shell, argv, toml = f"# {e}", "[]", ""
         secrets = status_markdown(cfg, typed)
         msg = unplaced_errors(fields, errors)
+
+        def family() -> str:   # the model's family for the memory plan (a single file's: a cached subprocess)
+            return dv.model_family(cfg, python=studio.settings.python, cwd=studio.manager.cwd)
         dataset_refused = next((e for e in errors if str(e).startswith(("dataset.path", "dataset.subsets"))), None)
         try:
             if dataset_refused is not None:
@@ -130,12 +133,12 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
             if e is not dataset_refused:
                 placed = error_updates(fields, [*errors, e])
                 msg = unplaced_errors(fields, [*errors, e])
-            return [*placed, msg, dv.memory_only_markdown(cfg), shell, argv, toml,
+            return [*placed, msg, dv.memory_only_markdown(cfg, family()), shell, argv, toml,
                     dv.failure_markdown(e), *dv.empty_views(), secrets, ""]
         except Exception as e:  # timeouts, a broken backend: say so, keep the page usable
             return [*placed, f"⚠️ dataset inspector failed: {e}", gr.skip(), shell, argv, toml,
                     gr.skip(), gr.skip(), gr.skip(), gr.skip(), secrets, seen]
-        plan = dv.plan_markdown(cfg, inspection.counts, inspection.summary)
+        plan = dv.plan_markdown(cfg, inspection.counts, inspection.summary, family())
         signature = dv._signature(cfg)
         if signature == seen:
             inspector = [gr.skip()] * 4
@@ -191,7 +194,9 @@ def build_training_page(studio: Studio, initial_values: list, main_tabs: gr.Tabs
         cfg, errors = form_problems(fields, list(args[:len(fields)]))
         error = errors[0] if errors else None
         if error is None:
-            warning = dv.start_memory_warning(cfg, warned_at, time.time())
+            warning = dv.start_memory_warning(cfg, warned_at, time.time(),
+                                              dv.model_family(cfg, python=studio.settings.python,
+                                                              cwd=studio.manager.cwd))
             if warning:   # the memory plan says it will not fit the card: warn first, start on a second press
                 return [*cleared(), f"⚠️ {warning}", gr.skip(), gr.skip(), time.time(),
                         only_changed(cleared(), None)[1], values]

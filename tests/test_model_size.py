@@ -113,3 +113,21 @@ def test_memory_is_planned_without_a_dataset(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "dataset.path" in r.stderr
     assert "Peak GPU memory:" in r.stdout and "12 GB ✅ fits" in r.stdout
+
+
+def test_a_single_files_family_is_read_from_its_keys_as_the_trainer_reads_it(tmp_path):
+    """A single .safetensors file with model.arch = "auto": the studio asks families.detect_family (in a
+    subprocess: the families import torch) and plans that family's full-size table."""
+    import torch
+    from safetensors.torch import save_file
+    from gui.dataset_view import memory_only_markdown, model_family
+    path = tmp_path / "flux1-dev.safetensors"   # the original (BFL) layout's key Flux's detect_file reads
+    save_file({"double_blocks.0.img_attn.qkv.weight": torch.zeros(2, 2)}, str(path))
+    cfg = from_dict({"model": {"path": str(path)}, "dataset": {"resolution": 512}})
+    assert planning_arch(cfg) == "auto"               # the pure planner cannot tell a file's family
+    assert model_family(cfg) == "flux"
+    text = memory_only_markdown(cfg, model_family(cfg))
+    assert "unknown" not in text and "Peak GPU memory: " in text
+    nothing = tmp_path / "other.safetensors"
+    save_file({"w": torch.zeros(2)}, str(nothing))
+    assert model_family(from_dict({"model": {"path": str(nothing)}})) == "auto"
