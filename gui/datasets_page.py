@@ -133,7 +133,7 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     timer = gr.Timer(4.0, active=False)   # thumbnails filling in; only while the page is shown
 
     def grid_outputs(chosen, settings_value, state_value, flag_value, tag_value, bucket_value, control_value,
-                     page_no=None):
+                     page_no=None, turn_only=False):
         try:
             view = page.view(chosen, settings_value, control_value)
         except LibraryError as e:
@@ -142,10 +142,13 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
         shown, number, pages = page_of(indices, state_value.get("page", 0) if page_no is None else page_no)
         cells = [(thumb_or_placeholder(page.cache, view.items[i]), grid_label(view.items[i])) for i in shown]
         new_state = dict(state_value, indices=indices, page=number, folder=str(view.folder), stamp=view.stamp)
+        label = f"page {number + 1} of {pages} ({len(indices)} shown, {PAGE_SIZE} a page)"
+        if turn_only:   # a page turn sends only the grid (the summary, buckets and tags are unchanged)
+            return [cells, gr.skip(), gr.skip(), new_state, label, gr.skip(), gr.skip()]
         buckets = gr.update(choices=[("any bucket", "")] + [(b, b) for b in view.buckets()])
         table = pd.DataFrame(view.tags[:200], columns=["tag", "images"])
-        return [cells, summary_markdown(view, page.indexer.running(view.folder)), gr.skip(), new_state,
-                f"page {number + 1} of {pages} ({len(indices)} shown, {PAGE_SIZE} a page)", buckets, table]
+        return [cells, summary_markdown(view, page.indexer.running(view.folder)), gr.skip(), new_state, label,
+                buckets, table]
 
     grid_out = [grid, summary, message, state, page_label, bucket, tags_table]
     filters = [chooser, settings, state, flag, tag, bucket, control]
@@ -156,7 +159,7 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
 
     def on_page(step):
         def turn(*args):
-            return grid_outputs(*args, page_no=args[2].get("page", 0) + step)
+            return grid_outputs(*args, page_no=args[2].get("page", 0) + step, turn_only=True)
         return turn
     prev_page.click(on_page(-1), inputs=filters, outputs=grid_out, show_progress="hidden", concurrency_id="ds-grid")
     next_page.click(on_page(1), inputs=filters, outputs=grid_out, show_progress="hidden", concurrency_id="ds-grid")
