@@ -77,12 +77,18 @@ def browser_page_change(datasets: Path, runs: Path, pages: int) -> list[float]:
             page.locator("#ds-choose input").first.click()
             page.get_by_role("option", name="bench", exact=True).click()
             page.wait_for_function("() => /page 1 of/.test(document.querySelector('#ds-page-label').innerText)")
+            print("opened: " + page.locator("#ds-page-label").inner_text(), flush=True)
             for k in range(2, min(pages, 8) + 1):
                 first = page.locator("#ds-grid img").first.get_attribute("src")
                 before = time.perf_counter()
                 page.click("#ds-page-next")
-                page.wait_for_function(f"() => /page {k} of/.test(document.querySelector('#ds-page-label').innerText)",
-                                       polling=10)
+                try:
+                    page.wait_for_function(f"() => /page {k} of/.test(document.querySelector('#ds-page-label')"
+                                           f".innerText)", polling=10)
+                except Exception:
+                    page.screenshot(path=str(runs.parent / "stuck.png"))
+                    raise RuntimeError(f"page {k} never came: {page.locator('#ds-page-label').inner_text()!r}, "
+                                       f"{page.locator('#ds-message').inner_text()!r}") from None
                 labelled = time.perf_counter() - before
                 # the visible rows' thumbnails (the gallery loads the rows below lazily, when scrolled to)
                 page.wait_for_function("(first) => { const imgs = [...document.querySelectorAll('#ds-grid img')]"

@@ -244,7 +244,7 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     # the crop is the form's: its dataset settings are read whenever the page is shown
     def on_show(payload, chosen):
         values = settings_from_form(form, payload)
-        return values, gr.update(choices=page.choices(chosen), value=chosen)
+        return values, gr.update(choices=page.choices(chosen))   # the value stays: the user may have picked one
     tab.select(on_show, inputs=[form.values, chooser], outputs=[settings, chooser], show_progress="hidden").then(
         lambda *args: grid_outputs(*args, page_no=0), inputs=filters, outputs=grid_out, show_progress="hidden",
         concurrency_id="ds-grid")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +49,14 @@ class CheckSettings:
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     def spec_and_buckets(self):
-        spec = bucket_spec(self.resolution, self.bucketing, self.bucket_min_side, self.bucket_max_side,
-                           self.bucket_step, self.bucket_no_upscale)
-        return spec, make_buckets(spec)
+        return _spec_and_buckets(self.resolution, self.bucketing, self.bucket_min_side, self.bucket_max_side,
+                                 self.bucket_step, self.bucket_no_upscale)
+
+
+@lru_cache(maxsize=64)
+def _spec_and_buckets(*args):
+    spec = bucket_spec(*args)   # made once per settings, not once per image
+    return spec, make_buckets(spec)
 
 
 def crop_of(width: int, height: int, settings: CheckSettings) -> tuple[Size, Crop]:
@@ -107,12 +113,16 @@ def duplicate_groups(records: list[dict], near_threshold: int) -> list[dict]:
             parent[i] = parent[parent[i]]
             i = parent[i]
         return i
-    for i in range(len(firsts) - 1):
-        distance = np.bitwise_count(hashes[i + 1:] ^ hashes[i])
-        for j in np.nonzero(distance <= near_threshold)[0]:
-            a, b = root(i), root(i + 1 + int(j))
-            if a != b:
-                parent[b] = a
+    block = 512   # all pairs, a block of rows at a time (a 512 × N matrix of Hamming distances)
+    for start in range(0, len(firsts), block):
+        rows = hashes[start:start + block]
+        close = np.bitwise_count(rows[:, None] ^ hashes[None, :]) <= near_threshold
+        for i, j in zip(*np.nonzero(close)):
+            i, j = start + int(i), int(j)
+            if j > i:
+                a, b = root(i), root(j)
+                if a != b:
+                    parent[b] = a
     near: dict[int, list[str]] = {}
     for i, r in enumerate(firsts):
         near.setdefault(root(i), []).append(r["path"])
