@@ -5,12 +5,13 @@ and "Train on this dataset". The backend is trainer_backend.workbench (the `data
 same functions); bringing images in and bulk edits are wired in gui/datasets_tools.py."""
 from __future__ import annotations
 
+import atexit
 from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
-from trainer_backend.workbench import CheckSettings, EditError, JournalError, save_caption
+from trainer_backend.workbench import CheckSettings, EditError, JournalError, read_index, save_caption
 from trainer_backend.workbench.library import LibraryError, exclude, list_datasets, within
 
 from gui.datasets_model import FLAG_LABELS, PAGE_SIZE, Indexer, Views, detail_picture, grid_label, page_of, \
@@ -18,6 +19,7 @@ from gui.datasets_model import FLAG_LABELS, PAGE_SIZE, Indexer, Views, detail_pi
 from gui.shared_state import Studio
 from gui.widgets import FormWidgets
 
+DATASET_COLUMNS = ["dataset", "images", "captioned", "flagged", "made here"]
 SETTING_KEYS = ("resolution", "bucketing", "bucket_min_side", "bucket_max_side", "bucket_step", "bucket_no_upscale",
                 "center_crop", "caption_extension")
 KEYS_JS = """() => { if (window.__datasetKeys) return; window.__datasetKeys = true;
@@ -40,6 +42,7 @@ class DatasetsPage:
         self.cache = self.root / ".cache"
         self.views = Views(self.cache)
         self.indexer = Indexer(self.cache, studio.settings.python)
+        atexit.register(self.indexer.stop_all)   # a thumbnailer never outlives the studio
 
     def roots(self) -> list[Path]:
         return [self.root, *self.studio.settings.dataset_roots]
@@ -55,6 +58,17 @@ class DatasetsPage:
         if not folder.is_dir():
             raise LibraryError(f"{folder}: no such folder")
         return folder
+
+    def table(self) -> pd.DataFrame:
+        """The datasets folder's datasets and their counts (flagged: of the images indexed so far, by the
+        checks that need no training settings)."""
+        rows = []
+        for info in list_datasets(self.root) if self.root.is_dir() else []:
+            known = read_index(self.cache, info.path)
+            flagged = sum(1 for r in known.values() if r.get("flags"))
+            rows.append([info.name, info.images, info.captioned, f"{flagged} of {len(known)} checked",
+                         "yes" if info.made_here else "no"])
+        return pd.DataFrame(rows, columns=DATASET_COLUMNS)
 
     def choices(self, extra: str = "") -> list[str]:
         names = [d.name for d in list_datasets(self.root)] if self.root.is_dir() else []
@@ -96,6 +110,9 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
                               elem_id="ds-choose", info=f"a dataset in {page.root}, or a folder path to open")
         refresh = gr.Button("Refresh", elem_id="ds-refresh", scale=0, min_width=100)
         train = gr.Button("Train on this dataset", variant="primary", elem_id="ds-train", scale=1)
+    with gr.Accordion("All datasets", open=False):
+        datasets_table = gr.Dataframe(value=page.table(), headers=DATASET_COLUMNS, interactive=False,
+                                      elem_id="ds-list", max_height=240)
     summary = gr.Markdown("", elem_id="ds-summary")
     message = gr.Markdown("", elem_id="ds-message")
     settings = gr.State({})
@@ -244,8 +261,11 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     # the crop is the form's: its dataset settings are read whenever the page is shown
     def on_show(payload, chosen):
         values = settings_from_form(form, payload)
-        return values, gr.update(choices=page.choices(chosen))   # the value stays: the user may have picked one
-    tab.select(on_show, inputs=[form.values, chooser], outputs=[settings, chooser], show_progress="hidden").then(
+        # the value stays: the user may have picked one meanwhile
+        return values, gr.update(choices=page.choices(chosen)), page.table()
+    refresh.click(page.table, outputs=datasets_table, show_progress="hidden")
+    tab.select(on_show, inputs=[form.values, chooser], outputs=[settings, chooser, datasets_table],
+               show_progress="hidden").then(
         lambda *args: grid_outputs(*args, page_no=0), inputs=filters, outputs=grid_out, show_progress="hidden",
         concurrency_id="ds-grid")
 
