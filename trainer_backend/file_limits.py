@@ -91,3 +91,34 @@ def escapes(path: Path | str, root: Path | str) -> bool:
 def _short(path: Path | str) -> str:
     text = str(path)
     return text if len(text) <= 160 else f"{text[:100]}…{text[-40:]} ({len(text):,} characters)"
+
+
+# Tensors a model or LoRA file may hold as integers: buffers, never weights. A weight relabelled
+# F32 -> I32 keeps its size (the header still adds up) and would train on garbage.
+INTEGER_DTYPES = {"I16", "I32", "I64", "U16", "U32", "U64", "BOOL"}   # U8/I8: packed formats, refused by name
+INTEGER_BUFFERS = ("position_ids", "num_batches_tracked", "_step_count")
+
+
+def integer_weight(dtypes: dict[str, str]) -> tuple[str, str] | None:
+    """(name, dtype) of the first tensor stored as integers that is not a known integer buffer, from a
+    safetensors header's dtypes ("F32", "I32", …); None when every weight is floating point."""
+    for name, dtype in dtypes.items():
+        if dtype.upper() in INTEGER_DTYPES and not name.endswith(INTEGER_BUFFERS):
+            return name, dtype
+    return None
+
+
+def dtype_code(dtype) -> str:
+    """A torch dtype in safetensors' spelling (torch.int32 -> "I32", torch.bool -> "BOOL"); floats -> "F"."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    if name.startswith(("float", "bfloat", "complex")):
+        return "F"
+    return {"bool": "BOOL"}.get(name, name.replace("uint", "U").replace("int", "I").upper())
+
+
+def check_float_weights(key: str, path: Path | str, dtypes: dict[str, str]) -> None:
+    """ConfigError naming the option, the file and the tensor when a weight is stored as integers."""
+    found = integer_weight(dtypes)
+    if found:
+        raise ConfigError(f"{key}: {_short(path)}: tensor {found[0]} is {found[1]}, but weights are floating-point "
+                          "numbers; the file is damaged or mislabelled")

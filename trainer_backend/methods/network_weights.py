@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError, TrainConfig
+from ..file_limits import check_float_weights
 
 LOG = logging.getLogger("trainer")
 KEY = "network.network_weights"
@@ -29,8 +30,11 @@ def read_file(path_text: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         raise ConfigError(f"{KEY}: {path} does not exist")
     try:
         with safe_open(str(path), framework="pt") as f:
+            check_float_weights(KEY, path, {k: f.get_slice(k).get_dtype() for k in f.keys()})
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
         raise ConfigError(f"{KEY}: {path} is not a readable .safetensors file ({e})") from None
 
 

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ...errors import ConfigError
+from ...file_limits import check_float_weights, check_readable_path
 from ..base import LoadedModel
 from .single_file import (META_ARCH, SINGLE_FILE_SUFFIXES, detect_arch_from_keys,
                           materialize_embedded_config, read_keys_and_metadata)
@@ -140,6 +141,15 @@ def _load_vae(spec: str, own_vae):
             return AutoencoderKL.from_pretrained(str(p), subfolder=sub or None, dtype=torch.float32,
                                                  local_files_only=True)
         # A single-file VAE is converted with the model's own VAE config (its latent scaling included).
+        check_readable_path("model.vae", p)
+        if p.suffix.lower() in (".safetensors", ".sft"):
+            from safetensors import SafetensorError, safe_open
+            try:
+                with safe_open(str(p), framework="pt") as f:  # the header only: an F32 weight relabelled I32
+                    dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+            except SafetensorError as e:
+                raise ConfigError(f"model.vae: {p} is not a readable .safetensors file ({e})") from None
+            check_float_weights("model.vae", p, dtypes)
         with tempfile.TemporaryDirectory() as tmp:
             own_vae.save_config(Path(tmp) / "vae")
             return AutoencoderKL.from_single_file(str(p), config=tmp, subfolder="vae", local_files_only=True,

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from ...errors import ConfigError
+from ...file_limits import check_float_weights, dtype_code
 from ..builtin import atomic_dir
 
 
@@ -32,14 +33,19 @@ def read_keys_and_metadata(path: Path) -> tuple[dict[str, tuple[int, ...]], dict
         from safetensors import safe_open
         try:
             with safe_open(str(path), framework="pt") as f:
-                shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-                return shapes, dict(f.metadata() or {})
+                slices = {k: f.get_slice(k) for k in f.keys()}
+                shapes = {k: tuple(s.get_shape()) for k, s in slices.items()}
+                dtypes = {k: s.get_dtype() for k, s in slices.items()}
+                metadata = dict(f.metadata() or {})
         except Exception as e:  # safetensors raises several types for a corrupt header
             raise ConfigError(f"model.path: {path} is not a readable .safetensors file ({e})") from None
+        check_float_weights("model.path", path, dtypes)  # an F32 weight relabelled I32 keeps its size
+        return shapes, metadata
     from ...run.safe_load import load_pickled  # tensors only; one line, never torch's weights_only=False advice
     state = load_pickled(path, key="model.path", what="a model file never needs code to load (prefer its "
                          ".safetensors release)")
     state = state.get("state_dict", state) if isinstance(state, dict) else {}
+    check_float_weights("model.path", path, {k: dtype_code(v.dtype) for k, v in state.items() if hasattr(v, "dtype")})
     return {k: tuple(v.shape) for k, v in state.items() if hasattr(v, "shape")}, {}
 
 
