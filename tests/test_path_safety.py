@@ -86,6 +86,8 @@ def test_the_prompt_file_is_read_only_when_it_is_a_small_text_file(tmp_path, kin
     (f'dataset.path="/tmp/{"d" * 5000}"', "dataset.path", "the path is 5,005 bytes long; a path can be at most 4,096"),
     (f'dataset.class_path="/tmp/{"c" * 300}"', "dataset.class_path", "the path has a name of 300 bytes"),
     (f'output.dir="/tmp/{"o" * 300}/runs"', "output.dir", "the path has a name of 300 bytes"),
+    (f'output.name="{"n" * 300}"', "output.name", "String should have at most 200 characters"),
+    ('checkpoints.resume="/ckpt/\\u0000"', "checkpoints.resume", "contains a NUL character"),
 ])
 def test_unusable_path_text_is_one_line_naming_the_option(override, key, expected, capsys):
     with pytest.raises(ConfigError) as e:

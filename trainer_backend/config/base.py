@@ -71,9 +71,12 @@ class Section(BaseModel):
         """Every path option (widget "path") holds text the system can open: no NUL, within its length
         limits (file_limits.py); otherwise one line naming the key, never an OSError later."""
         extra = cls.model_fields[info.field_name].json_schema_extra if info.field_name else None
-        if isinstance(extra, dict) and extra.get("ui", {}).get("widget") == "path":
-            for item in value if isinstance(value, list) else [value]:
-                problem = path_text_problem(item) if isinstance(item, str) else None
-                if problem:
-                    raise ValueError(f"the path {problem}")
+        is_path = isinstance(extra, dict) and extra.get("ui", {}).get("widget") == "path"
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, str):
+                continue
+            if is_path and (problem := path_text_problem(item)):
+                raise ValueError(f"the path {problem}")
+            if "\x00" in item:  # no setting holds one (a path given where no widget says so, a prompt)
+                raise ValueError("contains a NUL character (\\x00), which no setting can hold")
         return value

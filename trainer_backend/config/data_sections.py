@@ -25,7 +25,7 @@ class Output(Section):
     TAB: ClassVar[str] = "Model"
     dir: str = F("runs", "Folder that holds run directories.", widget="path", resume="ignored")
     name: str = F("my-lora", "Run name; the run directory is <dir>/<name> and the output file <name>.safetensors.",
-                  min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
+                  min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$", resume="ignored")
     lora_format: Literal[("auto", *LORA_LAYOUTS)] = F(
         "auto", "Flux, Chroma, Flux.2, SD3, Z-Image and Qwen-Image only: the LoRA file's key layout. auto = the "
                 "family's own (SD1/SD2/SDXL kohya/webui; SD3, Flux, Chroma, Z-Image and Qwen-Image diffusers' "

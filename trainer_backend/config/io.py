@@ -9,6 +9,8 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
+from ..file_limits import read_text_capped
+
 from .base import CONFIG_VERSION, ConfigError
 from .schema import TrainConfig, sections
 
@@ -126,7 +128,7 @@ def load_toml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"{p}: config file not found")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(read_text_capped("config", p))  # a regular file of at most 4 MB
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: not valid TOML ({e})") from None
 
