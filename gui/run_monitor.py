@@ -172,7 +172,9 @@ def progress_numbers(snap: Snapshot, alive: bool, started: float | None, now: fl
         eta = max(0.0, eta - (now - last["time"]))
     if not alive:
         eta = None
+    compiling = alive and snap.compile.get("status") == "started"  # speed.compile's first step
     return {"step": step, "total": total, "epoch": last.get("epoch"), "it_per_s": _number(last.get("it_per_s")),
+            "compiling": compiling,
             "loss": _number(last.get("loss")), "elapsed": (snap.earlier_s + end - start) if start else None, "eta": eta,
             "fraction": min(1.0, step / total) if total else 0.0,
             "download": snap.download if alive and not snap.steps and snap.download.get("status") != "done" else {}}
@@ -225,6 +227,8 @@ def progress_html(status: RunStatus, numbers: dict, cost: str = "", warnings: st
     """The status line, the bar and the numbers; `warnings`: warnings_html's boxes."""
     pct = numbers["fraction"] * 100
     bits = [f"step <b>{numbers['step']}</b> / {numbers['total'] or '?'}"]
+    if numbers.get("compiling"):
+        bits.append("<b>compiling the model</b> (the first step; minutes for a full-size model)")
     if numbers["epoch"] is not None:
         bits.append(f"epoch {numbers['epoch']}")
     if numbers["it_per_s"]:

@@ -39,6 +39,7 @@ class Snapshot:
     warnings: list[dict] = field(default_factory=list)     # the trainer's warnings (a LoRA with no effect, …)
     adapter_effect: dict = field(default_factory=dict)     # the end's with/without-adapter measure
     download: dict = field(default_factory=dict)          # the last hub download event (bytes, speed, ETA, file)
+    compile: dict = field(default_factory=dict)            # speed.compile: the last compile event
     terminal: dict | None = None                          # the last done/stopped/preempted/error
     outputs: list[str] = field(default_factory=list)
     first_time: float | None = None
@@ -118,6 +119,7 @@ FOLDS = {
     Event.WARNING: _appended_to("warnings"),
     Event.ADAPTER_EFFECT: lambda snap, ev: setattr(snap, "adapter_effect", ev),
     Event.DOWNLOAD: _download,
+    Event.COMPILE: lambda snap, ev: setattr(snap, "compile", ev),
     **{kind: _terminal for kind in TERMINAL},
 }
 

@@ -157,7 +157,7 @@ def test_worker_processes_give_the_same_batches_and_automatic_picks_them_only_fo
     for with_workers, in_process in zip(batches[2], batches[0]):
         assert len(with_workers) == len(in_process) > 0
         for a, b in zip(with_workers, in_process):
-            assert a["caption"] == b["caption"] and torch.equal(a["index"], b["index"])
+            assert a["caption"] == b["caption"] and a["index"] == b["index"]
             assert torch.equal(a["pixel_values"], b["pixel_values"])
 
     assert loader_workers(3, False, False) == 3                      # an explicit count is kept

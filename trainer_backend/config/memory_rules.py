@@ -84,3 +84,20 @@ def _block_swap(cfg: TrainConfig) -> Iterator[Problem]:
                                            "DeepSpeed's gradient buffers: use one process (hardware.num_processes "
                                            "= 1, hardware.num_machines = 1, hardware.strategy = ddp) or set "
                                            "memory.block_swap = 0")
+
+
+@_rule("memory")
+def _compiled_blocks(cfg: TrainConfig) -> Iterator[Problem]:
+    if cfg.speed.compile == "off":
+        return
+    key = "speed.compile"
+    if cfg.memory.block_swap:
+        yield Problem(key, f"memory.block_swap moves {cfg.memory.block_swap} blocks' weights between the CPU and "
+                           f"the GPU every step, which a compiled block would recompile for: set "
+                           f"memory.block_swap = 0 or speed.compile = off")
+    if sharded(cfg):
+        yield Problem(key, f"hardware.strategy = {cfg.hardware.strategy} wraps and shards the blocks itself: use "
+                           f"hardware.strategy = ddp or speed.compile = off")
+    if cfg.speed.compile_mode == "reduce-overhead" and cfg.hardware.cpu:
+        yield Problem("speed.compile_mode", "reduce-overhead records CUDA graphs, which need a CUDA device: "
+                                            "choose default or max-autotune-no-cudagraphs on the CPU")

@@ -10,6 +10,7 @@ from .base import CONFIG_VERSION, F, Section
 from .data_sections import Dataset, Model, Output
 from .memory_sections import Memory
 from .run_sections import Checkpoints, Cloud, Hardware, Logging, Webhooks
+from .speed_sections import Speed
 from .train_sections import Ema, Loss, Network, Optimizer, Precision, Samples, Schedule, Vae, Validation
 
 
@@ -26,6 +27,7 @@ class TrainConfig(BaseModel):
     loss: Loss = Field(default_factory=Loss)
     precision: Precision = Field(default_factory=Precision)
     memory: Memory = Field(default_factory=Memory)
+    speed: Speed = Field(default_factory=Speed)
     hardware: Hardware = Field(default_factory=Hardware)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     cloud: Cloud = Field(default_factory=Cloud)

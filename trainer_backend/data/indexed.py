@@ -26,7 +26,7 @@ class IndexedDataset(torch.utils.data.Dataset):
 
 def collate_with_index(pairs: list[tuple[int, dict]]) -> dict:
     batch = collate([sample for _, sample in pairs])
-    batch["index"] = torch.tensor([i for i, _ in pairs])
+    batch["index"] = [i for i, _ in pairs]  # host bookkeeping (noise seeds): plain ints, never a tensor read
     return batch
 
 

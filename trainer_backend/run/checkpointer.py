@@ -28,10 +28,11 @@ LOG = logging.getLogger("trainer")
 
 class Checkpointer:
     def __init__(self, cfg: TrainConfig, accelerator, run, signals: StopSignals,
-                 export: Callable[[str], list[str]] | None = None):
+                 export: Callable[[str], list[str]] | None = None, before_save: Callable[[], None] | None = None):
         ck = cfg.checkpoints
         rules.check(cfg, "checkpoints")  # export_at and best_metric need their schedules (config/rules.py)
         self.cfg, self.accelerator, self.run, self.signals, self.export = cfg, accelerator, run, signals, export
+        self.before_save = before_save  # the loop's pending step losses read (and checked) before a save
         self.policy = RetentionPolicy.from_config(ck)
         self.last_saved_step = -1
         self.last_save_time = time.monotonic()
@@ -128,7 +129,10 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ saving
     def _save(self, state: TrainState, trigger: str, export: bool) -> Path:
-        metrics = {**self.observed, **({"loss": self._loss_sum / self._loss_count} if self._loss_count else {})}
+        if self.before_save is not None:
+            self.before_save()  # raises on a non-finite loss: the last checkpoint stays the last good one
+        mean = float(self._loss_sum / self._loss_count) if self._loss_count else None  # step losses may be tensors
+        metrics = {**self.observed, **({"loss": mean} if mean is not None else {})}
         path = save_checkpoint(self.accelerator, self.run.dir, state, metrics=metrics, trigger=trigger)
         self._verified(path, written_now=True)
         self._loss_sum, self._loss_count = 0.0, 0

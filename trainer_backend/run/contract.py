@@ -68,6 +68,7 @@ class Event(str, Enum):
     ERROR = "error"                # failed: the one-line message
     WARNING = "warning"            # the run goes on, but something is likely wrong (cause, message)
     ADAPTER_EFFECT = "adapter_effect"  # the end's measure: the same sample with vs without the adapter
+    COMPILE = "compile"            # speed.compile: the compile phase (started, done) and later recompilations
 
     def __str__(self) -> str:  # f-strings and json see the plain kind
         return self.value
@@ -83,6 +84,7 @@ FIELDS: dict[Event, tuple[str, ...] | None] = {
     Event.EPOCH: ("epoch", "step"),
     Event.SAMPLE: ("step", "epoch", "paths", "prompts", "ema", "adapter_effect", "adapter_norm"),
     Event.VALIDATION: ("step", "epoch", "loss", "best", "images", "timesteps"),
+    Event.COMPILE: ("step", "status", "blocks", "graphs", "seconds"),
     Event.CHECKPOINT: ("step", "path", "trigger", "metrics", "export", "remote"),
     Event.EXPORT: ("step", "path"),
     Event.UPLOAD: ("status", "what", "step", "url", "bytes", "queued", "seconds", "attempts", "retry_in_s",

@@ -31,6 +31,8 @@ from .diffusion_loss import LossParts
 from .ema import make_ema
 from .epoch_loaders import EpochLoaders
 from .full_half_precision import keep_half_weights
+from .host_sync import StepLosses, StepReadCounter, read_interval
+from .compile import compile_blocks
 from .memory_setup import install_after_prepare
 from .optimizers import build_lr_scheduler, build_optimizer
 from .sampling import SampleImages
@@ -76,17 +78,21 @@ def train(cfg: TrainConfig) -> int:
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
     install_after_prepare(cfg, model, trainable, optimizer, accelerator.device)  # block swap, fused backward
     register_scheduler_state(accelerator, lr_scheduler)  # lr_scheduler.json in each checkpoint
+    compiled = compile_blocks(cfg, model, run.events)  # speed.compile: each block, adapters inside (off: no-op)
     ema = make_ema(cfg, trainable, accelerator)
     batch_loss = method_loss(cfg, model, modules, weight_dtype, accelerator)  # diffusion or reconstruction
 
     signals = StopSignals(run.dir, accelerator.is_main_process)
     checkpointer = Checkpointer(cfg, accelerator, run, signals,  # triggers, retention, S3 sync, webhooks
                                 export=lambda file_name: save_outputs(cfg, accelerator, run, model, trainable, state,
-                                                                      scan, ema, file_name=file_name))
+                                                                      scan, ema, file_name=file_name),
+                                before_save=lambda: progress.flush())  # no checkpoint after a NaN loss
     state = checkpointer.resume(plan=plan, scan=scan, optimizer=optimizer, lr_scheduler=lr_scheduler)
     loaders = EpochLoaders(cfg, dataset, make_sampler(cfg, dataset, accelerator), plan.multi.epochs,
                            accelerator.device, accelerator.num_processes)  # the next epoch's workers start early
-    progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process)
+    progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process, cfg,
+                        read_interval(cfg, accelerator.device))  # losses read from the device every N steps
+    host_reads = StepReadCounter(cfg.speed.count_host_reads)  # diagnostics: the host's waits per step
     images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema, trainable, adapter_switch(trainable),
                           caption=scan.items[0].caption if scan.items else "")  # + the adapter-effect check
     images.maybe_sample(state, before_training=True)
@@ -101,16 +107,19 @@ def train(cfg: TrainConfig) -> int:
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
                 group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
-                for i, batch in enumerate(group):
-                    with sync_only_on_last(accelerator, modules.values(), i == len(group) - 1):
-                        loss = batch_loss(batch, epoch=epoch, parts=parts)
-                        accelerator.backward(loss / len(group))
-                    group_loss += loss.detach() / len(group)
-                lr_used = optimizer_step(accelerator, optimizer, lr_scheduler, trainable.parameters(), cfg)
+                compiled.before_step(state.global_step + 1)  # the first step compiles: its own phase
+                with host_reads.step(group):
+                    for i, batch in enumerate(group):
+                        with sync_only_on_last(accelerator, modules.values(), i == len(group) - 1):
+                            loss = batch_loss(batch, epoch=epoch, parts=parts)
+                            accelerator.backward(loss / len(group))
+                        group_loss += loss.detach() / len(group)
+                    lr_used = optimizer_step(accelerator, optimizer, lr_scheduler, trainable.parameters(), cfg)
+                    mean_loss = count_step(state, len(group), group_loss, plan, accelerator)  # on the device
+                compiled.after_step(state.global_step)
                 # ---- bookkeeping and side concerns
-                mean_loss = count_step(state, len(group), group_loss, plan, accelerator, cfg)
                 ema.step(state.global_step)
-                progress.step(state, epoch, mean_loss, lr_used, **parts.reduce(accelerator))
+                progress.step(state, epoch, mean_loss, lr_used, **parts.reduce(accelerator), **host_reads.take())
                 images.maybe_sample(state)
                 validator.maybe_run(state)
                 stop = checkpointer.after_step(state, epoch, mean_loss)
@@ -185,15 +194,13 @@ def make_sampler(cfg: TrainConfig, dataset, accelerator):
                          process_index=accelerator.process_index, seed=cfg.schedule.seed)
 
 
-def count_step(state: TrainState, batches: int, group_loss: torch.Tensor, plan, accelerator,
-               cfg: TrainConfig) -> float:
-    """Advance the train state by one optimizer step; the step's loss averaged over ranks."""
+def count_step(state: TrainState, batches: int, group_loss: torch.Tensor, plan, accelerator) -> torch.Tensor:
+    """Advance the train state by one optimizer step; the step's loss averaged over ranks, left on the
+    device (Progress reads it with the others every speed.host_read_every steps)."""
     state.global_step += 1
     state.batch_in_epoch += batches
     state.samples_seen += plan.multi.effective_batch
-    mean_loss = accelerator.reduce(group_loss.reshape(1), reduction="mean").item()
-    check_finite(mean_loss, cfg, state.global_step)
-    return mean_loss
+    return accelerator.reduce(torch.as_tensor(group_loss).reshape(1), reduction="mean")
 
 
 def accumulation_groups(loader, grad_accum: int):
@@ -247,28 +254,42 @@ def last_good_checkpoint(run_dir) -> str:
 
 
 class Progress:
-    """tqdm on the console, `step` events, TensorBoard scalars."""
+    """tqdm on the console, `step` events, TensorBoard scalars. The step losses stay on the device and are
+    read every `read_every` steps in one transfer (training/host_sync.py): each is checked for NaN/inf and
+    its step's event written then, with the rate and ETA of its own step."""
 
-    def __init__(self, run, total: int, start: int, enabled: bool):
+    def __init__(self, run, total: int, start: int, enabled: bool, cfg: TrainConfig, read_every: int = 1):
         from tqdm.auto import tqdm
-        self.run, self.total, self.enabled = run, total, enabled
+        self.run, self.total, self.enabled, self.cfg = run, total, enabled, cfg
         self.bar = tqdm(total=total, initial=start, desc="train", disable=not enabled, dynamic_ncols=True)
         self.t0, self.start = time.time(), start
+        self.losses, self.waiting = StepLosses(read_every), {}  # step -> the event's other fields
 
-    def step(self, state: TrainState, epoch: int, loss: float, lr: float, **parts: float) -> None:
-        """parts: extra loss terms for the event and TensorBoard (loss_instance, loss_prior)."""
-        if not self.enabled:
-            return
+    def step(self, state: TrainState, epoch: int, loss: torch.Tensor, lr: float, **parts: float) -> None:
+        """parts: extra terms for the event and TensorBoard (loss_instance, loss_prior, host_reads)."""
+        self.losses.add(state.global_step, loss)
         done = state.global_step - self.start
         rate = done / max(time.time() - self.t0, 1e-9)
         eta = (self.total - state.global_step) / rate if rate > 0 else 0.0
-        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+        if self.enabled and (state.global_step % self.cfg.logging.log_every == 0 or state.global_step == self.total):
+            self.waiting[state.global_step] = dict(total_steps=self.total, epoch=epoch + 1, samples=state.samples_seen,
+                                                   lr=lr, it_per_s=round(rate, 4), eta_s=round(eta, 1), **parts)
         self.bar.update(1)
-        if state.global_step % self.run.cfg.logging.log_every == 0 or state.global_step == self.total:
-            self.run.events.emit(Event.STEP, step=state.global_step, total_steps=self.total, epoch=epoch + 1,
-                                 samples=state.samples_seen, loss=loss, lr=lr, it_per_s=round(rate, 4), eta_s=round(eta, 1), **parts)
-            self.run.events.scalars(state.global_step, loss=loss, lr=lr, **parts)
-            LOG.debug("step %d loss %.5f lr %.3e", state.global_step, loss, lr)
+        if self.losses.due(state.global_step, self.total):
+            self.flush()
+
+    def flush(self) -> None:
+        """Read the pending losses (every rank: all see a NaN and stop together); write their events."""
+        for step, loss in self.losses.read():
+            check_finite(loss, self.cfg, step)
+            fields = self.waiting.pop(step, None)
+            if fields is None:
+                continue
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{fields['lr']:.2e}", refresh=False)
+            self.run.events.emit(Event.STEP, step=step, loss=loss, **fields)
+            parts = {k: v for k, v in fields.items() if k.startswith("loss_")}
+            self.run.events.scalars(step, loss=loss, lr=fields["lr"], **parts)
+            LOG.debug("step %d loss %.5f lr %.3e", step, loss, fields["lr"])
 
     def close(self) -> None:
         self.bar.close()

@@ -164,8 +164,9 @@ class QwenImageFamily(FlowFamily):
             references = per_reference(control, c).unflatten(0, (b, -1)).unbind(1)
             tokens = torch.cat([tokens, *(pack(r) for r in references)], dim=1)
             shapes += [(1, control.shape[-2] // 2, control.shape[-1] // 2)] * len(references)
+        host_mask = batch.get("text", text)["mask"]  # cached text: the loader's host copy (no wait for the GPU)
+        used = int(host_mask.sum(dim=1).max())  # padding after the longest caption of the batch: cut
         hidden, mask = text["hidden"].to(noisy.device), text["mask"].to(noisy.device).long()
-        used = int(mask.sum(dim=1).max())  # padding after the longest caption of the batch: cut
         hidden, mask = hidden[:, :used], mask[:, :used]
         out = denoiser(hidden_states=tokens.to(dtype), timestep=(timesteps / 1000).to(dtype),
                        encoder_hidden_states=hidden.to(dtype), encoder_hidden_states_mask=mask,

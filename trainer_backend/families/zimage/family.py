@@ -97,8 +97,8 @@ class ZImageFamily(FlowFamily):
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
         import torch
         hidden = text["hidden"].to(noisy.device, dtype)
-        keep = text["mask"].to(noisy.device) > 0.5
-        captions = [hidden[i][keep[i]] for i in range(hidden.shape[0])]
+        keep = batch.get("text", text)["mask"] > 0.5  # cached text: the loader's host copy, so indexing with it
+        captions = [hidden[i][keep[i]] for i in range(hidden.shape[0])]  # does not wait for the GPU
         frames = list(noisy.to(dtype).unsqueeze(2).unbind(0))  # [C, 1, H, W] per image
         t = ((1000 - timesteps.float()) / 1000).to(dtype)
         out = denoiser(frames, t, captions, return_dict=False)[0]
