@@ -61,18 +61,19 @@ def load_processor(folder: Path, class_name: str = ""):
 
 
 def pick_device(device: str) -> str:
-    import torch
+    from ..training.devices import as_device, cuda_available, is_cuda
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+        return str(as_device(None))  # the current accelerator, else the CPU
+    if is_cuda(device) and not cuda_available():
         raise ConfigError(f"--device: {device} asked for, but torch sees no CUDA GPU here")
     return device
 
 
 def pick_dtype(dtype: str, device: str):
     import torch
+    from ..training.devices import is_cuda
     if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+        return torch.bfloat16 if is_cuda(device) else torch.float32
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
 
 
@@ -80,7 +81,8 @@ def quantization_config(quantize: str, dtype, device: str):
     """bitsandbytes' config for --quantize 8bit/4bit (nf4, computing in `dtype`); None for none."""
     if quantize == "none":
         return None
-    if not device.startswith("cuda"):
+    from ..training.devices import is_cuda
+    if not is_cuda(device):
         raise ConfigError(f"--quantize {quantize}: bitsandbytes' quantized weights need a CUDA GPU; "
                           "on a CPU use --quantize none")
     from transformers import BitsAndBytesConfig

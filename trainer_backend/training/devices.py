@@ -38,6 +38,16 @@ def device_kind(device: torch.device | str | None = None) -> str:
     return dev.type if dev.type in _ACCELERATOR_TYPES else "cpu"
 
 
+def is_cuda(device: torch.device | str) -> bool:
+    """A CUDA (or ROCm) device, as named by a user ("cuda", "cuda:1"); for libraries that only speak CUDA
+    (bitsandbytes, onnxruntime's CUDA provider)."""
+    return as_device(device).type == "cuda"
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
 def _is_accelerator(dev: torch.device) -> bool:
     return dev.type in _ACCELERATOR_TYPES and torch.accelerator.is_available()
 

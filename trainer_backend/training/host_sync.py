@@ -56,9 +56,9 @@ class StepLosses:
 class HostReads(TorchFunctionMode):
     """Counts host reads of tensor values while active; `where` keeps the first few call sites."""
 
-    def __init__(self, host: dict[int, torch.Tensor] | None = None):
+    def __init__(self, host: dict[int, torch.Tensor] | None = None, on_cpu: bool = True):
         super().__init__()
-        self.count, self.where = 0, Counter()
+        self.count, self.where, self.on_cpu = 0, Counter(), on_cpu
         self.host = dict(host or {})  # id -> tensor (kept alive so ids stay unique): host data and what is
         # computed from it alone, which stays on the host on a GPU too
 
@@ -66,13 +66,13 @@ class HostReads(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         reads = name in READS or (name == "__getitem__" and _bool_index(args)) or (
             name == "repeat_interleave" and len(args) > 1 and isinstance(args[1], torch.Tensor))
-        if reads and _device_read(args[1:] if name == "__getitem__" else args, self.host):  # indexing: the mask
+        if reads and _device_read(args[1:] if name == "__getitem__" else args, self.host, self.on_cpu):
             self.count += 1
             if len(self.where) < 8:
                 self.where[f"{name} at {_caller()}"] += 1
         out = func(*args, **(kwargs or {}))
         inputs = [t for t in _tensors((args, kwargs or {}))]
-        if name in ("to", "cuda"):  # onto the device: what comes out is device data, even where the CPU is
+        if name == "to":  # onto the device: what comes out is device data, even where the device is the CPU
             if inputs and out is inputs[0] and id(out) in self.host:  # the device and `.to` returned the same
                 out = out.view_as(out)
         elif inputs and all(id(t) in self.host for t in inputs):
@@ -80,7 +80,7 @@ class HostReads(TorchFunctionMode):
         return out
 
 
-def _device_read(args, host: dict) -> bool:
+def _device_read(args, host: dict, on_cpu: bool) -> bool:
     """A read the device would wait for. On an accelerator: of a tensor on it. On the CPU (no device to wait
     for) every read counts except those of data that stays on the host on a GPU too: the batch as the loader
     made it (`host`) and torch.optim's step counters (non-capturable optimizers). So the CPU count is
@@ -89,7 +89,7 @@ def _device_read(args, host: dict) -> bool:
     tensor = first if isinstance(first, torch.Tensor) else next(_tensors(first), None)
     if tensor is not None and tensor.device.type != "cpu":
         return True
-    if tensor is not None and (torch.cuda.is_available() or id(tensor) in host):
+    if tensor is not None and (not on_cpu or id(tensor) in host):  # indexing: `args` is the index
         return False  # a host tensor: no wait
     return not any("/torch/optim/" in f.filename for f in traceback.extract_stack(limit=12))
 
@@ -111,8 +111,9 @@ def _bool_index(args) -> bool:
 class StepReadCounter:
     """speed.count_host_reads: a HostReads around each optimizer step; `take()` the count since the last take."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, device="cpu"):
         self.enabled, self.total, self.places = enabled, 0, Counter()
+        self.on_cpu = torch.device(device).type == "cpu"  # elsewhere only reads of device tensors count
 
     def step(self, group: list[dict]):
         """Around one optimizer step over `group`, the batches as the loader made them (host data)."""
@@ -144,7 +145,7 @@ def _tensors(value):
 
 class _Counting:
     def __init__(self, counter: StepReadCounter, host: dict[int, torch.Tensor]):
-        self.counter, self.mode = counter, HostReads(host)
+        self.counter, self.mode = counter, HostReads(host, counter.on_cpu)
 
     def __enter__(self):
         self.mode.__enter__()

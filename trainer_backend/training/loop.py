@@ -92,7 +92,7 @@ def train(cfg: TrainConfig) -> int:
                            accelerator.device, accelerator.num_processes)  # the next epoch's workers start early
     progress = Progress(run, total_steps, state.global_step, accelerator.is_main_process, cfg,
                         read_interval(cfg, accelerator.device))  # losses read from the device every N steps
-    host_reads = StepReadCounter(cfg.speed.count_host_reads)  # diagnostics: the host's waits per step
+    host_reads = StepReadCounter(cfg.speed.count_host_reads, accelerator.device)  # diagnostics: the host's waits per step
     images = SampleImages(cfg, run, model, accelerator, weight_dtype, ema, trainable, adapter_switch(trainable),
                           caption=scan.items[0].caption if scan.items else "")  # + the adapter-effect check
     images.maybe_sample(state, before_training=True)
