@@ -98,3 +98,24 @@ def test_cli_edit_and_undo(tmp_path):
     assert (tmp_path / "1.txt").read_text() == "a dog on grass" and not (tmp_path / "2.txt").exists()
     out = _cli("undo", str(tmp_path))
     assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path}: nothing to undo"
+
+
+def test_a_metadata_json_dataset_keeps_its_captions_there(tmp_path):
+    import json
+    from trainer_backend.workbench.checks import CheckSettings, annotate
+    for name in ("a.png", "b.png"):
+        (tmp_path / name).write_bytes(b"")
+    meta = [{"path": "a.png", "tags": ["dog", "grass"], "score": 7}, {"path": "b.png", "tags": ["cat"]}]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    items, _ = annotate(tmp_path, [{"path": "a.png", "flags": {}}, {"path": "b.png", "flags": {}}], CheckSettings())
+    assert [i["caption"] for i in items] == ["dog, grass", "cat"] and not items[0]["flags"]
+    save_caption(tmp_path, "a.png", "ohwx, dog, grass", loaded="dog, grass")
+    saved = json.loads((tmp_path / "meta.json").read_text())
+    assert saved[0] == {"path": "a.png", "tags": ["ohwx", "dog", "grass"], "score": 7} and saved[1] == meta[1]
+    assert not (tmp_path / "a.txt").exists()
+    with pytest.raises(EditError, match="metadata caption changed since it was loaded"):
+        save_caption(tmp_path, "a.png", "tab two", loaded="dog, grass")
+    with pytest.raises(EditError, match="captions are in metadata JSON"):
+        plan_edit(tmp_path, ["a.png"], Operation("prepend", "x"))
+    undo(tmp_path)
+    assert json.loads((tmp_path / "meta.json").read_text()) == meta

@@ -140,13 +140,18 @@ def annotate(folder: Path, records: list[dict], settings: CheckSettings) -> tupl
             others = [o for o in g["paths"] if o != p]
             more = f" and {len(others) - 1} more" if len(others) > 1 else ""
             dup_of[p] = (kind, f"{says} {others[0]}{more}")
+    from .metadata_captions import metadata_index
+    in_metadata = metadata_index(folder)   # a metadata-JSON dataset keeps its captions there
     items = []
     for r in records:
         item = dict(r, flags=dict(r.get("flags", {})))
         item["flags"].update(settings_flags(r, settings))
         if "width" in r:
             item["bucket"] = bucket_name(crop_of(r["width"], r["height"], settings)[0])
-        text, problem = caption_of(folder, r["path"], settings.caption_extension)
+        if r["path"] in in_metadata:
+            text, problem = in_metadata[r["path"]][2], ""
+        else:
+            text, problem = caption_of(folder, r["path"], settings.caption_extension)
         item["caption"] = text
         if text is None:
             item["flags"]["uncaptioned"] = f"no {settings.caption_extension} caption"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..data.captions import join_tags, split_tags
 from .journal import JournalError, apply
+from .metadata_captions import metadata_index, save_metadata_caption
 
 
 class EditError(ValueError):
@@ -106,6 +107,9 @@ class Change:
 def plan_edit(folder: Path, images: list[str], op: Operation, extension: str = ".txt") -> list[Change]:
     """The caption files the operation would change (unchanged ones left out), in image order."""
     check_operation(op)
+    if metadata_index(folder):
+        raise EditError(f"{Path(folder).name}: its captions are in metadata JSON; bulk edits write caption files "
+                        f"(edit the captions one at a time); nothing was changed")
     out = []
     for rel in images:
         path = caption_path(folder, rel, extension)
@@ -138,6 +142,15 @@ def save_caption(folder: Path, image_rel: str, text: str, loaded: str | None, ex
     """Save one image's caption (the per-image editor): journaled, refused when the file no longer
     holds `loaded` (what the editor showed). Returns the journal entry id ('' when nothing changed)."""
     path = caption_path(folder, image_rel, extension)
+    if not path.exists():
+        in_metadata = metadata_index(folder)
+        if image_rel in in_metadata:
+            if in_metadata[image_rel][2] == text:
+                return ""
+            try:
+                return save_metadata_caption(folder, image_rel, text, loaded)
+            except JournalError as e:
+                raise EditError(str(e)) from None
     if read_caption_text(path) == text:
         return ""
     try:
