@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from trainer_backend.config import ConfigError
@@ -70,7 +70,9 @@ def build_api(queue: JobQueue) -> FastAPI:
     def list_jobs(status: str | None = Query(None, description="comma-separated statuses"),
                   limit: int | None = Query(None, ge=1), _=READ):
         statuses = tuple(s for s in status.split(",") if s) if status else None
-        return {"jobs": queue.jobs(statuses, limit), "paused": queue.store.paused}
+        # plain data already: json.dumps directly (FastAPI's jsonable_encoder took 60 ms for 1,000 jobs)
+        return Response(json.dumps({"jobs": queue.jobs(statuses, limit), "paused": queue.store.paused}),
+                        media_type="application/json")
 
     @api.post("/jobs", summary="submit a training job", status_code=201)
     def submit(body: Submit, who: str = WRITE):

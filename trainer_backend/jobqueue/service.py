@@ -13,7 +13,7 @@ from trainer_backend.config.base import Problem
 
 from . import training_jobs
 from .progress import run_progress
-from .store import LIVE, QUEUE_FILE, Job, QueueStore
+from .store import LIVE, QUEUE_FILE, STATUSES, Job, QueueStore
 from .worker import Worker
 
 STATE_DIR_NAME = ".studio-state"   # under --runs-dir unless --state-dir says otherwise
@@ -130,7 +130,7 @@ class JobQueue:
         return out
 
     def jobs(self, statuses: tuple[str, ...] | None = None, limit: int | None = None) -> list[dict]:
-        jobs = self.store.jobs(statuses, limit) if statuses else self.store.jobs(limit=limit)
+        jobs = self.store.jobs(statuses or STATUSES, limit, with_config=False)
         return [self.describe(j) for j in jobs]
 
     def get(self, job_id: int) -> Job:

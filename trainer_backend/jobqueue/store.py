@@ -49,6 +49,8 @@ MIGRATIONS: tuple[str, ...] = (
     """CREATE INDEX jobs_run_dir ON jobs(run_dir, status);""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+LIST_COLUMNS = ("id, kind, name, run_dir, argv, priority, position, status, gpus_wanted, gpus, pid, pid_started, "
+                "exit_code, message, created, started, ended, submitted_by")
 
 
 class QueueFileError(ConfigError):
@@ -184,10 +186,13 @@ class QueueStore:
         with self.lock:
             return self._get(self.db, job_id)
 
-    def jobs(self, statuses: tuple[str, ...] = STATUSES, limit: int | None = None) -> list[Job]:
-        """Jobs in these states: waiting ones in queue order, then the others newest first."""
+    def jobs(self, statuses: tuple[str, ...] = STATUSES, limit: int | None = None, with_config: bool = True
+             ) -> list[Job]:
+        """Jobs in these states: waiting ones in queue order, then the others newest first
+        (`with_config=False`: without their config text, for listings)."""
         marks = ",".join("?" * len(statuses))
-        sql = (f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY status != 'waiting', "
+        columns = "*" if with_config else LIST_COLUMNS
+        sql = (f"SELECT {columns} FROM jobs WHERE status IN ({marks}) ORDER BY status != 'waiting', "
                f"CASE WHEN status = 'waiting' THEN position END, id DESC")
         if limit:
             sql += f" LIMIT {int(limit)}"
