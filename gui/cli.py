@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.headless:
-        return serve_headless(queue, host, args.port, args.root_path, _host_guard(host, args.share))
+        return serve_headless(queue, host, args.port, args.root_path, _host_guard(host, args.share, args.max_upload_mb))
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     from gui.shared_state import Settings, Studio

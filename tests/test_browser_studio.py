@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -418,3 +419,31 @@ def test_demo_run_live_tools_stop_restart_and_a_second_run(server, browser):
     # 20: each output file of a finished run to download
     page.wait_for_selector("#run-output-files a", timeout=60_000)
     assert ".safetensors" in page.locator("#run-output-files").inner_text()
+
+
+def test_queue_page_add_to_queue_pause_and_delete(training_page_server, browser):
+    """Issue 32 item 4: Add to queue puts the run in the Queue page's waiting table (the queue paused,
+    so nothing trains here), a click on its row picks it, Delete removes it; the API on this same
+    server wants a token."""
+    server = training_page_server
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(server.url + "api/v1/jobs", timeout=10)
+    assert refused.value.code == 401
+    page = open_page(browser, server.url)
+    page.get_by_role("tab", name="Queue", exact=True).click()
+    page.click("#queue-pause")
+    wait_text(page, "#queue-status", r"paused", 30)
+    page.get_by_role("tab", name="Training", exact=True).click()
+    page.click("#add-to-queue")
+    wait_text(page, "#training-message", r"Added demo-sd1-lora to the queue", 60)
+    page.get_by_role("tab", name="Queue", exact=True).click()
+    wait_text(page, "#queue-waiting", r"demo-sd1-lora", 30)
+    wait_text(page, "#queue-status", r"1 waiting", 30)
+    shot(page, "issue32-queue-page")
+    page.locator("#queue-waiting [role=gridcell]", has_text="demo-sd1-lora").first.click()
+    page.wait_for_function("() => document.querySelector('#queue-job input').value !== ''", timeout=30_000)
+    page.click("#queue-delete")
+    wait_text(page, "#queue-message", r"Deleted waiting job \d+ \(demo-sd1-lora\)", 30)
+    wait_text(page, "#queue-status", r"0 waiting", 30)
+    page.click("#queue-resume")
+    wait_text(page, "#queue-status", r"running jobs as slots free up", 30)

@@ -122,7 +122,7 @@ class JobQueue:
     def describe(self, job: Job) -> dict:
         """The job as the API shows it: its row plus progress from its run folder."""
         out = job.to_dict()
-        if job.kind == "train" and job.status not in ("waiting",):
+        if job.status != "waiting":   # a training job's events, or a command's that writes them (captions)
             prog = run_progress(job.run_dir)
             out.update({k: prog[k] for k in ("step", "total", "loss", "it_per_s", "eta_s")})
         else:

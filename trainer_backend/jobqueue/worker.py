@@ -26,6 +26,8 @@ from . import slots as slot_rules
 from .progress import ending_status, run_progress
 from .store import DONE, ERROR, INTERRUPTED, LIVE, RUNNING, STARTING, STOPPED, STOPPING, Job, QueueStore
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]   # the folder holding trainer_backend/
+
 
 class Worker:
     def __init__(self, store: QueueStore, gpu_slots: list[str], python: str = sys.executable,
@@ -177,7 +179,9 @@ class Worker:
             child = start_run(on_slots(training_config(job.config_toml), slots), self.python, self.cwd, by="queue",
                               who=f"the queue (job {job.id}, {_where(slots)})", secret_env=self.secrets.get(job.id))
         else:
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            # `python -m trainer_backend …` commands find this copy of the project from their own folder
+            env = {**os.environ, "PYTHONUNBUFFERED": "1",
+                   "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
             gpus = [s for s in slots if s != slot_rules.CPU]
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
