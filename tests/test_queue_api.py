@@ -213,6 +213,13 @@ def test_a_killed_studio_restarts_with_the_same_order_and_readopts_the_running_t
         got = subprocess.run([sys.executable, "-m", "trainer_backend.client", "download", str(job["id"]), "--to",
                               str(tmp_path / "got")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
         assert got.returncode == 0 and (tmp_path / "got" / "trainer.safetensors").read_bytes() == data
+        client_cmd = [sys.executable, "-m", "trainer_backend.client"]
+        status = subprocess.run([*client_cmd, "status", str(job["id"])], cwd=tmp_path, env=env, capture_output=True,
+                                text=True, timeout=60)
+        assert status.returncode == 0 and status.stdout.startswith(f"job {job['id']} trainer: done")
+        logs = subprocess.run([*client_cmd, "logs", "-f", str(job["id"])], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=60)        # -f ends with the job
+        assert logs.returncode == 0 and logs.stdout.splitlines() == log["lines"]
         config.write_text('[schedule]\nbatch_size = 0\n[output]\nname = "bad"\n')
         bad = subprocess.run([sys.executable, "-m", "trainer_backend.client", "submit", str(config)], cwd=tmp_path,
                              env=env, capture_output=True, text=True, timeout=60)
