@@ -169,8 +169,11 @@ def test_full_size_lora_keys_all_load_in_diffusers(arch):
 
 
 def _offline_components(family, folder) -> dict:
-    """Qwen-Image-Edit's (and -2509/2511's) processor: transformers 5 cannot build it without torchvision (not installed
+    """Qwen-Image-Edit's (and -2509/2511's, Qwen-Image 2.1's) processor: transformers 5 cannot build it without torchvision (not installed
     here), so it is handed over already loaded (the family's loader does the same)."""
+    if family.name == "qwen_image21":  # Qwen3-VL's processor, likewise
+        from trainer_backend.families.qwen_image21.text import load_processor as load_qwen3_processor
+        return {"processor": load_qwen3_processor(folder / "processor")}
     if not getattr(family, "edit", False):
         return {}
     from trainer_backend.families.qwen_image.text import load_processor

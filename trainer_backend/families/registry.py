@@ -59,6 +59,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("qwen_image_edit_plus", "Qwen-Image-Edit-2509 / 2511", "trainer_backend.families.qwen_image",
                 "QWEN_IMAGE_EDIT_PLUS", "flow", ("diffusers", "kohya"), control_images="required",
                 text_encoder_training=False, tiny_variants=("2511",), max_control_images=3),
+    FamilyEntry("qwen_image21", "Qwen-Image 2.1 (generation and editing)", "trainer_backend.families.qwen_image21",
+                "QWEN_IMAGE_21", "flow", ("diffusers",), control_images="optional", text_encoder_training=False),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
