@@ -37,7 +37,9 @@ def test_every_family_with_presets_has_its_tiers():
     # every registered family but the old SD2 has a tiered preset
     from trainer_backend.families.registry import FAMILY_NAMES
     tiered_archs = {STORE.load(p.label).model.arch for p in TIERED}
-    assert set(FAMILY_NAMES) - tiered_archs == {"sd2"}
+    # Qwen-Image 2.1: no planner table yet (its transformer computes the joint layout from mask values,
+    # which the meta-device probe does not have: docs/models.md)
+    assert set(FAMILY_NAMES) - tiered_archs == {"sd2", "qwen_image21"}
 
 
 @pytest.mark.parametrize("preset", TIERED, ids=[p.name for p in TIERED])

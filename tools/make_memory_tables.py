@@ -52,7 +52,10 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
                                  "takes), whose latents follow the target's tokens; the text encoder runs every "
                                  "step and its pass here leaves out the references' vision tokens",
          "zimage": "Z-Image (Turbo and base share the architecture) with Qwen3-4B",
-         "qwen_image": "Qwen-Image 20B with Qwen2.5-VL 7B"}
+         "qwen_image": "Qwen-Image 20B with Qwen2.5-VL 7B",
+         "qwen_image21": "Qwen-Image 2.1 (7.1B transformer) with Qwen3-VL 8B; the text encoder runs every step "
+                         "(it reads an edit pair's control image) and its pass here leaves out the control "
+                         "image's vision tokens; measured without control images"}
 
 # families whose table describes only some of their models: the pipeline classes it was measured on
 # (memory_tables.pipeline_outside_table: a Flux.2 dev folder gets no plan rather than Klein 4B's)
