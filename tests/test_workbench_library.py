@@ -115,3 +115,17 @@ def test_read_only_dataset(tmp_path):
             add_files(ds, [("a.png", write_dataset(tmp_path / "u", 1)[0])])
     finally:
         ds.chmod(0o755)
+
+
+def test_exclude_moves_a_duplicate_out_of_training_and_restore_brings_it_back(tmp_path):
+    from trainer_backend.workbench.index import list_images
+    from trainer_backend.workbench.library import exclude, excluded, restore
+    ds = create_dataset(tmp_path, "ds")
+    write_dataset(ds / "10_dog", 2)
+    exclude(ds, "10_dog/img_00001.png")
+    assert [p.name for p in list_images(ds)] == ["img_00000.png"]          # the trainer's walk no longer sees it
+    assert excluded(ds) == ["10_dog/img_00001.png"] and not (ds / "10_dog" / "img_00001.txt").exists()
+    with pytest.raises(LibraryError, match="not an image of ds"):
+        exclude(ds, "../elsewhere.png")
+    restore(ds, "10_dog/img_00001.png")
+    assert (ds / "10_dog" / "img_00001.txt").read_text() == "a photo, pattern 1" and excluded(ds) == []
