@@ -131,7 +131,7 @@ def thumb_or_placeholder(cache: Path, item: dict) -> str:
 
 
 def placeholder(cache: Path, kind: str) -> Path:
-    path = Path(cache) / f"placeholder-{kind}.png"
+    path = Path(cache) / "thumbs" / f"placeholder-{kind}.png"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         img = Image.new("RGB", (64, 64), (235, 235, 235) if kind == "pending" else (240, 200, 200))
