@@ -61,6 +61,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 text_encoder_training=False, tiny_variants=("2511",), max_control_images=3),
     FamilyEntry("qwen_image21", "Qwen-Image 2.1 (generation and editing)", "trainer_backend.families.qwen_image21",
                 "QWEN_IMAGE_21", "flow", ("diffusers",), control_images="optional", text_encoder_training=False),
+    FamilyEntry("ideogram4", "Ideogram 4", "trainer_backend.families.ideogram4", "IDEOGRAM4", "flow",
+                ("diffusers",), text_encoder_training=False),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)

@@ -68,6 +68,9 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
     vae = pipe.vae
     cfg = vae.config
     latents = latents.to(vae.dtype)
+    if hasattr(pipe, "latents_to_vae"):  # a family's own unpacking (families/ideogram4: normalised tokens)
+        images = vae.decode(pipe.latents_to_vae(latents, call["height"], call["width"]), return_dict=False)[0]
+        return pipe.image_processor.postprocess(images.float(), output_type="pil")
     if latents.ndim == 3 and hasattr(pipe, "_unpack_latents"):  # Flux: 2x2-packed tokens back to an image grid
         latents = pipe._unpack_latents(latents, call["height"], call["width"], pipe.vae_scale_factor)
     mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
