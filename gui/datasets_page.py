@@ -11,6 +11,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
+from trainer_backend.data.caption_json import readable
 from trainer_backend.workbench import CheckSettings, EditError, JournalError, read_index, save_caption
 from trainer_backend.workbench.library import LibraryError, exclude, list_datasets, within
 
@@ -205,6 +206,8 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
         view = page.view(chosen, settings_value, control_value)
         item = view.items[indices[position]]
         image, text = detail_picture(view.folder, item, view.settings)
+        structured = readable(item.get("caption") or "")  # a JSON caption (Ideogram 4), readably
+        text = f"{text}\n\n{structured}" if structured else text
         partners = [(thumb_or_placeholder(page.cache, other), grid_label(other)) for g in view.groups
                     if item["path"] in g["paths"] for other in view.items if other["path"] in g["paths"]
                     and other["path"] != item["path"]]

@@ -39,6 +39,8 @@ BORROWED = {
     "qwen_image_edit": {"text_encoder": ("qwen_image/text_encoder", None), "vae": ("qwen_image/vae", None)},
     "qwen_image_edit_plus": {"text_encoder": ("qwen_image/text_encoder", None), "vae": ("qwen_image/vae", None)},
     "chroma": {"text_encoder": ("flux/text_encoder_2", None), "vae": ("flux/vae", None)},
+    # Ideogram 4 decodes with Flux.2's AutoencoderKLFlux2
+    "ideogram4": {"text_encoder": ("ideogram4/text_encoder.json", None), "vae": ("flux2/vae.json", None)},
 }
 NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL and 16-channel VAE from the "
                    "bundled Flux configs",
@@ -55,7 +57,9 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
          "qwen_image": "Qwen-Image 20B with Qwen2.5-VL 7B",
          "qwen_image21": "Qwen-Image 2.1 (7.1B transformer) with Qwen3-VL 8B; the text encoder runs every step "
                          "(it reads an edit pair's control image) and its pass here leaves out the control "
-                         "image's vision tokens; measured without control images"}
+                         "image's vision tokens; measured without control images",
+         "ideogram4": "Ideogram 4's conditional transformer (9.3 B) with Qwen3-VL-8B; the unconditional transformer "
+                      "(another 9.3 B) is loaded for samples only and is not counted"}
 
 # families whose table describes only some of their models: the pipeline classes it was measured on
 # (memory_tables.pipeline_outside_table: a Flux.2 dev folder gets no plan rather than Klein 4B's)

@@ -5,6 +5,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from .caption_json import JSON_EXTENSION, CaptionSchemaError, parse_caption
+
 
 @dataclass(frozen=True)
 class CaptionRead:
@@ -32,6 +34,11 @@ def read_caption(image: Path, extension: str) -> CaptionRead:
     except UnicodeDecodeError:
         text = raw.decode("utf-8", errors="replace")
         problem = f"caption {path.name} is not UTF-8 (decoded with replacement characters)"
+    if extension.lower() == JSON_EXTENSION and text.strip():  # a structured caption (data/caption_json.py)
+        try:
+            return CaptionRead(parse_caption(text), problem)
+        except CaptionSchemaError as e:
+            return CaptionRead(None, f"caption {path.name}: {e} (skipped)")
     text = " ".join(text.split())  # one line, single spaces: newlines in captions are never meaningful
     if not text:
         return CaptionRead("", problem or f"caption {path.name} is empty")

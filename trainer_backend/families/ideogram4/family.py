@@ -124,7 +124,7 @@ class Ideogram4Family(FlowFamily):
         ids, mask = input_ids[0].to(device), input_ids[1].to(device)
         positions = (mask.cumsum(dim=1) - 1).clamp_min(0) * mask  # arange(n) over each caption's tokens
         with torch.no_grad():
-            taps = Ideogram4Pipeline._get_text_encoder_hidden_states(encoder, ids, mask, positions)
+            taps = text_taps(encoder, ids, mask, positions)
         b, length = ids.shape
         hidden = torch.stack(taps, dim=0).permute(1, 2, 3, 0).reshape(b, length, -1)
         return {"hidden": (hidden * mask.to(hidden.dtype).unsqueeze(-1)).float(), "mask": mask}
@@ -160,18 +160,28 @@ class Ideogram4Family(FlowFamily):
         b, c, h, w = noisy.shape
         device = noisy.device
         hidden, mask = text["hidden"].to(device), text["mask"].to(device)
-        used = int(mask.sum(dim=1).max())
+        if mask.is_meta:  # the memory probe (training/memory_probe.py): every caption at full length
+            used, lengths = mask.shape[1], [mask.shape[1]] * b
+        else:
+            used = int(mask.sum(dim=1).max())
+            lengths = [int(n) for n in mask.sum(dim=1)]
         hidden, mask = hidden[:, hidden.shape[1] - used:], mask[:, mask.shape[1] - used:]
-        lengths = [int(n) for n in mask.sum(dim=1)]
         positions, segments, indicator = Ideogram4Pipeline._prepare_ids(lengths, h, w, used, device)
         tokens = noisy.reshape(b, c, h * w).permute(0, 2, 1)
         packed = torch.cat([torch.zeros(b, used, c, device=device, dtype=tokens.dtype), tokens], dim=1)
         features = torch.cat([hidden, torch.zeros(b, h * w, hidden.shape[-1], device=device, dtype=hidden.dtype)],
                              dim=1)
         model_time = (1.0 - timesteps.float() / 1000).to(device)
-        out = denoiser(hidden_states=packed.to(dtype), timestep=model_time.to(dtype),
-                       encoder_hidden_states=features.to(dtype), position_ids=positions, segment_ids=segments,
-                       indicator=indicator, return_dict=False)[0]
+        rope = _unwrap(denoiser).rotary_emb
+        if noisy.is_meta:  # the memory probe: its rotary embedding's autocast guard knows no meta device
+            rope.forward = lambda pos: (torch.empty(*pos.shape[:2], rope.head_dim, device="meta"),) * 2
+        try:
+            out = denoiser(hidden_states=packed.to(dtype), timestep=model_time.to(dtype),
+                           encoder_hidden_states=features.to(dtype), position_ids=positions, segment_ids=segments,
+                           indicator=indicator, return_dict=False)[0]
+        finally:
+            if noisy.is_meta:
+                del rope.forward
         velocity = out[:, used:].permute(0, 2, 1).reshape(b, c, h, w)
         return -velocity  # data − noise -> the loop's noise − data
 
@@ -211,6 +221,7 @@ class Ideogram4Family(FlowFamily):
     def build_pipeline(self, model, scheduler: str = "euler"):
         """The pipeline, and the unpacking its latent output needs before the VAE (training/sampling.py)."""
         pipe = super().build_pipeline(model, scheduler)
+        pipe._get_text_encoder_hidden_states = text_taps  # the same tap, through the offload hooks
         cell = pipe.vae_scale_factor * pipe.patch_size
         pipe.latents_to_vae = lambda latents, height, width: tokens_to_vae(pipe.vae, latents, height // cell,
                                                                              width // cell)
@@ -246,6 +257,21 @@ def tokens_to_vae(vae, tokens, grid_h: int, grid_w: int):
     std = torch.sqrt(vae.bn.running_var + vae.config.batch_norm_eps).view(1, 1, -1).to(tokens)
     z = (tokens * std + mean).permute(0, 2, 1).reshape(tokens.shape[0], -1, grid_h, grid_w)
     return unpatchify(z)
+
+
+def text_taps(encoder, ids, mask, positions) -> list:
+    """Ideogram4Pipeline._get_text_encoder_hidden_states as a call of the encoder's language model, so its
+    forward hooks run (memory.offload_encoders brings it and the inputs to the device there): the
+    pipeline's tap calls the language model's parts directly."""
+    from types import SimpleNamespace
+    from diffusers import Ideogram4Pipeline
+    language_model = encoder.language_model
+    language_model.forward = lambda *moved: Ideogram4Pipeline._get_text_encoder_hidden_states(
+        SimpleNamespace(language_model=language_model), *moved)
+    try:
+        return language_model(ids, mask, positions)
+    finally:
+        del language_model.forward
 
 
 def _torch():
