@@ -108,3 +108,26 @@ def test_bundled_full_size_transformer_has_the_published_size():
     denoiser = IDEOGRAM4.meta_denoiser()
     assert sum(p.numel() for p in denoiser.parameters()) == 9_279_288_448  # 9.28 B (diffusers' defaults)
     assert len(denoiser.layers) == 34
+
+
+def test_a_hub_id_downloads_both_transformers_and_loads(tiny_models, tmp_path, monkeypatch):
+    """`org/name` through trainer_backend/model_sources with the family's hub files (the default pipeline
+    choice): the unconditional transformer comes too (samples need it), the prompt enhancer's head and an
+    fp8 copy beside the weights do not."""
+    from hub_server import HubServer, point_client_at
+    from trainer_backend.model_sources import resolve_model
+    server = HubServer().start()
+    try:
+        repo = server.add_folder("org/tiny-ideogram4", tiny_models("ideogram4"))
+        repo.files.update({"transformer/diffusion_pytorch_model.fp8.safetensors": b"fp8" * 1000,
+                           "prompt_enhancer_head/diffusion_pytorch_model.safetensors": b"head" * 1000})
+        point_client_at(monkeypatch, server, tmp_path / "hf")
+        folder = resolve_model("org/tiny-ideogram4")
+        assert (folder / "unconditional_transformer" / "diffusion_pytorch_model.safetensors").is_file()
+        assert not (folder / "prompt_enhancer_head").exists()
+        assert not (folder / "transformer" / "diffusion_pytorch_model.fp8.safetensors").exists()
+    finally:
+        server.stop()
+    loaded = load_model(str(folder))
+    assert loaded.family is IDEOGRAM4
+    assert IDEOGRAM4.build_pipeline(loaded).unconditional_transformer is not None
