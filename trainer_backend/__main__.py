@@ -1,4 +1,4 @@
-"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset|caption|download|lora.
+"""CLI: python -m trainer_backend train|launch|validate|plan|inspect|make-tiny-model|dataset|caption|download|lora|clips.
 
 Exit codes: 0 ok, 1 error, 2 bad config or input (one line on stderr naming the key or
 file), 75 stopped with state saved (see exitcodes.py).
@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_caption_parser(sub)
     from .model_sources.cli import add_parser as add_download
     add_download(sub)
+    from .data.video_cli import add_parser as add_clips
+    add_clips(sub)            # clips FOLDER (video datasets)
     return parser
 
 
@@ -99,6 +101,9 @@ def _dispatch(args) -> int:
     if args.command == "download":
         from .model_sources.cli import run as download
         return download(args)
+    if args.command == "clips":
+        from .data.video_cli import run as clips
+        return clips(args)
     if args.command == "caption":
         from .captioners.cli import run as caption
         return caption(args)

@@ -1,0 +1,75 @@
+"""Clip windows -> pixel tensors and cached latents.
+
+A window's frames are decoded (data/video.py), resized and cropped to its bucket with the same crop
+function as images (data/buckets.train_crop, one crop for every frame of the clip so the motion is
+kept), and given as (C, F, H, W) in [-1, 1], the layout the video VAEs take. With an encoder the
+latents are cached per window under a key of the clip's file, the source frames, the bucket and the
+VAE (data/video_scan.clip_latent_key): the video VAE is the slow part, so a second epoch or a second
+run with the same data decodes nothing.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .buckets import train_crop
+from .cache import DiskLatents, file_fingerprint
+from .video import decode_frames
+from .video_scan import ClipWindow, VideoOptions, clip_latent_key, sequence_fingerprint
+
+
+def window_pixels(window: ClipWindow, indices: list[int], center_crop: bool = True,
+                  rand01: tuple[float, float] = (0.5, 0.5), flip: bool = False) -> torch.Tensor:
+    """The window's frames as float (3, F, H, W) in [-1, 1], at its bucket's size."""
+    frames = decode_frames(window.path, indices)
+    _, h, w, _ = frames.shape
+    crop = train_crop(w, h, window.bucket, center_crop, rand01)
+    out = []
+    for frame in frames:
+        image = Image.fromarray(frame).resize(crop.resized, Image.Resampling.LANCZOS)
+        image = image.crop((crop.left, crop.top, crop.left + window.bucket[0], crop.top + window.bucket[1]))
+        if flip:
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        out.append(np.asarray(image))
+    array = np.stack(out).astype(np.float32) / 127.5 - 1.0          # (F, H, W, 3)
+    return torch.from_numpy(array).permute(3, 0, 1, 2).contiguous()  # (3, F, H, W)
+
+
+def _fingerprint(path: Path) -> str:
+    return sequence_fingerprint(path) if path.is_dir() else file_fingerprint(path)
+
+
+class ClipLatents:
+    """Window -> latents, encoded once and kept on disk (or in memory when `folder` is None).
+    `encode(pixels (1, 3, F, H, W)) -> latents (1, C, F', H', W')`; `vae_id` names the VAE in the key."""
+
+    def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], vae_id: str, opts: VideoOptions,
+                 folder: Path | None = None):
+        self.encode, self.vae_id, self.opts = encode, vae_id, opts
+        self.disk = DiskLatents(folder) if folder is not None else None
+        self.memory: dict[str, torch.Tensor] = {}
+        self.encoded = 0  # how many windows were encoded (not read back): the tests and the progress line use it
+
+    def key(self, window: ClipWindow, indices: list[int]) -> str:
+        return clip_latent_key(_fingerprint(window.path), window, self.opts.fps, indices, self.vae_id)
+
+    def get(self, window: ClipWindow, epoch: int = 0) -> torch.Tensor:
+        indices = window.indices(self.opts.fps, epoch, self.opts.seed)
+        key = self.key(window, indices)
+        if key in self.memory:
+            return self.memory[key]
+        if self.disk is not None and self.disk.has(key):
+            return self.disk.load(key)
+        with torch.no_grad():
+            latents = self.encode(window_pixels(window, indices).unsqueeze(0))[0].detach().cpu()
+        self.encoded += 1
+        if self.disk is not None:
+            self.disk.save(key, latents)
+        else:
+            self.memory[key] = latents
+        return latents
+
