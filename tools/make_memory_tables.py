@@ -41,6 +41,8 @@ BORROWED = {
     "chroma": {"text_encoder": ("flux/text_encoder_2", None), "vae": ("flux/vae", None)},
     # Ideogram 4 decodes with Flux.2's AutoencoderKLFlux2
     "ideogram4": {"text_encoder": ("ideogram4/text_encoder.json", None), "vae": ("flux2/vae.json", None)},
+    # Krea 2 decodes with Qwen-Image's autoencoder
+    "krea2": {"vae": ("qwen_image/vae", None)},
 }
 NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL and 16-channel VAE from the "
                    "bundled Flux configs",
@@ -55,6 +57,7 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
                                  "step and its pass here leaves out the references' vision tokens",
          "zimage": "Z-Image (Turbo and base share the architecture) with Qwen3-4B",
          "qwen_image": "Qwen-Image 20B with Qwen2.5-VL 7B",
+         "krea2": "Krea 2 (Raw and Turbo share the 12.8B transformer) with Qwen3-VL 4B and Qwen-Image's VAE",
          "qwen_image21": "Qwen-Image 2.1 (7.1B transformer) with Qwen3-VL 8B; the text encoder runs every step "
                          "(it reads an edit pair's control image) and its pass here leaves out the control "
                          "image's vision tokens; measured without control images",

@@ -197,7 +197,7 @@ def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dt
     from .diffusion_loss import diffusion_loss
     shape = model.family.latent_shape(model, side[1], side[0])
     text = {k: v for k, v in text_conditioning(model, batch, device).items()}
-    sample = {"index": torch.arange(batch), "latents": torch.zeros(batch, *shape, device=device),
+    sample = {"index": list(range(batch)), "latents": torch.zeros(batch, *shape, device=device),
               "text": text, "original_size": torch.tensor([[side[1], side[0]]] * batch),
               "crop_top_left": torch.zeros(batch, 2, dtype=torch.long),
               "target_size": torch.tensor([[side[1], side[0]]] * batch)}
@@ -334,7 +334,7 @@ def forward_flops(model, side: tuple[int, int], batch: int = 1, device="meta") -
     shape = model.family.latent_shape(model, side[1], side[0])
     with AllValid():
         text = text_conditioning(model, batch, dev)
-        sample = {"index": torch.arange(batch), "latents": torch.zeros(batch, *shape, device=dev), "text": text,
+        sample = {"index": list(range(batch)), "latents": torch.zeros(batch, *shape, device=dev), "text": text,
                   "original_size": torch.tensor([[side[1], side[0]]] * batch),
                   "crop_top_left": torch.zeros(batch, 2, dtype=torch.long),
                   "target_size": torch.tensor([[side[1], side[0]]] * batch)}

@@ -11,6 +11,7 @@ with samples trains exactly like one without. `<run>/control/sample_now` asks fo
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -72,7 +73,9 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
         images = vae.decode(pipe.latents_to_vae(latents, call["height"], call["width"]), return_dict=False)[0]
         return pipe.image_processor.postprocess(images.float(), output_type="pil")
     if latents.ndim == 3 and hasattr(pipe, "_unpack_latents"):  # Flux: 2x2-packed tokens back to an image grid
-        latents = pipe._unpack_latents(latents, call["height"], call["width"], pipe.vae_scale_factor)
+        size = (call["height"], call["width"])  # Krea 2's takes no scale factor (its own patch size instead)
+        takes_scale = len(inspect.signature(pipe._unpack_latents).parameters) > 3
+        latents = pipe._unpack_latents(latents, *size, *((pipe.vae_scale_factor,) if takes_scale else ()))
     mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
     if mean is not None and std is not None:  # as the SDXL and Qwen-Image pipelines decode
         shape = (1, -1) + (1,) * (latents.ndim - 2)  # Qwen-Image: [B, C, frames, H, W]

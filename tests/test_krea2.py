@@ -1,0 +1,62 @@
+"""Krea 2 beyond the conformance suite (which trains Raw and Turbo end to end): the text conditioning
+and the training forward call are what Krea2Pipeline computes on the same inputs, and each checkpoint
+trains with the shift its pipeline samples with (Raw: resolution-dependent; Turbo: the fixed mu = 1.15)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer_backend.config import load_config
+from trainer_backend.families import load_model
+
+
+@pytest.fixture(scope="module")
+def raw(tiny_models):
+    model = load_model(str(tiny_models("krea2")))
+    return model, model.family.build_pipeline(model)
+
+
+def test_text_conditioning_is_what_the_pipeline_encodes(raw):
+    """The fixed [prefix | caption | padding | suffix] block, real-token positions, the tapped layers
+    stacked per token, the prefix dropped: equal to encode_prompt for captions of different lengths."""
+    model, pipe = raw
+    family = model.family
+    captions = ["a red square", "a small blue circle on a plain white background"]
+    with torch.no_grad():
+        ours = family.encode_text(model, family.tokenize(model, captions, 75))
+        theirs, mask = pipe.encode_prompt(prompt=captions, device=torch.device("cpu"), max_sequence_length=512)
+    assert ours["hidden"].shape == theirs.shape and theirs.shape[2] == 2  # two tapped layers
+    assert torch.equal(ours["mask"], mask) and not mask.all()
+    torch.testing.assert_close(ours["hidden"], theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_the_training_forward_call_is_the_pipelines_transformer_call(raw):
+    model, pipe = raw
+    family = model.family
+    latents = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        text = family.encode_text(model, family.tokenize(model, ["a red square"], 75))
+        ours = family.predict(model, model.denoiser, latents, torch.tensor([500.0]), text, {}, torch.float32)
+        embeds, mask = pipe.encode_prompt(prompt=["a red square"], device=torch.device("cpu"))
+        positions = pipe.prepare_position_ids(embeds.shape[1], 4, 4, torch.device("cpu"))
+        out = pipe.transformer(hidden_states=pipe._pack_latents(latents, 1, 4, 8, 8), encoder_hidden_states=embeds,
+                               timestep=torch.tensor([0.5]), position_ids=positions, encoder_attention_mask=mask,
+                               return_dict=False)[0]
+    torch.testing.assert_close(ours, pipe._unpack_latents(out, 64, 64)[:, :, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_raw_and_turbo_train_with_the_shift_their_pipelines_sample_with(raw, tiny_models):
+    from diffusers.pipelines.krea2.pipeline_krea2 import calculate_shift
+    loss = load_config(None, []).loss
+    model, pipe = raw
+    c = model.scheduler_config
+    # Raw at 1024²: a 128×128 latent, 64×64 = 4096 packed tokens
+    mu = calculate_shift(4096, c["base_image_seq_len"], c["max_image_seq_len"], c["base_shift"], c["max_shift"])
+    assert model.family.objective(model)._shift((16, 128, 128), loss) == pytest.approx(math.exp(mu))
+    assert not pipe.config.is_distilled
+    turbo = load_model(str(tiny_models("krea2-turbo")))
+    assert turbo.family.build_pipeline(turbo).config.is_distilled
+    for side in (64, 128):  # fixed, whatever the size
+        assert turbo.family.objective(turbo)._shift((16, side, side), loss) == pytest.approx(math.exp(1.15))
