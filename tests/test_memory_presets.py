@@ -27,7 +27,7 @@ TIERED = [p for p in STORE.list() if p.builtin and re.search(r"-\d+gb$", p.name)
 TIERS = {"sd15-lora": (8, 12, 16, 24), "sdxl-lora": (8, 12, 16, 24), "sd35-medium-lora": (8, 12, 16, 24),
          "flux-dev-lora": (8, 12, 16, 24), "zimage-turbo-lora": (12, 16, 24), "flux2-klein-4b-lora": (12, 16, 24),
          "qwen-image-lora": (16, 24), "qwen-image-edit-lora": (16, 24), "qwen-image-edit-plus-lora": (24,),
-         "chroma-lora": (12, 16, 24), "ideogram4-lora": (16, 24)}
+         "chroma-lora": (12, 16, 24), "ideogram4-lora": (16, 24), "krea2-lora": (16, 24)}
 
 
 def test_every_family_with_presets_has_its_tiers():
