@@ -164,7 +164,7 @@ def profiled_peak(cfg, side: int) -> int:
     cpu = torch.device("cpu")
     text = mp.text_conditioning(model, 1, cpu)
     latents = torch.zeros(1, *model.family.latent_shape(model, side, side))
-    batch = {"index": torch.arange(1), "latents": latents, "text": text}
+    batch = {"index": [0], "latents": latents, "text": text}
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         loss = diffusion_loss(model, model.denoiser, batch, cfg=cfg, epoch=0, device=cpu, weight_dtype=weight_dtype)
         loss.backward()
