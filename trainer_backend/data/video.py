@@ -211,3 +211,18 @@ def write_clip(path: Path, frames: np.ndarray, fps: int = 16, codec: str = "libx
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+def frame_strip(frames: np.ndarray, count: int = 8, height: int = 96):
+    """A clip's frames side by side (at most `count`, evenly spaced, first and last included) as one
+    PIL image `height` pixels tall: the picture shown beside a sample clip."""
+    from PIL import Image
+    frames = np.asarray(frames)
+    total = len(frames)
+    picks = sorted({round(i * (total - 1) / max(1, count - 1)) for i in range(min(count, total))})
+    _, h, w, _ = frames.shape
+    width = max(1, round(w * height / h))
+    strip = Image.new("RGB", (width * len(picks), height))
+    for n, i in enumerate(picks):
+        strip.paste(Image.fromarray(frames[i].astype(np.uint8)).resize((width, height)), (n * width, 0))
+    return strip
