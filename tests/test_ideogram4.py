@@ -131,3 +131,51 @@ def test_a_hub_id_downloads_both_transformers_and_loads(tiny_models, tmp_path, m
     loaded = load_model(str(folder))
     assert loaded.family is IDEOGRAM4
     assert IDEOGRAM4.build_pipeline(loaded).unconditional_transformer is not None
+
+
+def test_full_size_lora_in_the_original_layout_loads_through_diffusers_converter():
+    """output.lora_format = "original" (diffusion_model. + fused qkv, attention.o) on the full-size
+    transformer (meta): diffusers' own Ideogram 4 converter puts adapters on exactly the trained modules,
+    and on a small real block the fused file applies exactly the trained update."""
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+    from trainer_backend.families.ideogram4.tiny import tiny_transformer
+
+    class Meta:
+        family = IDEOGRAM4
+
+    denoiser = IDEOGRAM4.meta_denoiser()
+    denoiser.add_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=list(IDEOGRAM4.default_targets)))
+    adapted = {n for n, m in denoiser.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
+    state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(denoiser).items()}
+    Meta.denoiser = denoiser
+    written = IDEOGRAM4.lora_file_state(Meta, {"transformer": state}, 1.0, "original")
+    assert "diffusion_model.layers.0.attention.qkv.lora_down.weight" in written
+    assert IDEOGRAM4.diffusers_lora_targets(written, denoiser) == adapted
+
+    small = tiny_transformer(0)  # real weights: the converted update equals the trained one
+    small.add_adapter(LoraConfig(r=2, lora_alpha=4, target_modules=list(IDEOGRAM4.default_targets)))
+    g = torch.Generator().manual_seed(0)
+    trained = {k: torch.randn(v.shape, generator=g) for k, v in get_peft_model_state_dict(small).items()}
+    Meta.denoiser = small
+    converted = IDEOGRAM4.pipeline_class().lora_state_dict(
+        IDEOGRAM4.lora_file_state(Meta, {"transformer": trained}, 4.0, "original"))
+    for module in ("layers.0.attention.to_k", "layers.0.attention.to_out.0", "layers.0.feed_forward.w2"):
+        expected = 2.0 * trained[f"{module}.lora_B.weight"] @ trained[f"{module}.lora_A.weight"]
+        got = converted[f"transformer.{module}.lora_B.weight"] @ converted[f"transformer.{module}.lora_A.weight"]
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_stored_weights_load_exactly(tiny_models, tmp_path):
+    """A folder whose transformer is stored in float8 (as Ideogram publishes it) loads with the exact
+    values (float8 -> fp32 is exact); model.quantize = "float8" then keeps it in float8 on the GPU,
+    as the memory planner counts the 24 GB tier."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    folder = tmp_path / "fp8"
+    shutil.copytree(tiny_models("ideogram4"), folder)
+    weights = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    stored = {k: v.to(torch.float8_e4m3fn) if v.ndim == 2 else v for k, v in load_file(str(weights)).items()}
+    save_file(stored, str(weights))
+    loaded = load_model(str(folder)).denoiser.state_dict()
+    assert all(torch.equal(loaded[k], v.float()) for k, v in stored.items())

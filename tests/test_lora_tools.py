@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from safetensors import safe_open
 
-from test_family_conformance import _control_argument
+from test_family_conformance import _control_argument, _guidance
 from trainer_backend.__main__ import main as cli
 from trainer_backend.config import load_config
 from trainer_backend.families import load_model
@@ -62,7 +62,7 @@ def lora_deltas(model_dir, path) -> dict:
 def image(pipe, family):
     g = torch.Generator().manual_seed(0)
     return torch.from_numpy(pipe(prompt="a red square", num_inference_steps=2, height=32, width=32, generator=g,
-                                 output_type="np", **_control_argument(family)).images[0])
+                                 output_type="np", **_control_argument(family), **_guidance(pipe, family)).images[0])
 
 
 def run_cli(*argv) -> dict:

@@ -45,7 +45,7 @@ class Ideogram4Family(FlowFamily):
     short_label = "Ideogram 4"
     text_encoder_names = ("text_encoder",)
     trained_text_encoders = ()  # Qwen3-VL stays frozen: diffusers' Ideogram 4 LoRA loader reads the transformer only
-    full_single_file = None     # diffusers has no original-layout converter for it: the diffusers folder
+    full_single_file = "denoiser"  # the transformer alone, in diffusers' names (export_single_file)
     # what ai-toolkit trains and diffusers' converter maps (its fused qkv split into to_q/k/v, attention.o,
     # the SwiGLU w1/w2/w3): every block's attention and MLP
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
@@ -227,12 +227,24 @@ class Ideogram4Family(FlowFamily):
                                                                              width // cell)
         return pipe
 
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None):
-        """The diffusers folder only (full_single_file is None), with both transformers."""
-        if folder is None:
-            raise ConfigError("output: an Ideogram 4 full fine-tune is written as a diffusers folder only")
-        self.save_pipeline_folder(model, Path(folder))
-        return [Path(folder)]
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        if self.lora_layout(layout) == "original":  # ai-toolkit's / the original names (fused qkv): lora_keys.py
+            from .lora_keys import to_original_lora
+            return to_original_lora(adapter_states, alpha, _unwrap(model.denoiser))
+        return super().lora_file_state(model, adapter_states, alpha, layout)
+
+    def export_single_file(self, model, single_file, dtype, metadata) -> Path:
+        """The trained transformer alone in diffusers' names (no original-layout converter exists for
+        it in diffusers 0.42.1), its config in the metadata; the folder holds the whole pipeline."""
+        from ..component_files import save_transformer_file
+        return save_transformer_file(_unwrap(model.denoiser), single_file, None, dtype, metadata)
+
+    def load_denoiser_file(self, path, like):
+        import copy
+        from safetensors.torch import load_file
+        loaded = copy.deepcopy(like)
+        loaded.load_state_dict(load_file(str(path)))
+        return loaded
 
     def pipeline_parts(self, model) -> dict:
         return {"text_encoder": model.text_encoders[0], "tokenizer": model.tokenizers[0],
