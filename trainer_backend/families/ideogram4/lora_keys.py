@@ -4,8 +4,8 @@ layout diffusers' Ideogram 4 converter reads as ai-toolkit's, `diffusion_model.l
 (`lora_down`/`lora_up`/`.alpha`). The fused qkv adapter stacks the three down matrices and puts the up
 matrices block-diagonally (families/kohya_fused.py), so its update is exactly the three parts'.
 diffusers' converter shares the down matrix and splits the up in thirds, which gives back the same
-updates. ComfyUI's generic key map takes `diffusion_model.` + the model's own weight names; that
-ComfyUI's Ideogram 4 model uses these names is the converter's word, not checked here."""
+updates. ComfyUI loads these fused names and not split to_q/to_k/to_v ones (ComfyUI issue #14477); the
+converter reads them from AI Toolkit's and Fal's files (diffusers PR #13919). Not run in ComfyUI here."""
 from __future__ import annotations
 
 import re
