@@ -296,7 +296,10 @@ def plan_markdown(cfg: TrainConfig, counts, summary: dict | None = None, arch: s
     largest bucket, a verdict for the card, what would make it fit)."""
     from dataclasses import fields
 
+    from trainer_backend.config.caching import auto_caching, with_auto_caching
     from trainer_backend.launch.plan import PlanColumn, plan_from_config
+    caching = auto_caching(cfg)
+    cfg = with_auto_caching(cfg)  # what the trainer will cache: the memory plan counts it
     plan = plan_from_config(cfg, counts)
     n = plan.num_processes
     head = f"{n} GPUs ({plan.policy})" if n > 1 else "this run"
@@ -315,6 +318,7 @@ def plan_markdown(cfg: TrainConfig, counts, summary: dict | None = None, arch: s
         lines += ["", f"⚠️ {w}"]
     if n == 1:
         lines += ["", "Set hardware.num_processes above 1 to see what more GPUs change."]
+    lines += ["", f"Caching: {caching.summary()}."]
     from trainer_backend.launch.memory_advice import memory_lines
     lines += ["", "#### GPU memory", ""]
     lines += [f"{line}  " for line in memory_lines(cfg, arch, buckets=summary_buckets(summary), markdown=True)]

@@ -19,7 +19,8 @@ def train_run(tmp_path: Path, model_dir: Path, data: Path, name: str, *overrides
     cfg = validate_for_run(load_config(None, [
         f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=32",
         f"output.dir={tmp_path / 'runs'}", f"output.name={name}", "precision.mixed=no",
-        "network.rank=4", "network.alpha=4", "hardware.cpu=true", "logging.tensorboard=false", *overrides]))
+        "network.rank=4", "network.alpha=4", "hardware.cpu=true", "logging.tensorboard=false",
+        "dataset.cache_auto=false", *overrides]))  # the tests name the caches they want (test_speed: the default)
     try:
         assert train(cfg) == 0
     finally:  # and leave none behind for the next in-process run

@@ -118,3 +118,52 @@ def test_compile_is_refused_with_block_swap(tmp_path):
     cfg = load_config(None, ["speed.compile=blocks", "memory.block_swap=2", f"output.dir={tmp_path}"])
     problems = [str(p) for p in rules.problems(cfg)]
     assert any(p.startswith("speed.compile:") and "memory.block_swap" in p for p in problems)
+
+
+# ----------------------------------------------------------------------------- dataset.cache_auto
+
+def _cfg(*overrides):
+    from trainer_backend.config import load_config
+    return load_config(None, list(overrides))
+
+
+@pytest.mark.parametrize("overrides, latents, text, why", [
+    ((), True, True, ""),
+    (("dataset.center_crop=false",), False, True, "random crop"),
+    (("dataset.flip=true",), True, True, ""),  # both flips are cached
+    (("dataset.flip=true", "dataset.cache_both_flips=false"), False, True, "dataset.flip"),
+    (("dataset.caption_dropout=0.1",), True, False, "caption_dropout"),
+    (("dataset.shuffle_tags=true",), True, False, "shuffle_tags"),
+    (("network.train_text_encoder=true",), True, False, "train_text_encoder"),
+    (("dataset.subsets=[{path='x', center_crop=false, tag_dropout=0.2}]",), False, False, "tag_dropout"),
+    (("dataset.cache_auto=false",), False, False, "cache_auto is off"),
+    (("dataset.cache_auto=false", "dataset.cache_latents=true"), True, False, "cache_auto is off"),
+])
+def test_auto_caching_caches_what_no_step_changes_and_says_why(overrides, latents, text, why):
+    from trainer_backend.config.caching import auto_caching, with_auto_caching
+    cfg = _cfg(*overrides)
+    choice = auto_caching(cfg)
+    assert (choice.latents, choice.text) == (latents, text)
+    assert why in choice.summary()
+    resolved = with_auto_caching(cfg)
+    assert (resolved.dataset.cache_latents, resolved.dataset.cache_text_encoder_outputs) == (latents, text)
+    assert cfg.dataset.cache_latents == ("dataset.cache_latents=true" in overrides)  # the input is left alone
+
+
+@pytest.mark.parametrize("arch", ["sd1", "qwen_image_edit"])
+def test_the_default_run_caches_and_trains_as_the_explicit_caches(arch, tiny_models, tmp_path, fresh_accelerate_state):
+    """cache_auto on (the default) trains exactly what asking for both caches trains; an edit family whose text
+    encoder reads the control image keeps encoding its captions, without a warning."""
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    extra = ()
+    if arch == "qwen_image_edit":
+        make_dataset(tmp_path / "control", n=2, size=32, seed=3)
+        extra = (f"dataset.control_path={tmp_path / 'control'}",)
+    run, auto, _ = train_run(tmp_path, tiny_models(arch), data, "auto", *STEPS, "dataset.cache_auto=true", *extra)
+    _, explicit, _ = train_run(tmp_path, tiny_models(arch), data, "explicit", *STEPS, "dataset.cache_latents=true",
+                               "dataset.cache_text_encoder_outputs=true", *extra)
+    assert losses(auto) == losses(explicit)
+    log = (run / "train.log").read_text()
+    assert "caching: latents cached" in log and "WARNING" not in log.split("caching:")[1].split("\n")[0]
+    saved = (run / "config.toml").read_text()
+    assert "cache_latents = true" in saved  # the run's config records what was cached

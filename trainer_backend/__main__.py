@@ -146,6 +146,9 @@ def _dispatch(args) -> int:
             from dataclasses import asdict
             print(json.dumps({"summary": scan.summary, "counts": asdict(scan.counts)}, default=str))
             return exitcodes.OK
+        from .config.caching import auto_caching, with_auto_caching
+        caching = auto_caching(cfg)
+        cfg = with_auto_caching(cfg)  # what the trainer will cache (the memory plan counts it)
         from .launch.plan import format_plan_table, plan_from_config
         plan = plan_from_config(cfg, scan.counts, args.num_processes)
         from .launch.memory_advice import memory_lines, memory_report
@@ -154,10 +157,11 @@ def _dispatch(args) -> int:
         from .model_sources import plan_lines
         downloads = plan_lines(cfg)  # hub models: the download size and the free space
         if args.json:
-            print(json.dumps({**plan.to_dict(), "downloads": downloads, "memory": memory_report(cfg, arch, scan.buckets,
+            print(json.dumps({**plan.to_dict(), "downloads": downloads, "caching": caching.to_dict(), "memory": memory_report(cfg, arch, scan.buckets,
                                                                         steps=column.total_steps)}, indent=1))
         else:
             print(format_plan_table(plan))
+            print("\nCaching: " + caching.summary())
             for line in ["", *downloads] if downloads else []:
                 print(line)
             print("\n".join(["", *memory_lines(cfg, arch, scan.buckets, steps=column.total_steps)]))

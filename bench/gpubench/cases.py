@@ -83,11 +83,14 @@ def catalogue() -> list[Case]:
         # bf16 adapters stepped by torch's fused AdamW: what the examples train (bf16 LoRA weights, torch's AdamW)
         "bf16-fused-adamw": ("precision.full_bf16=true", 'precision.half_weights_rounding="nearest"',
                              "optimizer.fused=true"),
-        "compile": ("precision.compile=true",),
+        "compile": ("speed.compile=blocks",),
+        "read-every-step": ("speed.host_read_every=1",),  # the old behaviour: the loss read after each step
+        "auto-cache": ("dataset.cache_auto=true",),  # the trainer's default (the bench's baseline turns it off)
         "channels-last": ("precision.channels_last=true",),
+        "all": ALL_OPTIONS,
     }
-    out += [Case("sdxl-options", "ours", v, "sdxl", 1024, sets=s, est_s=150 if v == "compile" else 75,
-                 count_flops=v != "compile") for v, s in options.items()]
+    out += [Case("sdxl-options", "ours", v, "sdxl", 1024, sets=s, est_s=150 if "compile" in str(s) else 75,
+                 count_flops="speed.compile=blocks" not in s) for v, s in options.items()]
     full = ("network.type=full", *GC)
     out += [Case("sdxl-full", "ours", "fp32-master", "sdxl", 1024, method="full", sets=full, est_s=150),
             Case("sdxl-full", "ours", "full-bf16", "sdxl", 1024, method="full",
@@ -97,7 +100,14 @@ def catalogue() -> list[Case]:
             Case("sdxl-optimizers", "ours", "prodigy", "sdxl", 1024, sets=("optimizer.name=prodigy", "optimizer.lr=1.0"),
                  needs=("prodigyopt",), est_s=75)]
     out += _pair("flux-lora", "flux", {"gc": (GC, gc)}, 90)
+    out += [Case("flux-options", "ours", v, "flux", 1024, sets=(*GC, *s), est_s=150, count_flops=False)
+            for v, s in {"compile": ("speed.compile=blocks",), "all": ALL_OPTIONS}.items()]
     return out
+
+
+# issue 34: every speed option together, against the examples' same call (their flags unchanged)
+ALL_OPTIONS = ("speed.compile=blocks", "dataset.cache_latents=true", "dataset.cache_text_encoder_outputs=true",
+               "optimizer.fused=true")
 
 
 def tiny(case: Case) -> Case:

@@ -60,7 +60,8 @@ def ours_argv(case: Case, *, model_dir: Path, images: Path, run_root: Path, run_
     steps a resumed run already has (the resume case's both runs)."""
     sets = [f"model.path={json.dumps(str(model_dir))}", f"dataset.path={json.dumps(str(images))}",
             f"dataset.resolution={case.resolution}", f"dataset.class_tokens={json.dumps(PROMPT)}",
-            "dataset.cache_text_encoder_outputs=true", f"output.dir={json.dumps(str(run_root))}",
+            "dataset.cache_text_encoder_outputs=true", "dataset.cache_auto=false",  # latents every step, as the
+            f"output.dir={json.dumps(str(run_root))}",  # examples encode them (a case's own sets can cache them)
             f"output.name={run_name}", f"schedule.max_steps={total_steps(tiny, steps_before)}",
             f"schedule.batch_size={case.batch}", f"precision.mixed={mixed_precision(case)}", "optimizer.lr=1e-4",
             "schedule.seed=42", f"precision.attention={ATTENTION[attention][1]}"]

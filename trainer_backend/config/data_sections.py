@@ -267,6 +267,12 @@ class Dataset(Section):
                                   "starts (slower start on very large datasets).", advanced=True, resume="safe")
     cache_latents: bool = F(False, "Encode images with the VAE once and reuse the latents (turns off random crop/flip "
                                    "variety unless both flips are cached).", resume="safe")
+    cache_auto: bool = F(True, "Cache the latents and the text-encoder outputs when nothing changes them from step "
+                               "to step (no random crop, no flip unless cache_both_flips, no caption shuffle, "
+                               "caption or tag dropout, frozen text encoders), even where cache_latents / "
+                               "cache_text_encoder_outputs are off; the plan and the log say what was chosen and "
+                               "why. Cached latents are the VAE's posterior mean (uncached: a fresh posterior sample "
+                               "each step). Off: only what those two options ask.", resume="safe")
     cache_latents_to_disk: bool = F(False, "Keep cached latents on disk (reused by later runs) instead of in memory.",
                                     resume="safe")
     cache_dir: str = F("", "Cache folder (outside the dataset); empty = <output.dir>/.cache.", widget="path",

@@ -86,7 +86,7 @@ def vae_loss(recon_model, batch: dict, *, cfg: TrainConfig, epoch: int, device) 
     shape = (vae.config.latent_channels, pixels.shape[-2] // f, pixels.shape[-1] // f)
     # per-sample noise seeded by (seed, epoch, index), as in families/objectives.py: exact accumulation/DDP/resume
     eps = torch.stack([torch.randn(shape, generator=sample_generator(cfg.schedule.seed, epoch, i))
-                       for i in batch["index"]]).to(device)
+                       for i in map(int, batch["index"])]).to(device)
     recon, posterior = recon_model(pixels, eps, cfg.vae.decoder_only)
     loss = reconstruction_loss(recon, pixels, cfg.vae.loss)
     if not cfg.vae.decoder_only and cfg.vae.kl_weight > 0:

@@ -122,7 +122,8 @@ def check_compatible(state: TrainState, cfg: TrainConfig, fingerprint: str, num_
     if not state.config:
         LOG.warning("the checkpoint does not record its config: option changes cannot be checked")
         return []
-    current = strip_secrets(to_dict(cfg))
+    from ..config.caching import with_auto_caching
+    current = strip_secrets(to_dict(with_auto_caching(cfg)))  # as the trainer resolves it (dataset.cache_auto)
     old_model, new_model = state.config.get("model", {}).get("path", ""), cfg.model.path
     if old_model and Path(old_model).name != Path(new_model).name:
         raise ConfigError(f"model.path: the checkpoint was trained on {Path(old_model).name}, this config uses "

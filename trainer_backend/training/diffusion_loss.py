@@ -17,7 +17,7 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
     given, collects the instance and class (prior) losses separately for the step event."""
     family = model.family
     objective = family.objective(model)
-    indices = list(batch["index"])
+    indices = [int(i) for i in batch["index"]]  # plain ints from the loader (a tensor from older callers)
     seed = cfg.schedule.seed
     if "latents" in batch:
         latents = to_device(batch["latents"], device).float()

@@ -17,6 +17,7 @@ import time
 import torch
 
 from ..config import TrainConfig, rules
+from ..config.caching import auto_caching, with_auto_caching
 from ..methods import adapter_switch, method_loss, method_run_config, method_validator, save_outputs, setup_method
 from ..methods.class_images import prepare_class_images
 from ..remote.wandb_tracking import start_tracking
@@ -49,11 +50,13 @@ class TrainingDiverged(RuntimeError):
 def train(cfg: TrainConfig) -> int:
     from accelerate.utils import set_seed
     from ..launch.plan import plan_from_config
-    cfg = method_run_config(rules.check(cfg))  # refuse bad combinations before anything loads; the method's
-    # adjustments (a VAE run: its own precision, no caches)
+    caching = auto_caching(cfg)  # dataset.cache_auto: caches where nothing changes per step
+    cfg = method_run_config(with_auto_caching(rules.check(cfg)))  # refuse bad combinations before anything
+    # loads; the method's adjustments (a VAE run: its own precision, no caches)
     accelerator = make_accelerator(cfg)
     set_seed(cfg.schedule.seed)
     run = open_run(cfg, accelerator)
+    LOG.info("caching: %s", caching.summary())
     start_tracking(cfg, accelerator, run)  # W&B (logging.tracker): follows the run's events
     model = load_base_model(cfg, accelerator, run.events)  # LoadedModel: model.family knows what its parts mean
     weight_dtype = place_encoders(model, cfg, accelerator)  # the denoiser waits for the cache pass

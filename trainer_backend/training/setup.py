@@ -209,7 +209,8 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
         return
     family = model.family
     if family.text_reads_control:
-        LOG.warning("dataset.cache_text_encoder_outputs is ignored: %s's text encoder reads each caption with its "
+        (LOG.info if cfg.dataset.cache_auto else LOG.warning)(  # cache_auto asked for it without knowing the family
+            "dataset.cache_text_encoder_outputs is ignored: %s's text encoder reads each caption with its "
                     "control image", family.label)
         return
 
