@@ -145,7 +145,9 @@ def test_adapter_shape_changes_are_refused_without_training(override):
     from trainer_backend.config import strip_secrets, to_dict
     from trainer_backend.run.checkpoint_files import TrainState
     saved = load_config(None, ["model.path=builtin:tiny-sd1", "network.type=lora"])
-    state = TrainState(global_step=8, config=strip_secrets(to_dict(saved)), dataset_fingerprint="1:x")
+    from trainer_backend.config.caching import with_auto_caching  # the trainer records the resolved config
+    state = TrainState(global_step=8, config=strip_secrets(to_dict(with_auto_caching(saved))),
+                       dataset_fingerprint="1:x")
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=f"^{key}: changed from .* since the checkpoint"):
         check_compatible(state, load_config(None, ["model.path=builtin:tiny-sd1", "network.type=lora", override]),
