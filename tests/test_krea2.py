@@ -60,3 +60,26 @@ def test_raw_and_turbo_train_with_the_shift_their_pipelines_sample_with(raw, tin
     assert turbo.family.build_pipeline(turbo).config.is_distilled
     for side in (64, 128):  # fixed, whatever the size
         assert turbo.family.objective(turbo)._shift((16, side, side), loss) == pytest.approx(math.exp(1.15))
+
+
+def test_the_original_layout_on_the_full_size_model_converts_back_through_diffusers():
+    """ComfyUI's / Krea's reference-trainer names (diffusion_model.blocks.N.attn.wq …) written for every
+    adapted module of the full-size transformer (meta device) land, through diffusers' own converter, on
+    exactly those modules."""
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+    from trainer_backend.families import get_family
+    family = get_family("krea2")
+    denoiser = family.meta_denoiser()
+    denoiser.add_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=list(family.default_targets)))
+    adapted = {name for name, m in denoiser.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
+    state = {k: torch.zeros(v.shape) for k, v in get_peft_model_state_dict(denoiser).items()}
+
+    class Model:
+        pass
+    model = Model()
+    model.family, model.denoiser = family, denoiser
+    written = family.lora_file_state(model, {"transformer": state}, 1.0, "original")
+    assert all(k.startswith(("diffusion_model.blocks.", "diffusion_model.txtfusion.")) for k in written)
+    assert "diffusion_model.blocks.0.attn.wq.lora_A.weight" in written
+    assert family.diffusers_lora_targets(written, denoiser) == adapted and len(adapted) == (28 + 4) * 8  # the text fusion's 4 blocks too

@@ -27,7 +27,8 @@ TIERED = [p for p in STORE.list() if p.builtin and re.search(r"-\d+gb$", p.name)
 TIERS = {"sd15-lora": (8, 12, 16, 24), "sdxl-lora": (8, 12, 16, 24), "sd35-medium-lora": (8, 12, 16, 24),
          "flux-dev-lora": (8, 12, 16, 24), "zimage-turbo-lora": (12, 16, 24), "flux2-klein-4b-lora": (12, 16, 24),
          "qwen-image-lora": (16, 24), "qwen-image-edit-lora": (16, 24), "qwen-image-edit-plus-lora": (24,),
-         "chroma-lora": (12, 16, 24), "ideogram4-lora": (16, 24), "krea2-lora": (16, 24)}
+         "chroma-lora": (12, 16, 24), "ideogram4-lora": (16, 24), "krea2-lora": (16, 24),
+         "qwen-image21-lora": (16, 24)}
 
 
 def test_every_family_with_presets_has_its_tiers():
@@ -37,9 +38,7 @@ def test_every_family_with_presets_has_its_tiers():
     # every registered family but the old SD2 has a tiered preset
     from trainer_backend.families.registry import FAMILY_NAMES
     tiered_archs = {STORE.load(p.label).model.arch for p in TIERED}
-    # Qwen-Image 2.1: no planner table yet (its transformer computes the joint layout from mask values,
-    # which the meta-device probe does not have: docs/models.md)
-    assert set(FAMILY_NAMES) - tiered_archs == {"sd2", "qwen_image21"}
+    assert set(FAMILY_NAMES) - tiered_archs == {"sd2"}
 
 
 @pytest.mark.parametrize("preset", TIERED, ids=[p.name for p in TIERED])

@@ -63,7 +63,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 "QWEN_IMAGE_21", "flow", ("diffusers",), control_images="optional", text_encoder_training=False),
     FamilyEntry("ideogram4", "Ideogram 4", "trainer_backend.families.ideogram4", "IDEOGRAM4", "flow",
                 ("diffusers", "original"), text_encoder_training=False),
-    FamilyEntry("krea2", "Krea 2 (Raw, Turbo)", "trainer_backend.families.krea2", "KREA2", "flow", ("diffusers",),
+    FamilyEntry("krea2", "Krea 2 (Raw, Turbo)", "trainer_backend.families.krea2", "KREA2", "flow",
+                ("diffusers", "original"),
                 text_encoder_training=False, tiny_variants=("turbo",)),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)

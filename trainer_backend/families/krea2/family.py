@@ -50,7 +50,7 @@ class Krea2Family(FlowFamily):
     trained_text_encoders = ()  # diffusers' Krea 2 LoRA loader reads the transformer only
     full_single_file = None     # a diffusers folder (the original layout's converter is one-way in diffusers)
     text_cache_dtype = "bfloat16"
-    # every block's attention (with its output gate) and SwiGLU MLP; the text-fusion blocks stay frozen
+    # every block's attention (with its output gate) and SwiGLU MLP (the text-fusion blocks' too: same names)
     default_targets = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_gate", "attn.to_out.0", "ff.gate", "ff.up",
                        "ff.down")
     keep_unquantized = ("time_embed", "time_mod_proj", "txt_in", "text_fusion", "img_in", "final_layer")
@@ -172,6 +172,13 @@ class Krea2Family(FlowFamily):
         opts = pipeline_options(model.source)
         return {"text_encoder": model.text_encoders[0], "tokenizer": model.tokenizers[0],
                 **{k: v for k, v in opts.items() if k in ("text_encoder_select_layers", "is_distilled")}}
+
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        state = super().lora_file_state(model, adapter_states, alpha, "diffusers")
+        if self.lora_layout(layout) == "original":
+            from .lora_keys import to_original
+            return to_original(state)
+        return state
 
     def guidance_arguments(self, model, scale):
         # Krea2Pipeline: cond + g·(cond − uncond), off at g = 0; samples.cfg_scale s is the usual s (1 = off)

@@ -183,9 +183,15 @@ class QwenImage21Family(FlowFamily):
             raise ConfigError(f"dataset.control_path: the text encoder saw {int(slots[0].sum())} vision tokens of the "
                               f"control image but its latents need {control.shape[-2] * control.shape[-1] // 4}; "
                               "the processor resized it (control images above its max_pixels)")
-        out = denoiser(hidden_states=tokens.to(dtype), timestep=(timesteps / 1000).to(dtype),
-                       encoder_hidden_states=hidden.to(dtype), encoder_hidden_states_mask=None if mask.all() else mask,
-                       img_shapes=[shapes] * b, img_mask=image_mask, return_dict=False)[0]
+        call = dict(hidden_states=tokens.to(dtype), timestep=(timesteps / 1000).to(dtype),
+                    encoder_hidden_states=hidden.to(dtype), img_shapes=[shapes] * b, return_dict=False)
+        if noisy.device.type == "meta":  # the memory planner's probe: the layout from its known values
+            from .meta_layout import layout_on_meta
+            slots_cpu = torch.zeros(b, hidden.shape[1], dtype=torch.bool)  # captions only (no control image)
+            with layout_on_meta(getattr(denoiser, "module", denoiser)):
+                out = denoiser(**call, img_mask=torch.cat([slots_cpu, slots_cpu.new_ones(b, h * w // 4)], dim=1))[0]
+        else:
+            out = denoiser(**call, encoder_hidden_states_mask=None if mask.all() else mask, img_mask=image_mask)[0]
         return out[:, -h * w:].transpose(1, 2).reshape(b, c, h, w)
 
     # ---- sampling and outputs
