@@ -83,3 +83,17 @@ def test_the_original_layout_on_the_full_size_model_converts_back_through_diffus
     assert all(k.startswith(("diffusion_model.blocks.", "diffusion_model.txtfusion.")) for k in written)
     assert "diffusion_model.blocks.0.attn.wq.lora_A.weight" in written
     assert family.diffusers_lora_targets(written, denoiser) == adapted and len(adapted) == (28 + 4) * 8  # the text fusion's 4 blocks too
+
+
+def test_a_hub_id_of_turbo_downloads_and_loads_as_turbo(tiny_models, tmp_path, monkeypatch):
+    from hub_server import HubServer, point_client_at
+    from trainer_backend.model_sources import resolve_model
+    server = HubServer().start()
+    try:
+        server.add_folder("org/tiny-krea-2-turbo", tiny_models("krea2-turbo"))
+        point_client_at(monkeypatch, server, tmp_path / "hf")
+        folder = resolve_model("org/tiny-krea-2-turbo")
+    finally:
+        server.stop()
+    loaded = load_model(str(folder))
+    assert loaded.family.name == "krea2" and loaded.family.base_model_version_of(loaded) == "krea2_turbo"

@@ -122,3 +122,20 @@ def test_the_transformer_single_file_reads_back_through_diffusers_converter(tmp_
     back = convert_qwen_image21_transformer_checkpoint_to_diffusers(state)
     ours = model.denoiser.state_dict()
     assert back.keys() == ours.keys() and all(torch.equal(back[k], ours[k]) for k in ours)
+
+
+def test_a_hub_id_downloads_the_processor_and_loads(tiny_models, tmp_path, monkeypatch):
+    """`org/name` through trainer_backend/model_sources with the family's default hub files: the
+    processor folder (tokenizer, image processor, chat template) comes with the weights and loads offline."""
+    from hub_server import HubServer, point_client_at
+    from trainer_backend.model_sources import resolve_model
+    server = HubServer().start()
+    try:
+        server.add_folder("org/tiny-qwen-image-2.1", tiny_models("qwen_image21"))
+        point_client_at(monkeypatch, server, tmp_path / "hf")
+        folder = resolve_model("org/tiny-qwen-image-2.1")
+    finally:
+        server.stop()
+    assert (folder / "processor" / "chat_template.json").is_file()
+    loaded = load_model(str(folder))
+    assert loaded.family.name == "qwen_image21" and loaded.tokenizers[0].chat_template
