@@ -55,10 +55,14 @@ def build_run_view(prefix: str) -> RunView:
 
 
 def _displayable(path: str, roots: list[Path]):
-    """A file path gradio may serve, or a PIL copy for folders outside the allowed roots."""
+    """A file path gradio may serve (a video sample plays in the gallery), or a PIL copy for folders
+    outside the allowed roots (a video: its frame strip)."""
     resolved = Path(path).resolve()
     if any(resolved.is_relative_to(r) for r in roots):
         return path
+    from trainer_backend.data.video import VIDEO_EXTENSIONS, clip_strip
+    if resolved.suffix.lower() in VIDEO_EXTENSIONS:
+        return clip_strip(resolved)
     from PIL import Image
     with Image.open(resolved) as im:
         return im.convert("RGB")
@@ -69,7 +73,7 @@ def _gallery_update(images: list[tuple[str, str]], roots: list[Path]) -> dict:
     for path, caption in images:
         try:
             out.append((_displayable(path, roots), caption))
-        except OSError:
+        except (OSError, ValueError):  # BadClip is a ValueError
             continue  # a sample being written right now; next refresh
     return gr.update(value=out, visible=bool(out))
 

@@ -22,7 +22,7 @@ FRAMES_FOLDER_SUFFIX = ".frames"
 CLIP_MODES = ("head", "uniform", "random")
 
 
-class BadClip(Exception):
+class BadClip(ValueError):
     """The clip cannot be used; str() is the reason (without the path)."""
 
 
@@ -226,3 +226,19 @@ def frame_strip(frames: np.ndarray, count: int = 8, height: int = 96):
     for n, i in enumerate(picks):
         strip.paste(Image.fromarray(frames[i].astype(np.uint8)).resize((width, height)), (n * width, 0))
     return strip
+
+
+def clip_strip(path: Path, count: int = 8, height: int = 96):
+    """The frame strip of a clip file (PIL image). Raises BadClip."""
+    info = probe_clip(path)
+    picks = sorted({round(i * (info.frames - 1) / max(1, count - 1)) for i in range(min(count, info.frames))})
+    return frame_strip(decode_frames(path, picks), count=count, height=height)
+
+
+def write_sample(stem: Path, frames: np.ndarray, fps: int = 16) -> list[Path]:
+    """A video sample: `<stem>.mp4` and its frame strip `<stem>.strip.png` (uint8 RGB frames (F, H, W, 3));
+    both paths go in the sample event, so the Run page plays the clip and shows the strip."""
+    clip = write_clip(stem.with_name(stem.name + ".mp4"), frames, fps=fps)
+    strip = stem.with_name(stem.name + ".strip.png")
+    frame_strip(frames).save(strip)
+    return [clip, strip]
