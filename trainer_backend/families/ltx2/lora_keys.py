@@ -1,5 +1,5 @@
-"""LTX-2 LoRA targets and files in ComfyUI's layout (Lightricks' own trainer's): `diffusion_model.<module>`
-with LTX-2's original names, which for the blocks' linears are diffusers' (`transformer_blocks.<i>.attn1.to_q`);
+"""LTX-2 LoRA targets and files in ComfyUI's layout (Lightricks' own trainer's): `diffusion_model.<module>
+.lora_A/.lora_B.weight` with LTX-2's original names, which for the blocks' linears are diffusers' (`transformer_blocks.<i>.attn1.to_q`);
 diffusers' converter (`_convert_non_diffusers_ltx2_lora_to_diffusers`) reads them back.
 
 A video-only LoRA adapts the video stream (self- and cross-attention, feed-forward); with an audio track
@@ -27,8 +27,10 @@ def original_name(module: str) -> str:
 
 
 def to_comfy_lora(adapter_states: dict[str, dict], alpha: float | Callable[[str, str], float]) -> dict:
-    """peft adapter weights of the LTX-2 transformer -> one ComfyUI-layout state dict."""
-    import torch
+    """peft adapter weights of the LTX-2 transformer -> one ComfyUI-layout state dict:
+    `diffusion_model.<module>.lora_A.weight` / `.lora_B.weight`, as Lightricks' trainer writes them. No
+    `.alpha` keys (diffusers' LTX-2 loader refuses them; ComfyUI then takes alpha = rank), so alpha/rank is
+    folded into lora_B."""
     out: dict = {}
     for component, sd in adapter_states.items():
         if component != "transformer":
@@ -37,13 +39,13 @@ def to_comfy_lora(adapter_states: dict[str, dict], alpha: float | Callable[[str,
             if not key.endswith(("lora_A.weight", "lora_B.weight")):
                 raise ValueError(f"unexpected adapter key {key!r}: not a LoRA weight")
             module, kind = key.rsplit(".lora_", 1)
-            name = "diffusion_model." + original_name(module)
+            name = f"diffusion_model.{original_name(module)}.lora_{kind}"
             if kind == "A.weight":
-                out[f"{name}.lora_down.weight"] = tensor.contiguous()
-                value = alpha(component, module) if callable(alpha) else alpha
-                out[f"{name}.alpha"] = torch.tensor(float(value))
+                out[name] = tensor.contiguous()
             else:
-                out[f"{name}.lora_up.weight"] = tensor.contiguous()
+                rank = sd[f"{module}.lora_A.weight"].shape[0]
+                value = alpha(component, module) if callable(alpha) else alpha
+                out[name] = (tensor * (float(value) / rank)).contiguous()
     return out
 
 
