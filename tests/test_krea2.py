@@ -97,3 +97,16 @@ def test_a_hub_id_of_turbo_downloads_and_loads_as_turbo(tiny_models, tmp_path, m
         server.stop()
     loaded = load_model(str(folder))
     assert loaded.family.name == "krea2" and loaded.family.base_model_version_of(loaded) == "krea2_turbo"
+
+
+def test_the_full_size_transformer_file_layout_converts_back_through_diffusers():
+    """Every weight of the full-size transformer (meta device) written in the original layout comes back
+    under its own name and shape through diffusers' convert_krea2_transformer_checkpoint_to_diffusers."""
+    from diffusers.loaders.single_file_utils import convert_krea2_transformer_checkpoint_to_diffusers
+    from trainer_backend.families import get_family
+    from trainer_backend.families.krea2.single_file import to_original
+    state = get_family("krea2").meta_denoiser().state_dict()
+    original = to_original(state)
+    assert "blocks.0.attn.wq.weight" in original and original["blocks.0.mod.lin"].dim() == 1
+    back = convert_krea2_transformer_checkpoint_to_diffusers(dict(original))
+    assert back.keys() == state.keys() and all(back[k].shape == state[k].shape for k in state)

@@ -48,7 +48,8 @@ class Krea2Family(FlowFamily):
     label = "Krea 2"
     text_encoder_names = ("text_encoder",)
     trained_text_encoders = ()  # diffusers' Krea 2 LoRA loader reads the transformer only
-    full_single_file = None     # a diffusers folder (the original layout's converter is one-way in diffusers)
+    full_single_file = "denoiser"  # the transformer in the original layout (single_file.py) + a diffusers folder
+    transformer_file_module = ".krea2.single_file"
     text_cache_dtype = "bfloat16"
     # every block's attention (with its output gate) and SwiGLU MLP (the text-fusion blocks' too: same names)
     default_targets = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_gate", "attn.to_out.0", "ff.gate", "ff.up",
@@ -184,9 +185,9 @@ class Krea2Family(FlowFamily):
         # Krea2Pipeline: cond + g·(cond − uncond), off at g = 0; samples.cfg_scale s is the usual s (1 = off)
         return {"guidance_scale": max(scale - 1.0, 0.0)}
 
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        self.save_pipeline_folder(model, Path(folder))
-        return [Path(folder)]
+    def export_single_file(self, model, single_file, dtype, metadata) -> Path:
+        from ..sd.single_file import META_ARCH
+        return super().export_single_file(model, single_file, dtype, {**(metadata or {}), META_ARCH: self.name})
 
 
 KREA2 = Krea2Family()
