@@ -13,6 +13,7 @@ from gui import run_tools
 from gui.shared_state import Studio
 from gui.run_control import StartRefused, exited_at, run_started_at
 from gui.run_state import run_status, snapshot
+from gui.sample_grid import GRID_JS, grid_html, grid_of
 from gui.secrets_panel import env_from_rows
 from gui.system_monitor import system_markdown
 
@@ -27,8 +28,10 @@ class RunView:
     lr: gr.LinePlot
     caption: gr.Markdown
     log: gr.Textbox
-    gallery: gr.Gallery
+    gallery: gr.HTML      # the sample grid
     artifacts: gr.Markdown
+    compare: gr.Dropdown  # another run whose grid is shown beside (not refreshed by the timer)
+    compare_grid: gr.HTML
 
     def components(self) -> list:
         return [self.progress, self.loss, self.lr, self.caption, self.log, self.gallery, self.artifacts]
@@ -46,12 +49,17 @@ def build_run_view(prefix: str) -> RunView:
     caption = gr.Markdown("", elem_id=f"{prefix}-chart-caption")
     log = gr.Textbox(label="Log (the last lines)", lines=16, max_lines=16, autoscroll=True,
                      interactive=False, elem_id=f"{prefix}-log", elem_classes=["run-log"], buttons=["copy"])
-    gallery = gr.Gallery(label="Samples", columns=6, height=240, elem_id=f"{prefix}-samples", visible=False)
+    # the sample grid (rows = prompts, columns = steps; gui/sample_grid.py), another run's beside it
+    compare = gr.Dropdown(choices=[], value=None, label="Compare the samples with another run", allow_custom_value=False,
+                          elem_id=f"{prefix}-compare")
+    with gr.Row(equal_height=False):
+        gallery = gr.HTML("", elem_id=f"{prefix}-samples", js_on_load=GRID_JS, padding=False)
+        compare_grid = gr.HTML("", elem_id=f"{prefix}-compare-grid", js_on_load=GRID_JS, padding=False, visible=False)
     artifacts = gr.Markdown("", elem_id=f"{prefix}-artifacts")
     # the log box follows its newest line (gradio's autoscroll does not, for values replaced by a timer)
     log.change(None, js=f"() => {{ setTimeout(() => {{ const t = document.querySelector('#{prefix}-log textarea');"
                         " if (t) t.scrollTop = t.scrollHeight; }, 50); }", show_progress="hidden")
-    return RunView(progress, loss, lr, caption, log, gallery, artifacts)
+    return RunView(progress, loss, lr, caption, log, gallery, artifacts, compare, compare_grid)
 
 
 def _displayable(path: str, roots: list[Path]):
@@ -78,6 +86,21 @@ def _gallery_update(images: list[tuple[str, str]], roots: list[Path]) -> dict:
     return gr.update(value=out, visible=bool(out))
 
 
+def wire_compare(view: RunView, studio: Studio) -> None:
+    """The compare chooser lists the runs when opened; choosing one shows its grid beside this run's."""
+    def choices():
+        return gr.update(choices=[("(none)", "")] + [(d.name, str(d)) for d in studio.manager.run_dirs()])
+
+    def other(selected):
+        if not selected or not Path(selected).is_dir():
+            return gr.update(value="", visible=False)
+        snap = snapshot(Path(selected))
+        return gr.update(value=grid_html(grid_of(Path(selected), snap.samples), title=Path(selected).name),
+                         visible=True)
+    view.compare.focus(choices, outputs=view.compare, show_progress="hidden")
+    view.compare.change(other, inputs=view.compare, outputs=view.compare_grid, show_progress="hidden")
+
+
 def changed(seen: dict, now: dict, key: str, value):
     """`value` when it differs from what this page last got for `key` (remembered in `now`), else
     gr.skip(): a timer tick re-sends nothing the browser already shows."""
@@ -97,7 +120,7 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
         if seen.get("run") == "":
             return [gr.skip()] * 7, seen
         return ["<div class='run-progress'>No run yet: load a preset and press Start on the Training page.</div>",
-                None, None, "", "", gr.update(value=[], visible=False), ""], {"run": ""}
+                None, None, "", "", "", ""], {"run": ""}
     snap = snapshot(run_dir)
     status = run_status(run_dir, snap)
     numbers = rm.progress_numbers(snap, status.alive, run_started_at(run_dir), exited=exited_at(run_dir))
@@ -120,7 +143,7 @@ def view_updates(studio: Studio, run_dir: Path | None, seen: dict, price: float 
                (rm.log_tail(run_dir, with_console=status.status in ("error", "interrupted"))
                 if (not same_run or seen.get("log") != now["log"] or seen.get("status") != now["status"])
                 else gr.skip()),
-               (_gallery_update(rm.sample_images(run_dir, snap), studio.manager.roots())
+               (grid_html(grid_of(run_dir, snap.samples), title=Path(run_dir).name)
                 if (not same_run or seen.get("samples") != now["samples"]) else gr.skip()),
                rm.artifacts_markdown(run_dir, snap) if (not same_run or seen.get("artifacts") != now["artifacts"])
                else gr.skip()]
@@ -164,6 +187,7 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> gr.Timer:
         download = gr.DownloadButton("Download full log", value=None, elem_id="run-download-log")
     message = gr.Markdown("", elem_id="run-message")
     view = build_run_view("run")
+    wire_compare(view, studio)
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
             tb_button = gr.Button("Open TensorBoard", elem_id="run-tensorboard", size="md")

@@ -13,7 +13,7 @@ from trainer_backend.run.contract import CONFIG_FILE
 
 from gui.shared_state import Studio
 from gui.run_control import StartRefused, first_started_at
-from gui.run_page import build_run_view, view_updates
+from gui.run_page import build_run_view, view_updates, wire_compare
 from gui.run_state import run_status, snapshot
 from gui.schema_form import config_to_values
 from gui.secrets_panel import env_from_rows
@@ -79,6 +79,7 @@ def build_runs_page(studio: Studio, form: FormWidgets, form_after_load, main_tab
         delete = gr.Button("Delete run", variant="stop", elem_id="runs-delete", scale=1, size="md")
     message = gr.Markdown("", elem_id="runs-message")
     view = build_run_view("runs")
+    wire_compare(view, studio)
     with gr.Accordion(CONFIG_FILE, open=False):
         config_code = gr.Code(language=None, interactive=False, elem_id="runs-config")
     seen = gr.State({})

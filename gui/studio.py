@@ -15,6 +15,7 @@ from gui.run_control import StartRefused
 from gui.run_page import build_run_page
 from gui.queue_page import build_queue_page
 from gui.runs_page import build_runs_page
+from gui.sample_grid import GRID_CSS
 from gui.training_page import FORM_REFRESH, build_training_page
 
 TITLE = "SD Training Studio"
@@ -42,7 +43,7 @@ CSS = """
 .gradio-container { overflow: clip !important; }  /* clips as "hidden" did, but lets #start-row stick */
 #start-row { position: sticky; bottom: 0; z-index: 20; background: var(--background-fill-primary);
   padding: 6px 0; box-shadow: 0 -2px 6px rgba(0, 0, 0, 0.08); }
-"""
+""" + GRID_CSS
 
 
 def families_text() -> str:
