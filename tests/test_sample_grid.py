@@ -62,4 +62,4 @@ def test_a_video_sample_is_a_video_cell(tmp_path):
     run = tmp_path / "r"
     grid = grid_of(run, [{"event": "sample", "step": 5, "paths": ["samples/step-00000005_p00.mp4"], "prompts": ["a"]}])
     html = grid_html(grid)
-    assert "<video" in html and "step-00000005_p00.mp4" in html and "<img" not in html
+    assert "<video" in html and "step-00000005_p00.mp4" in html and "<img loading" not in html
