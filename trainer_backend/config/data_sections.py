@@ -9,7 +9,8 @@ from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
 CONTROL = {"model.arch": CONTROL_FAMILIES}    # families that take paired control images (edit models)
-QUANT_KINDS = ("none", "int8", "float8", "nf4")  # model.quantize(_text_encoders); training/quantize.py
+TE_QUANT_KINDS = ("none", "int8", "float8", "nf4")  # storage kinds: training/quantize.py
+QUANT_KINDS = (*TE_QUANT_KINDS, "int8_compute", "float8_compute")  # + 8-bit matmuls: training/lowbit_linear.py
 # Paired control images: a control_path is where the files live (resume "ignored", like dataset.path); a
 # resume still refuses changed control images, because run/resume.py's dataset fingerprint covers each pair.
 CONTROL_HELP = ("Folder of control (reference) images for edit models, one per training image, matched by file "
@@ -113,9 +114,14 @@ class Model(Section):
                 "models on small GPUs (QLoRA): int8 or float8 weight-only (torchao: ~1/2 of bf16, ~1/4 of fp32), nf4 "
                 "(bitsandbytes 4-bit: ~1/4 of bf16). The adapters stay fp32 and the LoRA file is the same as without "
                 "quantization; the loss differs slightly (the base is rounded). Refused for network.type = full "
-                "(the UNet itself is trained). nf4 takes LoRA/DoRA adapters only.",
+                "(the UNet itself is trained). nf4 takes LoRA/DoRA adapters only. int8_compute / float8_compute also "
+                "MULTIPLY in 8 bits (LoRA/DoRA only): each frozen linear layer's weight is stored int8 or float8 "
+                "e4m3 with a scale per row, activations are scaled per row, and the matmul runs in torch._int_mm "
+                "(int8) or torch._scaled_mm (float8); faster where the GPU's 8-bit matmuls are (float8 needs an "
+                "H100/H200/L40S/RTX 40xx or newer and is refused on other CUDA cards), the loss a little further "
+                "from the unquantized run's (docs/performance.md).",
         resume="safe")
-    quantize_text_encoders: Literal[QUANT_KINDS] = F(
+    quantize_text_encoders: Literal[TE_QUANT_KINDS] = F(
         "none", "Store the frozen text encoders' linear layers quantized (as model.quantize). Refused when a full "
                 "fine-tune trains them (network.train_text_encoder with network.type = full).",
         advanced=True, resume="safe")

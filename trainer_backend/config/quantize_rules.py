@@ -11,7 +11,9 @@ from .base import Problem
 from .schema import TrainConfig
 
 RULES: list[tuple[str, Callable[[TrainConfig], Iterator[Problem]]]] = []   # (group, rule)
-QUANT_PACKAGES = {"int8": "torchao", "float8": "torchao", "nf4": "bitsandbytes"}
+QUANT_PACKAGES = {"int8": "torchao", "float8": "torchao", "nf4": "bitsandbytes",
+                  "int8_compute": None, "float8_compute": None}   # the compute kinds need torch alone
+COMPUTE_KINDS = ("int8_compute", "float8_compute")               # training/lowbit_linear.py
 ADAPTERS = ("lora", "loha", "lokr")
 
 
@@ -47,8 +49,11 @@ def _quantize(cfg: TrainConfig) -> Iterator[Problem]:
         if kind == "nf4" and adapted and n.type in ("loha", "lokr"):
             yield Problem(key, f"nf4 (bitsandbytes 4-bit) layers take LoRA/DoRA adapters only (peft has no "
                                f"{n.type} layer for them); use int8 or float8, or network.type = lora")
+        if kind in COMPUTE_KINDS and n.type != "lora":
+            yield Problem(key, f"{kind} replaces the frozen layers under peft's LoRA/DoRA layers only; "
+                               f"network.type = {n.type} wraps them otherwise: use int8/float8, or network.type = lora")
         package = QUANT_PACKAGES[kind]
-        if importlib.util.find_spec(package) is None:
+        if package and importlib.util.find_spec(package) is None:
             yield Problem(key, f"{kind} needs the '{package}' package (.venv/bin/pip install {package})")
         if key == "model.quantize" and cfg.memory.block_swap > 0:
             yield Problem(key, "memory.block_swap moves blocks between CPU and GPU memory as plain tensors; "

@@ -21,7 +21,8 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # float8 = a float8 per weight and an fp32 scale per row; bitsandbytes nf4 (Params4bit) = half a byte
 # per weight, a uint8 absmax per 64-weight block, an fp32 absmax per 256 of those, and per layer the
 # 16-value and 256-value fp32 code tables
-ROW_BYTES = {"int8": 5, "float8": 4}
+# int8_compute/float8_compute (training/lowbit_linear.py): an 8-bit value per weight and an fp32 scale per row
+ROW_BYTES = {"int8": 5, "float8": 4, "int8_compute": 4, "float8_compute": 4}
 NF4_LAYER_BYTES = 16 * 4 + 256 * 4
 # optimizer state, in multiples of the trained parameter's bytes (fp32 parameters unless said):
 # adamw: exp_avg + exp_avg_sq; prodigy: those + s + p0; lion, sgd (momentum): one buffer

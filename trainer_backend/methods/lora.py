@@ -62,11 +62,14 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
     and return the adapter parameters in fp32 grouped by learning rate (network.block_lr too);
     network.network_weights then fills them (methods/network_weights.py)."""
     from .block_lr import check_excludes, split_by_block
+    from ..training.lowbit_linear import COMPUTE_KINDS, to_lowbit_compute
     family = model.family
     for module in (model.denoiser, model.vae, *model.text_encoders):
         module.requires_grad_(False)
     check_excludes(cfg, model.denoiser)
     _add_adapter(model.denoiser, adapter_config(cfg, family.denoiser_name), "network.target_modules")
+    if cfg.model.quantize in COMPUTE_KINDS:  # peft's layers are in place: their frozen base layers go 8-bit
+        to_lowbit_compute(model.denoiser, cfg.model.quantize, keep=getattr(family, "keep_unquantized", ()))
     modules: dict[str, torch.nn.Module] = {family.denoiser_name: model.denoiser}
     if cfg.network.train_text_encoder:
         for name, encoder in model.trained_text_encoders():

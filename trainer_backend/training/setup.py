@@ -137,6 +137,7 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
     if model.denoiser_placed:
         return
     from .quantize import quantize_module
+    from .lowbit_linear import COMPUTE_KINDS  # quantized after the adapters: methods/lora.py
     from .block_swap import place_without
     from .memory_setup import swapped_blocks
     from .devices import allow_cudnn_attention
@@ -144,7 +145,7 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
     trained = torch.float32 if cfg.network.type == "full" else WEIGHT_DTYPES[cfg.precision.mixed]
     keep, device = getattr(model.family, "keep_unquantized", ()), accelerator.device
     if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
-        if cfg.model.quantize != "none":  # (not with memory.block_swap: config/quantize_rules.py)
+        if cfg.model.quantize not in ("none", *COMPUTE_KINDS):  # (not with memory.block_swap: quantize_rules.py)
             quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep)
         elif swapped := swapped_blocks(cfg, model):  # memory.block_swap: these stay in CPU memory (block_swap.py)
             place_without(model.denoiser, swapped, device, trained)
