@@ -68,12 +68,12 @@ def test_a_refused_kernel_falls_back_once_per_shape_with_one_log_line(monkeypatc
 
 
 def test_float8_compute_is_refused_on_a_cuda_card_without_float8_matmuls(monkeypatch):
-    monkeypatch.setattr(lowbit_linear, "is_cuda", lambda device: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA RTX A6000")
+    monkeypatch.setattr(lowbit_linear, "cuda_capability", lambda device: ((8, 6), "NVIDIA RTX A6000"))
     with pytest.raises(ConfigError, match=r"^model\.quantize: float8_compute .*RTX A6000 has 8\.6"):
         lowbit_linear.check_device("float8_compute", "cuda:0")
     lowbit_linear.check_device("int8_compute", "cuda:0")   # int8 runs everywhere
+    monkeypatch.setattr(lowbit_linear, "cuda_capability", lambda device: ((9, 0), "NVIDIA H100"))
+    lowbit_linear.check_device("float8_compute", "cuda:0")
 
 
 @pytest.mark.parametrize("overrides, words", [

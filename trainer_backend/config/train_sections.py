@@ -163,12 +163,17 @@ class Precision(Section):
                                                      "fp32.",
                                              resume="safe")
     gradient_checkpointing: bool = F(False, "Recompute activations in backward to save memory.", resume="safe")
-    attention: Literal["sdpa", "sdpa_cudnn", "default"] = F(
+    attention: Literal["sdpa", "sdpa_cudnn", "default", "flash_attn3", "flash_attn2", "sdpa_flash", "sdpa_efficient",
+                       "sdpa_cudnn_only"] = F(
         "sdpa", "Attention kernel. sdpa: PyTorch's scaled_dot_product_attention with its flash, memory-efficient "
                 "and math kernels but not cuDNN's (on an H200 with torch 2.11, cuDNN's kernel, PyTorch's first "
                 "choice there, turned a full-size Flux.1 LoRA's loss to NaN at step 2; without it the same run "
                 "trained cleanly); sdpa_cudnn: PyTorch's own choice, cuDNN included; default: the plain attention "
-                "(slowest, most memory).", advanced=True, resume="safe")
+                "(slowest, most memory). One kernel, checked once per attention shape against the math kernel (forward "
+                "and backward, random inputs) before it is used, falling back to sdpa's choice with one log line "
+                "where it fails or cannot run: flash_attn3 / flash_attn2: FlashAttention 3 (Hopper) or 2 (Ampere+), "
+                "only if the flash_attn_interface / flash_attn package is installed (not a dependency); "
+                "sdpa_flash, sdpa_efficient, sdpa_cudnn_only: that SDPA kernel alone.", advanced=True, resume="safe")
     full_bf16: bool = F(False, "Keep the trained weights themselves in bf16, with no fp32 master copy (weights, "
                                "gradients and optimizer state take about half the memory; what made full fine-tunes "
                                "and DreamBooth fit on 24 GB cards). Needs mixed = bf16. Meant for network.type = "

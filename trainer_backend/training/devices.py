@@ -191,6 +191,14 @@ def memory_stats(device: torch.device | str | None = None) -> MemoryStats:
     return MemoryStats(kind, rss, rss, cpu_peak_rss_bytes(), int(total))
 
 
+def cuda_capability(device: torch.device | str) -> tuple[tuple[int, int], str] | None:
+    """(compute capability, card name) of a CUDA device; None elsewhere."""
+    if not is_cuda(device):
+        return None
+    dev = torch.device(device)
+    return tuple(torch.cuda.get_device_capability(dev)), torch.cuda.get_device_name(dev)
+
+
 def allow_cudnn_attention(allowed: bool) -> None:
     """Whether scaled_dot_product_attention may pick cuDNN's kernel (process-wide; it exists on CUDA
     only, so elsewhere this changes nothing). precision.attention = "sdpa" leaves it out: on an H200

@@ -20,7 +20,7 @@ import logging
 import torch
 
 from ..errors import ConfigError
-from .devices import is_cuda
+from .devices import cuda_capability
 
 LOG = logging.getLogger("trainer")
 COMPUTE_KINDS = ("int8_compute", "float8_compute")
@@ -132,11 +132,11 @@ class LowBitLinear(torch.nn.Module):
 def check_device(kind: str, device: torch.device | str) -> None:
     """float8_compute needs float8 matmuls: CUDA compute capability 8.9+ (L40S, RTX 40xx, H100/H200);
     the CPU runs them (slowly; for tests)."""
-    if kind != "float8_compute" or not is_cuda(device):
+    card = cuda_capability(device) if kind == "float8_compute" else None
+    if card is None:
         return
-    capability = torch.cuda.get_device_capability(torch.device(device))
-    if tuple(capability) < FP8_CAPABILITY:
-        name = torch.cuda.get_device_name(torch.device(device))
+    capability, name = card
+    if capability < FP8_CAPABILITY:
         raise ConfigError(f"model.quantize: float8_compute needs float8 matmuls (compute capability 8.9+: L40S, "
                           f"RTX 40xx, H100/H200); {name} has {capability[0]}.{capability[1]}: use int8_compute")
 

@@ -141,6 +141,7 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
     from .block_swap import place_without
     from .memory_setup import swapped_blocks
     from .devices import allow_cudnn_attention
+    from .attention_backends import use as use_attention
     # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
     trained = torch.float32 if cfg.network.type == "full" else WEIGHT_DTYPES[cfg.precision.mixed]
     keep, device = getattr(model.family, "keep_unquantized", ()), accelerator.device
@@ -154,6 +155,7 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
         if cfg.precision.attention == "default":
             model.family.use_plain_attention(model)
     allow_cudnn_attention(cfg.precision.attention == "sdpa_cudnn")
+    use_attention(cfg.precision.attention)  # a checked kernel (attention_backends.py), or PyTorch's own function
     if cfg.precision.gradient_checkpointing:
         (model.vae if model.denoiser is None else model.denoiser).enable_gradient_checkpointing()
     model.denoiser_placed = True
