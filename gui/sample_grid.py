@@ -128,7 +128,9 @@ function show(page) {
   const pages = +g.dataset.pages; page = Math.max(0, Math.min(pages - 1, page)); g.dataset.page = page;
   g.querySelectorAll('[data-page]').forEach(c => { c.style.display = (+c.dataset.page === page) ? '' : 'none'; });
   g.querySelectorAll(`td[data-page="${page}"] [data-src]`).forEach(i => { if (!i.src) i.src = i.dataset.src; });
-  const label = g.querySelector('.grid-page'); if (label) label.textContent = `page ${page + 1} / ${pages}`;
+  // only when it changes: the text is a child node, and the observer below re-runs show() on child changes
+  const label = g.querySelector('.grid-page'), text = `page ${page + 1} / ${pages}`;
+  if (label && label.textContent !== text) label.textContent = text;
   g.style.setProperty('--thumb', `${Math.round(96 * state.zoom)}px`);
 }
 function select(td) {

@@ -63,3 +63,48 @@ def test_a_video_sample_is_a_video_cell(tmp_path):
     grid = grid_of(run, [{"event": "sample", "step": 5, "paths": ["samples/step-00000005_p00.mp4"], "prompts": ["a"]}])
     html = grid_html(grid)
     assert "<video" in html and "step-00000005_p00.mp4" in html and "<img loading" not in html
+
+
+@pytest.mark.both_cores
+def test_grid_in_the_browser_at_100_steps_by_10_prompts(tmp_path):
+    """The Runs page opens the newest run: one page of 10 x 10 thumbnails loaded, keys move, Enter shows full size."""
+    import time
+    from test_browser_studio import CHROMIUM, Server
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium not installed")
+    from playwright import sync_api
+    srv = Server(tmp_path)
+    fake_run(srv.runs, "grid-run", steps=100, prompts=10)
+    srv.start()
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(srv.url)
+            page.get_by_role("tab", name="Runs").click()
+            grid = page.locator("#runs-samples .sample-grid")
+            grid.wait_for(timeout=90_000)
+            assert grid.locator("tbody tr").count() == 10 and grid.locator("thead th").count() == 101
+            assert page.locator("#runs-samples .grid-page").inner_text() == "page 10 / 10"
+            deadline = time.time() + 20  # only the shown page's 10 x 10 thumbnails are requested
+            while time.time() < deadline and page.locator("#runs-samples img[src]").count() < 100:
+                time.sleep(0.2)
+            assert page.locator("#runs-samples img[src]").count() == 100
+            cell = grid.locator("td[data-row='0'][data-col='99']")
+            cell.click()  # selects and opens full size
+            assert grid.locator(".grid-full").is_visible()
+            assert "step-00000100_p00.png" in grid.locator(".grid-full img").get_attribute("src")
+            page.keyboard.press("Escape")
+            page.keyboard.press("ArrowDown")
+            page.keyboard.press("ArrowLeft")
+            selected = grid.locator("td.selected")
+            assert (selected.get_attribute("data-row"), selected.get_attribute("data-col")) == ("1", "98")
+            page.keyboard.press("Enter")
+            assert "step-00000099_p01.png" in grid.locator(".grid-full img").get_attribute("src")
+            page.keyboard.press("Escape")
+            page.keyboard.press("PageUp")
+            assert page.locator("#runs-samples .grid-page").inner_text() == "page 9 / 10"
+            browser.close()
+    finally:
+        srv.stop()
