@@ -51,18 +51,22 @@ def test_8bit_layer_matches_the_linear_and_backpropagates_to_its_input(kind, rel
     assert fits and not torch.equal(layer(x), exact)
 
 
-def test_a_refused_kernel_falls_back_once_per_shape_with_one_log_line(monkeypatch, caplog):
+def test_a_refused_kernel_falls_back_once_per_shape_with_one_log_line_per_run(monkeypatch, caplog):
     calls = []
 
     def refuse(*args, **kwargs):
         calls.append(1)
         raise RuntimeError("self.size(0) needs to be greater than 16")
     monkeypatch.setattr(torch, "_int_mm", refuse)
+    monkeypatch.setattr(lowbit_linear, "_WARNED", set())
     layer = LowBitLinear(torch.nn.Linear(32, 16).requires_grad_(False), "int8_compute")
+    other = LowBitLinear(torch.nn.Linear(32, 16).requires_grad_(False), "int8_compute")
     x = torch.randn(24, 32)
     with caplog.at_level(logging.WARNING, logger="trainer"):
         first, second = layer(x), layer(x)
-    assert torch.equal(first, second) and len(calls) == 1
+        other(x)
+    assert torch.equal(first, second) and len(calls) == 2   # each layer tries once per shape
+    assert torch.allclose(first, x @ layer.weight.t() + layer.bias, atol=1e-6)
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) == 1 and "int8_compute" in lines[0] and "24 x 32 x 16" in lines[0]
 
@@ -128,3 +132,13 @@ def test_the_memory_planner_counts_8bit_compute_weights_like_the_storage_kinds()
     plain = weight_bytes(den, "bf16")
     for kind in ("int8_compute", "float8_compute"):   # a byte per weight and an fp32 scale per row
         assert weight_bytes(den, "bf16", kind) == plain - weights * 2 + weights + rows * 4
+
+
+def test_dora_reads_the_dequantized_weight_and_trains(tmp_path, tiny_models, data):
+    """peft's DoRA takes the norm of its base layer's weight every step: LowBitLinear.weight dequantizes."""
+    run, events, _ = train_run(tmp_path, tiny_models("sd1"), data, "d", "schedule.max_steps=2", "optimizer.lr=1e-2",
+                               "network.dora=true", "model.quantize=int8_compute")
+    got = losses(events)
+    assert "multiply in 8 bits" in (run / "train.log").read_text()
+    assert len(got) == 2 and all(x == x for x in got)
+    assert any(k.endswith("lora_magnitude_vector") or "magnitude" in k for k in load_file(str(run / "d.safetensors")))

@@ -29,6 +29,7 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0          # largest finite float8 e4m3 value
 FP8_CAPABILITY = (8, 9)  # Ada (L40S, RTX 40xx) and Hopper (H100/H200) have float8 tensor cores
 EPS = 1e-12
+_WARNED: set[tuple] = set()   # (kind, device type, dtype): a refused kernel is said once per run, not per layer
 
 
 def kernel_fits(kind: str, rows: int, k: int, n: int) -> bool:
@@ -120,9 +121,12 @@ class LowBitLinear(torch.nn.Module):
                 return _LowBitLinearFn.apply(x, self.qweight, self.scale, self.bias, self.kind, True)
             except (RuntimeError, NotImplementedError) as e:  # a device/dtype the kernel does not take: once per shape
                 self._kernel_failed.add(shape_key)
-                LOG.warning("model.quantize = %s: the 8-bit kernel refused %s x %d x %d on %s (%s); this shape "
-                            "multiplies the dequantized weight instead", self.kind, rows, self.in_features,
-                            self.out_features, x.device.type, str(e).splitlines()[0][:160])
+                if (self.kind, x.device.type, x.dtype) not in _WARNED:
+                    _WARNED.add((self.kind, x.device.type, x.dtype))
+                    LOG.warning("model.quantize = %s: the 8-bit kernel refused %s x %d x %d on %s %s (%s); such "
+                                "layers multiply the dequantized weight instead", self.kind, rows, self.in_features,
+                                self.out_features, x.device.type, str(x.dtype).removeprefix("torch."),
+                                str(e).splitlines()[0][:160])
         return _LowBitLinearFn.apply(x, self.qweight, self.scale, self.bias, self.kind, False)
 
     def extra_repr(self) -> str:
@@ -148,6 +152,7 @@ def to_lowbit_compute(module: torch.nn.Module, kind: str, keep=()) -> int:
     patterns = (*keep, *(getattr(module, "_keep_in_fp32_modules", None) or ()))
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     check_device(kind, device)
+    _WARNED.clear()   # a new run says a refused kernel again
     swapped = 0
     for name, layer in list(module.named_modules()):
         for child_name, child in list(layer.named_children()):
