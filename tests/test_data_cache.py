@@ -201,8 +201,8 @@ def test_caches_are_built_before_the_denoiser_is_placed(tmp_path, sd1, monkeypat
     order, seen = [], {}
     real_load, real_to = loop.load_base_model, torch.nn.Module.to
 
-    def load(cfg, accelerator):
-        seen["model"] = model = real_load(cfg, accelerator)
+    def load(cfg, accelerator, *args, **kwargs):  # (the hub's download events ride along)
+        seen["model"] = model = real_load(cfg, accelerator, *args, **kwargs)
         return model
 
     def to(self, *args, **kwargs):
