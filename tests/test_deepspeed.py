@@ -67,7 +67,7 @@ def test_zero2_on_two_ranks_matches_one_process_and_resumes_exactly(tmp_path, ti
     data = make_dataset(tmp_path / "data", n=6, size=32)
     # 6 samples / 2 ranks = 3 batches per rank per epoch; grad_accum 2 -> groups of 2 and 1
     same = ["network.dropout=0", "optimizer.lr=1e-2", "optimizer.max_grad_norm=0.05", "schedule.grad_accum=2",
-            "schedule.epochs=2"]
+            "schedule.epochs=2", "dataset.cache_auto=false"]  # as train_run: the same latents on both sides
     common = [f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=32",
               f"output.dir={tmp_path / 'runs'}", "precision.mixed=no", "network.rank=4", "network.alpha=4",
               *same, "schedule.batch_size=1", "hardware.num_processes=2", "logging.tensorboard=false"]
@@ -110,7 +110,7 @@ def test_zero3_full_fine_tune_matches_one_process(tmp_path, tiny_models):
     model_dir = tiny_models("sd1")
     data = make_dataset(tmp_path / "data", n=4, size=32)
     same = ["network.type=full", "network.save_precision=fp32", "optimizer.name=sgd", "optimizer.lr=0.5",
-            "optimizer.max_grad_norm=0", "schedule.epochs=1"]
+            "optimizer.max_grad_norm=0", "schedule.epochs=1", "dataset.cache_auto=false"]
     common = [f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=32",
               f"output.dir={tmp_path / 'runs'}", "precision.mixed=no", *same,
               "schedule.batch_size=1", "hardware.num_processes=2", "logging.tensorboard=false"]
