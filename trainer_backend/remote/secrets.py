@@ -104,6 +104,8 @@ class MaskSecrets(logging.Filter):
             if record.exc_info and record.exc_info[1] is not None:
                 text = self.mask(logging.Formatter().formatException(record.exc_info))
                 record.exc_info, record.exc_text = None, text
+            elif record.exc_text:  # another handler's filter (or formatter) already turned it into text
+                record.exc_text = self.mask(record.exc_text)
         return True
 
 
