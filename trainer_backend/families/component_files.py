@@ -218,6 +218,16 @@ def load_original_vae(option: str, source: Path, shapes: dict, config: dict, wha
     return vae.to(torch.float32)
 
 
+def transformer_from_file(path: str | Path, like, to_diffusers):
+    """A copy of the transformer `like` with the weights of a single file, whose keys `to_diffusers` turns
+    into diffusers' names (a family's converter)."""
+    import copy
+    from safetensors.torch import load_file
+    model = copy.deepcopy(like)
+    model.load_state_dict(to_diffusers(load_file(str(path))))
+    return model
+
+
 def save_transformer_file(transformer, out_file: str | Path, convert=None, dtype=None,
                           metadata: dict[str, str] | None = None) -> Path:
     """The transformer alone as one `.safetensors` file, written atomically: its weights through

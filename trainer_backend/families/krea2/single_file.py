@@ -48,8 +48,5 @@ def export_transformer(transformer, out_file, dtype=None, metadata: dict[str, st
 
 def load_transformer_file(path, like):
     """A copy of the transformer `like` with the weights of a single file (through diffusers' converter)."""
-    import copy
-    from safetensors.torch import load_file
-    model = copy.deepcopy(like)
-    model.load_state_dict(to_diffusers(load_file(str(path))))
-    return model
+    from ..component_files import transformer_from_file
+    return transformer_from_file(path, like, to_diffusers)
