@@ -12,6 +12,7 @@ from pathlib import Path
 
 from trainer_backend.config import (ConfigError, TrainConfig, dumps_toml, from_dict, load_toml, sparse_dict,
                                     strip_secrets)
+from trainer_backend.config.io import overlay  # noqa: F401  (re-exported for the pages)
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "presets"
 DEFAULT_USER_DIR = BUILTIN_DIR / "user"
@@ -115,17 +116,6 @@ class PresetStore:
             raise PresetError(f"{preset.label} is read-only and cannot be deleted")
         preset.path.unlink()
         return preset
-
-
-def overlay(base: dict, top: dict) -> dict:
-    """`top` over `base`, one level of [sections] deep (a config's shape)."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key].update(value)
-        else:
-            out[key] = value
-    return out
 
 
 TIER = re.compile(r"^(?P<base>.+)-(?P<gb>\d+)gb$", re.IGNORECASE)

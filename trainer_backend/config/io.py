@@ -82,6 +82,17 @@ def _describe(err: dict) -> str:
     return f"{loc}: {msg}, got {got}"
 
 
+def overlay(base: dict, top: dict) -> dict:
+    """`top` over `base`, one level of [sections] deep (a config's shape)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    return out
+
+
 def from_dict(data: dict) -> TrainConfig:
     """Validate a (possibly sparse) dict into a complete config; errors name the key."""
     data = migrate(dict(data))

@@ -13,22 +13,12 @@ from pathlib import Path
 
 from trainer_backend.config import ConfigError, TrainConfig, dumps_toml, from_dict, save_toml, to_dict
 from trainer_backend.config.base import Problem
+from trainer_backend.config.io import overlay
 from trainer_backend.run.contract import COMMAND_FILE, CONFIG_FILE, CONSOLE_LOG, EXIT_FILE
 from trainer_backend.run.run_lock import acquire as acquire_run_lock, describe as describe_holder
 
 from . import processes as procs
 from .slots import CPU
-
-
-def overlay(base: dict, top: dict) -> dict:
-    """`top` over `base`, one level of [sections] deep (a config's shape)."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key].update(value)
-        else:
-            out[key] = value
-    return out
 
 
 def _problem(error: Exception, key: str = "config_toml") -> Problem:
