@@ -128,17 +128,21 @@ class RunManager:
         finally:
             self.pending = None
 
-    def _enqueue(self, cfg: TrainConfig, resume: bool, secret_env: dict[str, str] | None, front: bool) -> Path:
+    def _checked(self, cfg: TrainConfig, secret_env: dict[str, str] | None) -> tuple[TrainConfig, Path]:
+        """A copy of cfg with output.dir made absolute, checked as a run (allowed roots, paths, secrets)."""
         from trainer_backend.config.checks import validate_for_run
         cfg = cfg.model_copy(deep=True)
         try:
             cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
         except (OSError, ValueError) as e:
             raise ConfigError(f"output.dir: {e}") from None
-        run_dir = cfg.run_dir
-        self._check_allowed(run_dir)
-        validate_for_run(cfg.model_copy(deep=True))
+        self._check_allowed(cfg.run_dir)
+        validate_for_run(cfg.model_copy(deep=True))  # path checks, errors name the key
         _check_secret_names(cfg, secret_env or {})
+        return cfg, cfg.run_dir
+
+    def _enqueue(self, cfg: TrainConfig, resume: bool, secret_env: dict[str, str] | None, front: bool) -> Path:
+        cfg, run_dir = self._checked(cfg, secret_env)
         if not resume and is_run_dir(run_dir):
             self._refuse_existing(run_dir)
         # a second job for a folder a job already uses: ConfigError naming output.name (shown under it)
@@ -157,18 +161,9 @@ class RunManager:
         return (job.name, self.queue.place(job)) if job is not None and job.status == "waiting" else None
 
     def _start(self, cfg: TrainConfig, resume: bool, secret_env: dict[str, str] | None) -> Path:
-        from trainer_backend.config.checks import validate_for_run
         from trainer_backend.jobqueue.training_jobs import start_run
 
-        cfg = cfg.model_copy(deep=True)
-        try:
-            cfg.output.dir = str((self.cwd / cfg.output.dir).resolve())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"output.dir: {e}") from None
-        run_dir = cfg.run_dir
-        self._check_allowed(run_dir)
-        validate_for_run(cfg.model_copy(deep=True))  # path checks, errors name the key
-        _check_secret_names(cfg, secret_env or {})
+        cfg, run_dir = self._checked(cfg, secret_env)
         with self.lock:
             conflict = self._conflict(cfg, run_dir)
             if conflict:
