@@ -7,7 +7,8 @@ or X-Forwarded-Host behind a proxy) is refused with 403 before gradio sees it: a
 visits can no longer store files through /gradio_api/upload, nor start a run. Requests with
 neither header (gradio_client, curl, scripts) are not a browser's cross-site request and pass.
 /api/v1/ (the queue's API) is left to its own tokens. An upload whose declared size is over the
-limit is refused with 413 before its body is read (gradio's max_file_size checks the rest).
+limit is refused with 413 and none of it is stored (gradio's max_file_size checks the rest); up to 64 MiB
+it is read and dropped first, so the client reads the 413 instead of a connection reset mid-upload.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ UPLOAD_PATH = "/gradio_api/upload"
 API_PREFIX = "/api/v1/"
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 DEFAULT_UPLOAD_MB = 512
+DRAIN_BYTES = 64 * 1024 * 1024  # an over-limit upload up to this size is read (and dropped) before its 413
 
 
 def _headers(scope) -> dict[str, str]:
@@ -78,10 +80,20 @@ class SameOriginWrites:
         if path.rstrip("/") == UPLOAD_PATH:
             length = _headers(scope).get("content-length", "")
             if length.isdigit() and int(length) > self.max_bytes:
+                if int(length) <= DRAIN_BYTES:  # read and drop it first: a client still sending meets no reset
+                    await _drain(receive)       # connection and reads the 413 (larger ones are cut off at once)
                 await _answer(send, 413, f'{{"detail": "upload over {self.max_bytes // (1024 * 1024)} MB '
                                          f'(python app.py --max-upload-mb)"}}'.encode())
                 return
         await self.app(scope, receive, send)
+
+
+async def _drain(receive) -> None:
+    """Read and drop the request body (at most DRAIN_BYTES were declared): nothing of it is kept."""
+    while True:
+        message = await receive()
+        if message.get("type") != "http.request" or not message.get("more_body"):
+            return
 
 
 async def _answer(send, status: int, body: bytes) -> None:

@@ -79,7 +79,8 @@ def install(console: logging.Handler, file_handler: logging.Handler | None) -> N
     console.addFilter(HideHarmless())
     if file_handler is not None:
         file_handler.addFilter(DemoteHarmless())
-    logging.captureWarnings(True)
+    logging.captureWarnings(False)  # an earlier run in this process (tests, notebooks) left it on over a
+    logging.captureWarnings(True)   # showwarning someone has replaced since: install it afresh
 
 
 def route_library_loggers() -> None:
