@@ -156,6 +156,8 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
 
     def grid_outputs(chosen, settings_value, state_value, flag_value, tag_value, bucket_value, control_value,
                      page_no=None, turn_only=False):
+        if not chosen:  # nothing chosen yet: an empty grid, and the message line is left to what the user did
+            return [[], "", gr.skip(), state_value, "no dataset chosen", gr.skip(), gr.skip()]
         try:
             view = page.view(chosen, settings_value, control_value)
         except LibraryError as e:

@@ -440,8 +440,15 @@ def test_queue_page_add_to_queue_pause_and_delete(training_page_server, browser)
     wait_text(page, "#queue-waiting", r"demo-sd1-lora", 30)
     wait_text(page, "#queue-status", r"1 waiting", 30)
     shot(page, "issue32-queue-page")
-    page.locator("#queue-waiting [role=gridcell]", has_text="demo-sd1-lora").first.click()
-    page.wait_for_function("() => document.querySelector('#queue-job input').value !== ''", timeout=30_000)
+    picked = "() => Number(document.querySelector('#queue-job input').value) > 0"  # a job number, not '' or 0
+    for _ in range(3):  # the table is refreshed by a timer: a click during a refresh can miss its row
+        page.locator("#queue-waiting [role=gridcell]", has_text="demo-sd1-lora").first.click()
+        try:
+            page.wait_for_function(picked, timeout=10_000)
+            break
+        except Exception:
+            continue
+    page.wait_for_function(picked, timeout=10_000)
     page.click("#queue-delete")
     wait_text(page, "#queue-message", r"Deleted waiting job \d+ \(demo-sd1-lora\)", 30)
     wait_text(page, "#queue-status", r"0 waiting", 30)
