@@ -28,7 +28,9 @@ def unpack(tokens, c: int, h: int, w: int):
     return tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
-def _stats(vae, like):
+def latent_stats(vae, like):
+    """The autoencoder's per-channel latent mean and std (Qwen-Image's VAE, also Qwen-Image 2.1's), shaped to
+    broadcast over `like`'s [B, C, H, W], on its device and dtype."""
     import torch
     shape = (1, vae.config.z_dim, 1, 1)
     mean = torch.tensor(vae.config.latents_mean, device=like.device, dtype=like.dtype).view(shape)
@@ -136,13 +138,13 @@ class QwenImageFamily(FlowFamily):
         dist = vae.encode(pixels.to(vae.dtype).unsqueeze(2)).latent_dist
         latents = dist.mean if eps is None else dist.mean + dist.std * eps.unsqueeze(2).to(dist.mean)
         latents = latents[:, :, 0].float()
-        mean, std = _stats(vae, latents)
+        mean, std = latent_stats(vae, latents)
         return (latents - mean) / std
 
     def decode_latents(self, model, latents):
         """Training latents -> pixels in [-1, 1] (the inverse of encode_latents, as the pipelines decode)."""
         vae = model.vae
-        mean, std = _stats(vae, latents.float())
+        mean, std = latent_stats(vae, latents.float())
         raw = (latents.float() * std + mean).to(vae.dtype).unsqueeze(2)
         return vae.decode(raw, return_dict=False)[0][:, :, 0].clamp(-1, 1)
 

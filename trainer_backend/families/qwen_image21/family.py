@@ -15,6 +15,7 @@ from pathlib import Path
 from ...errors import ConfigError
 from ..flow_common import FlowFamily, dynamic_shift, device_of as _device
 from ..objectives import FlowMatchObjective, resolution_shift
+from ..qwen_image.family import latent_stats
 from . import text as qtext
 
 PIPELINES = ("QwenImage21Pipeline",)
@@ -33,14 +34,6 @@ class UnpackedFlowObjective(FlowMatchObjective):
         if loss.flow_shift > 0 or self.dynamic_shift is None:
             return super()._shift(latent_shape, loss)
         return resolution_shift(latent_shape[-2] * latent_shape[-1], **self.dynamic_shift)
-
-
-def _stats(vae, like):
-    import torch
-    shape = (1, vae.config.z_dim, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean, device=like.device, dtype=like.dtype).view(shape)
-    std = torch.tensor(vae.config.latents_std, device=like.device, dtype=like.dtype).view(shape)
-    return mean, std
 
 
 class QwenImage21Family(FlowFamily):
@@ -147,12 +140,12 @@ class QwenImage21Family(FlowFamily):
         dist = vae.encode(rgba.to(vae.dtype).unsqueeze(2)).latent_dist
         latents = dist.mean if eps is None else dist.mean + dist.std * eps.unsqueeze(2).to(dist.mean)
         latents = latents[:, :, 0].float()
-        mean, std = _stats(vae, latents)
+        mean, std = latent_stats(vae, latents)
         return (latents - mean) / std
 
     def decode_latents(self, model, latents):
         vae = model.vae
-        mean, std = _stats(vae, latents.float())
+        mean, std = latent_stats(vae, latents.float())
         raw = (latents.float() * std + mean).to(vae.dtype).unsqueeze(2)
         return vae.decode(raw, return_dict=False)[0][:, :3, 0].clamp(-1, 1)
 
