@@ -5,7 +5,7 @@
 Each mode runs in a fresh process (peaks do not mix) and reports:
 - training state: bytes held by the trained weights, their gradients and the optimizer state after
   one real step (exact; the part full_bf16 changes; scales with the model, see bytes/param);
-- peak memory while `train(cfg)` runs, from trainer_backend.training.devices (CUDA/ROCm: peak allocated
+- peak memory while `train(cfg)` runs, from trainer_backend.compute.devices (CUDA/ROCm: peak allocated
   tensor memory; CPU: peak resident set above the resident set just before training).
 On a CPU with the tiny model the peak is dominated by the Python/torch runtime and the data
 pipeline, so it moves far less than the training state; on a real SDXL UNet (2.6 B parameters)
@@ -41,12 +41,12 @@ def overrides(workdir: Path, model: Path, data: Path, steps: int, resolution: in
 def measure(args: list[str]) -> dict:
     """In this (fresh) process: the training state after one step, then the peak during train()."""
     import torch
-    from trainer_backend.training import devices
+    from trainer_backend.compute import devices
     from trainer_backend.config import load_config
     from trainer_backend.training.full_half_precision import keep_half_weights
     from trainer_backend.data.indexed import IndexedDataset, collate_with_index
     from trainer_backend.training.loop import train
-    from trainer_backend.training.diffusion_loss import diffusion_loss
+    from trainer_backend.diffusion.loss import diffusion_loss
     from trainer_backend.methods import setup_method
     from trainer_backend.training.optimizers import build_optimizer
     from trainer_backend.training.half_precision_optimizers import optimizer_state_bytes

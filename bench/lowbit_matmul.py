@@ -1,5 +1,5 @@
 """Time of one frozen-base Linear (forward + input gradient) in 8 bits vs the plain matmul
-(model.quantize = int8_compute / float8_compute, training/lowbit_linear.py).
+(model.quantize = int8_compute / float8_compute, compute/lowbit_linear.py).
 
     .venv/bin/python bench/lowbit_matmul.py [--device cpu] [--rows 1024] [--repeats 5]
     python bench/lowbit_matmul.py --device cuda --dtype bf16
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer_backend.training.lowbit_linear import COMPUTE_KINDS, LowBitLinear  # noqa: E402
+from trainer_backend.compute.lowbit_linear import COMPUTE_KINDS, LowBitLinear  # noqa: E402
 
 SIZES = [(320, 320), (640, 2560), (1280, 5120), (3072, 3072)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

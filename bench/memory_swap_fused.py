@@ -48,7 +48,8 @@ def measure(args: list[str]) -> dict:
     import torch
     from trainer_backend.config import load_config
     from trainer_backend.config.checks import validate_for_run
-    from trainer_backend.training import devices, loop, memory_setup
+    from trainer_backend.training import loop, memory_setup
+    from trainer_backend.compute import devices
 
     cfg = validate_for_run(load_config(None, args))
     device = torch.device("cpu") if cfg.hardware.cpu else devices.as_device()

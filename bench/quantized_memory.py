@@ -49,9 +49,9 @@ def measure(args: list[str]) -> dict:
     import torch
     from trainer_backend.config import load_config
     from trainer_backend.config.checks import validate_for_run
-    from trainer_backend.training import devices
+    from trainer_backend.compute import devices
     from trainer_backend.training.loop import train
-    from trainer_backend.training.quantize import weight_bytes
+    from trainer_backend.compute.quantize import weight_bytes
     from trainer_backend.training.setup import load_base_model, make_accelerator, place_model
 
     cfg = validate_for_run(load_config(None, args))
@@ -76,7 +76,7 @@ def measure(args: list[str]) -> dict:
 def linear_bytes(module) -> int:
     """Bytes of the denoiser's linear layers (bitsandbytes' Linear4bit is one too): what quantization acts on."""
     import torch
-    from trainer_backend.training.quantize import weight_bytes
+    from trainer_backend.compute.quantize import weight_bytes
     return sum(weight_bytes(m) for m in module.modules() if isinstance(m, torch.nn.Linear))
 
 

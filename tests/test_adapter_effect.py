@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import make_dataset
 from method_runs import train_run
-from trainer_backend.training.adapter_effect import EFFECT_FLOOR, findings, is_flat, mean_abs_difference
+from trainer_backend.diffusion.adapter_effect import EFFECT_FLOOR, findings, is_flat, mean_abs_difference
 
 COMMON = ["schedule.max_steps=3", "dataset.resolution=32", "samples.every_n_steps=2",
           'samples.prompts="a red square --s 2 --w 32 --h 32"']

@@ -165,7 +165,7 @@ def test_the_loss_hands_predict_the_control_latents_of_the_posterior_mean(tmp_pa
     """Without a latent cache, diffusion_loss encodes control_pixel_values (eps=None) into
     batch["control_latents"], which the family's predict reads."""
     from trainer_backend.data.indexed import collate_with_index
-    from trainer_backend.training.diffusion_loss import diffusion_loss
+    from trainer_backend.diffusion.loss import diffusion_loss
     images, controls = paired_folder(tmp_path, sizes=((64, 64), (64, 64)))
     cfg = config({"path": str(images), "control_path": str(controls), "flip": True})
     ds = TrainDataset(scan_dataset(cfg), cfg)
@@ -340,7 +340,7 @@ def test_sample_prompt_control_images_are_parsed_and_checked(tmp_path):
 
 def test_samples_load_each_prompts_control_image_for_the_family(tmp_path, sd1_model):
     from trainer_backend.config.sample_prompts import load_prompts
-    from trainer_backend.training.sampling import control_images
+    from trainer_backend.diffusion.sampling import control_images
     image = tmp_path / "before.png"
     Image.new("RGBA", (40, 24), (0, 0, 255, 255)).save(image)
     cfg = load_config(None, [f"samples.prompts=\"edit --control {image}\\nplain\""])

@@ -1,4 +1,4 @@
-"""Device-agnostic backend: no hard-coded CUDA outside trainer_backend/training/devices.py, and the
+"""Device-agnostic backend: no hard-coded CUDA outside trainer_backend/compute/devices.py, and the
 device helpers work with the device forced to the CPU."""
 import re
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_backend.training import devices
+from trainer_backend.compute import devices
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainer_backend"
 # Backend-specific spellings that must go through devices.py (or come from accelerate).
@@ -16,7 +16,7 @@ STRAY = re.compile(r"""\.cuda\(|["']cuda(:\d+)?["']|torch\.cuda\b|torch\.mps\b|[
 def stray_device_literals(root: Path) -> list[str]:
     hits = []
     for path in sorted(root.rglob("*.py")):
-        if path.relative_to(root).as_posix() == "training/devices.py":
+        if path.relative_to(root).as_posix() == "compute/devices.py":
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             code = line.split("#", 1)[0]
@@ -27,14 +27,14 @@ def stray_device_literals(root: Path) -> list[str]:
 
 def test_no_hard_coded_cuda_in_the_backend():
     hits = stray_device_literals(PACKAGE)
-    assert not hits, "device-specific code outside trainer_backend/training/devices.py:\n" + "\n".join(hits)
+    assert not hits, "device-specific code outside trainer_backend/compute/devices.py:\n" + "\n".join(hits)
 
 
 def test_the_grep_catches_what_it_is_for(tmp_path):
     pkg = tmp_path / "trainer_backend"
     pkg.mkdir()
-    (pkg / "training").mkdir()
-    (pkg / "training" / "devices.py").write_text('x = torch.cuda.memory_allocated()\n')  # allowed here
+    (pkg / "compute").mkdir()
+    (pkg / "compute" / "devices.py").write_text('x = torch.cuda.memory_allocated()\n')  # allowed here
     (pkg / "ok.py").write_text('y = model.to(accelerator.device)  # not .cuda()\n')
     (pkg / "bad.py").write_text('a = t.cuda()\nb = torch.device("cuda")\nc = torch.cuda.empty_cache()\n')
     hits = stray_device_literals(pkg)
@@ -91,7 +91,7 @@ def test_a_nan_loss_with_cudnn_attention_allowed_names_that_setting_first(tmp_pa
 
 PEAK_PROBE = """
 import json, torch
-from trainer_backend.training import devices
+from trainer_backend.compute import devices
 dev = torch.device("cpu")
 resettable = devices.reset_peak_memory(dev)
 before = devices.peak_memory_bytes(dev)

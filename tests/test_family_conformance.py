@@ -28,7 +28,7 @@ from conftest import ROOT, make_dataset
 from method_runs import train_run
 from trainer_backend.families import get_family, load_model
 from trainer_backend.families.registry import BUILTIN_TINY, FAMILY_NAMES, entry
-from trainer_backend.training.adapter_effect import EFFECT_FLOOR
+from trainer_backend.diffusion.adapter_effect import EFFECT_FLOOR
 
 FAMILIES = list(FAMILY_NAMES)
 # and the families' further tiny models (Flux.2 dev beside Klein: its own pipeline, text encoder and
@@ -141,7 +141,7 @@ def test_lora_end_to_end(arch, tiny_models, launched_runs, tmp_path):
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     kinds = [e["event"] for e in events]
     assert kinds[0] == "plan" and kinds[-1] == "done" and kinds.count("step") == 3
-    # the end's adapter-effect check (training/adapter_effect.py) saw this LoRA change the output: no warning
+    # the end's adapter-effect check (diffusion/adapter_effect.py) saw this LoRA change the output: no warning
     # (edit models without sample prompts have no control image to draw with: no check)
     assert "warning" not in kinds
     if family.control_images != "required" and arch != "flux2-dev":  # dev's sampling: see docs/lora-tools.md

@@ -113,3 +113,17 @@ def test_the_launcher_process_imports_no_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_packages_are_layered_below_the_loop():
+    """training/ imports methods/, methods/ imports diffusion/ and compute/, never back: the shared pieces
+    (loss, sampling, validation, devices, low-bit weights) have one home below both (DEVELOPERS.md)."""
+    graph = import_graph()
+    lower = {"trainer_backend.methods": {"trainer_backend.training"},
+             "trainer_backend.diffusion": {"trainer_backend.training", "trainer_backend.methods"},
+             "trainer_backend.compute": {"trainer_backend.training", "trainer_backend.methods",
+                                         "trainer_backend.diffusion"}}
+    wrong = [f"{mod} imports {target}" for mod, targets in graph.items() for pkg, banned in lower.items()
+             if mod == pkg or mod.startswith(pkg + ".")
+             for target in targets for b in banned if target == b or target.startswith(b + ".")]
+    assert not wrong, "\n".join(sorted(wrong))

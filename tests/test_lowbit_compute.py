@@ -1,4 +1,4 @@
-"""model.quantize = int8_compute / float8_compute (training/lowbit_linear.py): the frozen base's Linear layers
+"""model.quantize = int8_compute / float8_compute (compute/lowbit_linear.py): the frozen base's Linear layers
 multiply in 8 bits (torch._int_mm / torch._scaled_mm) and still pass the gradient to their input, so a LoRA on
 them trains; the loss tracks the unquantized run within a stated tolerance, the LoRA file has the same format,
 resume is bitwise, and the refused combinations name the key."""
@@ -12,8 +12,8 @@ from conftest import make_dataset
 from method_runs import train_run
 from test_quantized_base import file_format, losses
 from trainer_backend.config import ConfigError, load_config, rules
-from trainer_backend.training import lowbit_linear
-from trainer_backend.training.lowbit_linear import LowBitLinear, kernel_fits
+from trainer_backend.compute import lowbit_linear
+from trainer_backend.compute.lowbit_linear import LowBitLinear, kernel_fits
 
 # Per-step loss of an 8-bit-compute run vs the unquantized run (same seed, fp32, 8 steps at lr 1e-2, 32 px):
 # within 1 % relative. Seen here (2026-11-28): int8_compute 2.9e-4 (SD1), 3.4e-5 (Flux: its 4 image tokens per

@@ -15,7 +15,7 @@ from method_runs import train_run
 from test_data_helpers import caption, config
 from trainer_backend.config import ConfigError
 from trainer_backend.data import TrainDataset, collate, scan_dataset
-from trainer_backend.training.diffusion_loss import per_sample_loss
+from trainer_backend.diffusion.loss import per_sample_loss
 
 
 def half_mask(height: int, width: int) -> torch.Tensor:

@@ -157,7 +157,7 @@ def profiled_peak(cfg, side: int) -> int:
     (a different measurement from the planner's tally), minus the gradients it leaves."""
     from torch.profiler import ProfilerActivity, profile
 
-    from trainer_backend.training.diffusion_loss import diffusion_loss
+    from trainer_backend.diffusion.loss import diffusion_loss
     model, weight_dtype, trainable = real_setup(cfg)
     if cfg.precision.gradient_checkpointing:
         model.denoiser.enable_gradient_checkpointing()

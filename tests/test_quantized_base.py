@@ -209,7 +209,7 @@ def test_quantized_layers_are_smaller_and_kept_layers_are_not(kind, most):
     """The bytes the bench reports are the quantized tensors' real bytes (int8/float8: 1 byte per weight
     plus a scale per row, nf4: half a byte plus an absmax per 64), layers named to keep stay as they were,
     and the quantized layers compute what the fp32 ones did up to their rounding."""
-    from trainer_backend.training.quantize import quantize_module, quantized_kind, weight_bytes
+    from trainer_backend.compute.quantize import quantize_module, quantized_kind, weight_bytes
     torch.manual_seed(0)
     net = torch.nn.Sequential()
     net.add_module("proj_in", torch.nn.Linear(256, 256))

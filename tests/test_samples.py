@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from conftest import make_dataset
 from method_runs import train_run
 from trainer_backend.config import ConfigError, load_config
-from trainer_backend.training.sampling import SamplePrompt, load_prompts, parse_prompt_line
+from trainer_backend.diffusion.sampling import SamplePrompt, load_prompts, parse_prompt_line
 
 
 def test_prompt_line_options():

@@ -12,7 +12,7 @@ from trainer_backend.run.checkpoint_files import TrainState
 from trainer_backend.config import ConfigError, load_config
 from trainer_backend.data.scan import held_out_positions
 from trainer_backend.config.checks import validate_for_run
-from trainer_backend.training.validation_loss import Validator, fixed_timesteps, validation_scan
+from trainer_backend.diffusion.validation import Validator, fixed_timesteps, validation_scan
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")

@@ -48,7 +48,7 @@ class OnnxTagger:
         import onnxruntime as ort
         available = ort.get_available_providers()
         providers = (["CUDAExecutionProvider"] if device != "cpu" and "CUDAExecutionProvider" in available else [])
-        from ..training.devices import is_cuda
+        from ..compute.devices import is_cuda
         if device != "auto" and is_cuda(device) and not providers:
             raise ConfigError(f"--device {device}: this onnxruntime has no CUDA provider (install onnxruntime-gpu)")
         self.session = ort.InferenceSession(str(Path(folder) / "model.onnx"), providers=providers +

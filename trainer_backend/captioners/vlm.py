@@ -61,7 +61,7 @@ def load_processor(folder: Path, class_name: str = ""):
 
 
 def pick_device(device: str) -> str:
-    from ..training.devices import as_device, cuda_available, is_cuda
+    from ..compute.devices import as_device, cuda_available, is_cuda
     if device == "auto":
         return str(as_device(None))  # the current accelerator, else the CPU
     if is_cuda(device) and not cuda_available():
@@ -71,7 +71,7 @@ def pick_device(device: str) -> str:
 
 def pick_dtype(dtype: str, device: str):
     import torch
-    from ..training.devices import is_cuda
+    from ..compute.devices import is_cuda
     if dtype == "auto":
         return torch.bfloat16 if is_cuda(device) else torch.float32
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -81,7 +81,7 @@ def quantization_config(quantize: str, dtype, device: str):
     """bitsandbytes' config for --quantize 8bit/4bit (nf4, computing in `dtype`); None for none."""
     if quantize == "none":
         return None
-    from ..training.devices import is_cuda
+    from ..compute.devices import is_cuda
     if not is_cuda(device):
         raise ConfigError(f"--quantize {quantize}: bitsandbytes' quantized weights need a CUDA GPU; "
                           "on a CPU use --quantize none")

@@ -9,8 +9,8 @@ from .base import F, Section
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
 CONTROL = {"model.arch": CONTROL_FAMILIES}    # families that take paired control images (edit models)
-TE_QUANT_KINDS = ("none", "int8", "float8", "nf4")  # storage kinds: training/quantize.py
-QUANT_KINDS = (*TE_QUANT_KINDS, "int8_compute", "float8_compute")  # + 8-bit matmuls: training/lowbit_linear.py
+TE_QUANT_KINDS = ("none", "int8", "float8", "nf4")  # storage kinds: compute/quantize.py
+QUANT_KINDS = (*TE_QUANT_KINDS, "int8_compute", "float8_compute")  # + 8-bit matmuls: compute/lowbit_linear.py
 # Paired control images: a control_path is where the files live (resume "ignored", like dataset.path); a
 # resume still refuses changed control images, because run/resume.py's dataset fingerprint covers each pair.
 CONTROL_HELP = ("Folder of control (reference) images for edit models, one per training image, matched by file "

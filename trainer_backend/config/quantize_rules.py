@@ -1,7 +1,7 @@
 """The rules of a quantized frozen base (model.quantize, model.quantize_text_encoders; config/rules.py runs
 them with the others): only a frozen part can be quantized, nf4 layers take LoRA/DoRA adapters only,
 each kind needs its package, and DeepSpeed/FSDP (which own and shard the weights) refuse it. Pure;
-training/quantize.py does the work and refuses at load time what only the device can tell (nf4 kernels)."""
+compute/quantize.py does the work and refuses at load time what only the device can tell (nf4 kernels)."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +13,7 @@ from .schema import TrainConfig
 RULES: list[tuple[str, Callable[[TrainConfig], Iterator[Problem]]]] = []   # (group, rule)
 QUANT_PACKAGES = {"int8": "torchao", "float8": "torchao", "nf4": "bitsandbytes",
                   "int8_compute": None, "float8_compute": None}   # the compute kinds need torch alone
-COMPUTE_KINDS = ("int8_compute", "float8_compute")               # training/lowbit_linear.py
+COMPUTE_KINDS = ("int8_compute", "float8_compute")               # compute/lowbit_linear.py
 ADAPTERS = ("lora", "loha", "lokr")
 
 

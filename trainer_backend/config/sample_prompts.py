@@ -4,7 +4,7 @@ A line is kohya's syntax: `a photo of sks dog --n blurry --w 512 --h 768 --d 7 -
 (negative prompt, width, height, seed, steps, CFG scale), and `--control <image file>` for a family that
 takes a control (reference) image (an edit model; repeated for each further reference image of a model that
 takes several: `--control a.png --control b.png`); empty lines and `#` comments are skipped.
-`config/rules.py` checks the inline lines, `config/checks.py` the file, `training/sampling.py`
+`config/rules.py` checks the inline lines, `config/checks.py` the file, `diffusion/sampling.py`
 renders them.
 """
 from __future__ import annotations

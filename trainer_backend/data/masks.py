@@ -7,7 +7,7 @@ channel is the mask. An image with no mask (no file of its stem, or no alpha cha
 full weight, as in kohya's sd-scripts; the folders with missing masks are named once.
 
 The mask goes through the image's own resize, crop and flip, so it stays on the pixels it
-describes; the loss resizes it to the latent grid by area (training/diffusion_loss.py).
+describes; the loss resizes it to the latent grid by area (diffusion/loss.py).
 """
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ class Family:
         return self.text_encoder_names if self.trained_text_encoders is None else self.trained_text_encoders
     # model.quantize(_text_encoders): linear layers that stay in full precision (small, sensitive ones:
     # timestep/conditioning embeddings, the final projection). A name matches when it equals a part of
-    # the layer's dotted path or globs the whole path (training/quantize.py); the model classes'
+    # the layer's dotted path or globs the whole path (compute/quantize.py); the model classes'
     # own `_keep_in_fp32_modules` are kept too.
     keep_unquantized: tuple[str, ...] = ()
 
@@ -185,7 +185,7 @@ class Family:
         """The denoiser's prediction in the latents' layout, with the family's extra conditioning
         taken from the batch (and training options from the run's config `cfg`, e.g. Flux guidance).
         A family with control_images reads `batch["control_latents"]` (always present, on any device:
-        move it to `noisy`'s; training/diffusion_loss.py encodes it when latents are not cached)."""
+        move it to `noisy`'s; diffusion/loss.py encodes it when latents are not cached)."""
         raise NotImplementedError
 
     def use_plain_attention(self, model: LoadedModel) -> None:

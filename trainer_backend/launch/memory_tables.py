@@ -16,12 +16,12 @@ from ..training.full_half_precision import ROUNDED_OPTIMIZERS  # pure, like this
 TABLES = Path(__file__).resolve().parents[2] / "assets" / "memory_tables.json"
 GiB = 2 ** 30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# weight-only quantization of Linear weights (model.quantize, training/quantize.py), as the libraries
+# weight-only quantization of Linear weights (model.quantize, compute/quantize.py), as the libraries
 # store it: torchao int8 = an int8 per weight, an fp32 scale and an int8 zero point per output row;
 # float8 = a float8 per weight and an fp32 scale per row; bitsandbytes nf4 (Params4bit) = half a byte
 # per weight, a uint8 absmax per 64-weight block, an fp32 absmax per 256 of those, and per layer the
 # 16-value and 256-value fp32 code tables
-# int8_compute/float8_compute (training/lowbit_linear.py): an 8-bit value per weight and an fp32 scale per row
+# int8_compute/float8_compute (compute/lowbit_linear.py): an 8-bit value per weight and an fp32 scale per row
 ROW_BYTES = {"int8": 5, "float8": 4, "int8_compute": 4, "float8_compute": 4}
 NF4_LAYER_BYTES = 16 * 4 + 256 * 4
 # optimizer state, in multiples of the trained parameter's bytes (fp32 parameters unless said):
@@ -100,7 +100,7 @@ def matches(name: str, targets) -> bool:
 
 def weight_bytes(component: dict, dtype: str, quantize: str = "none") -> float:
     """A frozen component's bytes: everything in `dtype`, or the weights of the Linear layers
-    training/quantize.py quantizes stored quantized (biases, norms, convolutions, embeddings and the
+    compute/quantize.py quantizes stored quantized (biases, norms, convolutions, embeddings and the
     layers a family keeps stay in `dtype`)."""
     total = component["params"] * DTYPE_BYTES[dtype]
     if quantize in (None, "", "none"):

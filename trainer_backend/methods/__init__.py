@@ -74,7 +74,7 @@ def method_loss(cfg: TrainConfig, model, modules: dict, weight_dtype, accelerato
     if cfg.network.type == "vae":
         from .vae import vae_loss
         return lambda batch, epoch, parts=None: vae_loss(modules["vae"], batch, cfg=cfg, epoch=epoch, device=device)
-    from ..training.diffusion_loss import diffusion_loss
+    from ..diffusion.loss import diffusion_loss
     family = model.family
     denoiser = modules.get(family.denoiser_name, model.denoiser)
     encoders = [modules.get(name, te) for name, te in zip(family.text_encoder_names, model.text_encoders)]
@@ -88,7 +88,7 @@ def method_validator(cfg: TrainConfig, model, accelerator, run, weight_dtype, mo
     if cfg.network.type == "vae":
         from .vae import ReconstructionValidator
         return ReconstructionValidator(cfg, accelerator, run, modules["vae"])
-    from ..training.validation_loss import make_validator
+    from ..diffusion.validation import make_validator
     family = model.family
     encoders = [modules.get(name, te) for name, te in zip(family.text_encoder_names, model.text_encoders)]
     return make_validator(cfg, model, accelerator, run, weight_dtype,
@@ -97,7 +97,7 @@ def method_validator(cfg: TrainConfig, model, accelerator, run, weight_dtype, mo
 
 def adapter_switch(trainable: Trainable):
     """(adapters_disabled, adapter_delta_norm) for an adapter run, None for full/VAE runs: what the
-    adapter-effect check (training/adapter_effect.py) compares with and measures."""
+    adapter-effect check (diffusion/adapter_effect.py) compares with and measures."""
     if trainable.kind != "adapter":
         return None
     from .adapter_probe import adapter_delta_norm, adapters_disabled
@@ -137,7 +137,7 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
         if cfg.network.network_weights:  # into the fp32 adapters; a resumed checkpoint loads later and wins
             from .network_weights import load_network_weights
             load_network_weights(model, trainable.modules, cfg, alpha_for_module(cfg))
-    from ..training.quantize import ddp_skip_frozen
+    from ..compute.quantize import ddp_skip_frozen
     ddp_skip_frozen(trainable.modules)  # a quantized frozen base never goes through DDP's broadcast
     count = sum(p.numel() for p in trainable.parameters())
     LOG.info("method: %s; %s trainable parameters", describe_method(cfg, class_samples), f"{count:,}")

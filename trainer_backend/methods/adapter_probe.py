@@ -1,5 +1,5 @@
 """The adapters switched off for a moment, and the size of what they add: what the adapter-effect check
-(training/adapter_effect.py) needs to compare a sample with and without the trained adapter. Works for
+(diffusion/adapter_effect.py) needs to compare a sample with and without the trained adapter. Works for
 every peft variant (LoRA, DoRA, LoHa, LoKr) on any module of any family: it only walks peft's tuner layers."""
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def generate_class_images(model, indices: list[int], folder: Path, cfg: TrainCon
                           weight_dtype: torch.dtype, progress: bool = True) -> None:
     """Generate class images `indices` into folder (batched; each image from its own seed)."""
     from tqdm.auto import tqdm
-    from ..training.sampling import eval_mode, generate, preserved_rng, save_png
+    from ..diffusion.sampling import eval_mode, generate, preserved_rng, save_png
     ds = cfg.dataset
     folder.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(indices), desc="class images", unit="img", disable=not progress)

@@ -55,7 +55,7 @@ def save_full_outputs(cfg: TrainConfig, run_dir: Path, model, trainable: Trainab
     Intermediate (file_name given): only that single file, from cast copies; the model is untouched."""
     dtype = SAVE_DTYPES[cfg.network.save_precision]
     encoders = list(model.text_encoders)
-    from ..training.quantize import quantized_kind
+    from ..compute.quantize import quantized_kind
     if not cfg.network.train_text_encoder and any(te.dtype != torch.float32 or quantized_kind(te) for te in encoders):
         encoders = original_text_encoders(cfg, model)
     out_model = dataclasses.replace(model, text_encoders=encoders)

@@ -62,7 +62,7 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
     and return the adapter parameters in fp32 grouped by learning rate (network.block_lr too);
     network.network_weights then fills them (methods/network_weights.py)."""
     from .block_lr import check_excludes, split_by_block
-    from ..training.lowbit_linear import COMPUTE_KINDS, to_lowbit_compute
+    from ..compute.lowbit_linear import COMPUTE_KINDS, to_lowbit_compute
     family = model.family
     for module in (model.denoiser, model.vae, *model.text_encoders):
         module.requires_grad_(False)

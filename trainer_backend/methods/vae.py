@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import TrainConfig
-from ..training.validation_loss import Validator
+from ..diffusion.validation import Validator
 from .base import Trainable
 
 LOG = logging.getLogger("trainer")

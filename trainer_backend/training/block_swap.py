@@ -31,7 +31,7 @@ from collections import deque
 
 import torch
 
-from .devices import compute_stream, on_stream, side_stream
+from ..compute.devices import compute_stream, on_stream, side_stream
 
 LOG = logging.getLogger("trainer")
 HOST = torch.device("cpu")

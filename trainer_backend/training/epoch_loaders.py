@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..data.indexed import IndexedDataset, collate_with_index, loader_workers
-from .devices import device_kind
+from ..compute.devices import device_kind
 
 
 class EpochLoaders:

@@ -28,7 +28,7 @@ from ..run.contract import Event
 from ..run.output_writes import written_or_explained
 from ..run.scheduler_state import register_scheduler_state
 from ..run.stop_signals import StopSignals
-from .diffusion_loss import LossParts
+from ..diffusion.loss import LossParts
 from .ema import make_ema
 from .epoch_loaders import EpochLoaders
 from .full_half_precision import keep_half_weights
@@ -36,7 +36,7 @@ from .host_sync import StepLosses, StepReadCounter, read_interval
 from .compile import compile_blocks
 from .memory_setup import install_after_prepare
 from .optimizers import build_lr_scheduler, build_optimizer
-from .sampling import SampleImages
+from ..diffusion.sampling import SampleImages
 from .setup import (build_dataset, load_base_model, make_accelerator, open_run, place_denoiser, place_encoders,
                     register_adapter_hooks, release_cache_memory, scan_data)
 

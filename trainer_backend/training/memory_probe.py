@@ -74,9 +74,9 @@ def layer_rows(module: torch.nn.Module) -> list[list]:
 
 def component_entry(module: torch.nn.Module, keep=()) -> dict:
     """What the planner knows of one component: its exact parameter count, its layers, and the weights
-    and rows of the Linear layers model.quantize would quantize (training/quantize.py, `keep` = the
+    and rows of the Linear layers model.quantize would quantize (compute/quantize.py, `keep` = the
     family's keep_unquantized)."""
-    from .quantize import quantizable_linears
+    from ..compute.quantize import quantizable_linears
     names = quantizable_linears(module, keep)
     layers = [module.get_submodule(n) for n in names]
     sizes = [m.in_features * m.out_features for m in layers]
@@ -194,7 +194,7 @@ def probe_vae_encode(model, side: tuple[int, int], batch: int, device, dtype=tor
 def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dtype, cfg) -> dict:
     """One forward and backward of the denoiser on cached latents and text (so only the denoiser's
     own memory counts): the peak bytes created, and the gradient bytes left at the end."""
-    from .diffusion_loss import diffusion_loss
+    from ..diffusion.loss import diffusion_loss
     shape = model.family.latent_shape(model, side[1], side[0])
     text = {k: v for k, v in text_conditioning(model, batch, device).items()}
     sample = {"index": list(range(batch)), "latents": torch.zeros(batch, *shape, device=device),
@@ -327,7 +327,7 @@ def forward_flops(model, side: tuple[int, int], batch: int = 1, device="meta") -
     """FLOPs of one forward of the denoiser on a batch of cached latents and text (count_flops;
     elementwise ops count as zero, one reason the step-time estimate calibrates an efficiency factor).
     The text conditioning is built outside the counter: with cached text it is not part of a step."""
-    from .diffusion_loss import diffusion_loss
+    from ..diffusion.loss import diffusion_loss
     from .meta_values import AllValid
     from ..config import from_dict
     dev = torch.device(device)

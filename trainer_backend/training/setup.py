@@ -106,10 +106,10 @@ def trained_encoder_ids(cfg: TrainConfig, model) -> set[int]:
 def place_encoders(model, cfg: TrainConfig, accelerator) -> torch.dtype:
     """The VAE and the text encoders on the device (or, with memory.offload_encoders, in CPU memory
     and moved in for each call), in the compute dtype; the VAE stays fp32 (fp16 VAEs NaN).
-    model.quantize_text_encoders quantizes them on their way (training/quantize.py). Runs before the
+    model.quantize_text_encoders quantizes them on their way (compute/quantize.py). Runs before the
     denoiser is placed, so the caches are built while the device holds only the encoders (docs/memory.md,
     "The cache pass"). Returns the compute dtype."""
-    from .quantize import quantize_module
+    from ..compute.quantize import quantize_module
     from .memory_setup import offload_encoders, offloaded_modules
     weight_dtype = WEIGHT_DTYPES[cfg.precision.mixed]
     trained = torch.float32 if cfg.network.type == "full" else weight_dtype
@@ -136,11 +136,11 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
     need the denoiser before the caches are built)."""
     if model.denoiser_placed:
         return
-    from .quantize import quantize_module
-    from .lowbit_linear import COMPUTE_KINDS  # quantized after the adapters: methods/lora.py
+    from ..compute.quantize import quantize_module
+    from ..compute.lowbit_linear import COMPUTE_KINDS  # quantized after the adapters: methods/lora.py
     from .block_swap import place_without
     from .memory_setup import swapped_blocks
-    from .devices import allow_cudnn_attention
+    from ..compute.devices import allow_cudnn_attention
     from .attention_backends import use as use_attention
     # a full fine-tune's trained modules stay fp32 (master weights): no lossy half-precision round trip
     trained = torch.float32 if cfg.network.type == "full" else WEIGHT_DTYPES[cfg.precision.mixed]
@@ -166,7 +166,7 @@ def release_cache_memory(accelerator) -> None:
     driver before the denoiser arrives (offloaded encoders are already home: their hooks move them)."""
     import gc
 
-    from .devices import empty_cache
+    from ..compute.devices import empty_cache
     gc.collect()
     empty_cache(accelerator.device)
 

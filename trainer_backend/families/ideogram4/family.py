@@ -219,7 +219,7 @@ class Ideogram4Family(FlowFamily):
         return loaded.to(device=weight.device, dtype=compute)
 
     def build_pipeline(self, model, scheduler: str = "euler"):
-        """The pipeline, and the unpacking its latent output needs before the VAE (training/sampling.py)."""
+        """The pipeline, and the unpacking its latent output needs before the VAE (diffusion/sampling.py)."""
         pipe = super().build_pipeline(model, scheduler)
         pipe._get_text_encoder_hidden_states = text_taps  # the same tap, through the offload hooks
         cell = pipe.vae_scale_factor * pipe.patch_size

@@ -1,6 +1,6 @@
 """model.quantize = int8_compute / float8_compute: the frozen base's Linear layers multiply in 8 bits.
 
-The storage kinds (training/quantize.py) keep weights small but multiply in the compute dtype after
+The storage kinds (compute/quantize.py) keep weights small but multiply in the compute dtype after
 dequantizing; these modes also run the matmul itself in 8 bits. Each frozen Linear of the denoiser is
 replaced by a `LowBitLinear` that holds its weight as int8 or float8 e4m3 with one fp32 scale per output
 row. The forward scales each activation row by its absolute maximum, multiplies with `torch._int_mm`

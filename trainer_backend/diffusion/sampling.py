@@ -29,7 +29,7 @@ LOG = logging.getLogger("trainer")
 @contextlib.contextmanager
 def preserved_rng() -> None:
     """Save and restore python, numpy, torch and accelerator (CUDA/ROCm/MPS/XPU) RNG states around a block."""
-    from .devices import accelerator_rng_state, set_accelerator_rng_state
+    from ..compute.devices import accelerator_rng_state, set_accelerator_rng_state
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state(), accelerator_rng_state())
     try:
         yield
@@ -237,7 +237,7 @@ class SampleImages:
         return paths
 
     def measure(self, pipe, step: int, images: dict, prompts: list, controls: list, *, final: bool) -> dict:
-        """The adapter's effect on this round's images (training/adapter_effect.py); warnings as events."""
+        """The adapter's effect on this round's images (diffusion/adapter_effect.py); warnings as events."""
         if self.effect is None:
             return {}
         from .adapter_effect import findings, is_flat

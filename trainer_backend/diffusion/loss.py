@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .devices import to_device
+from ..compute.devices import to_device
 
 
 def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, weight_dtype,

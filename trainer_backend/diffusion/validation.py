@@ -183,7 +183,7 @@ class Validator:
     def _score(self, number: int, indices: list[int]) -> tuple[float, int]:
         """(sum of losses, count) of batch `number` over the fixed timesteps."""
         from ..data.indexed import collate_with_index
-        from .diffusion_loss import diffusion_loss
+        from .loss import diffusion_loss
         batch = self._batch(number, indices, collate_with_index)
         loss_sum = 0.0
         for k, t in enumerate(self.timesteps):
@@ -199,7 +199,7 @@ class Validator:
         during diffusion training. Every timestep and every later evaluation then costs UNet passes only."""
         if number in self._cache:
             return self._cache[number]
-        from .diffusion_loss import control_latents
+        from .loss import control_latents
         batch = collate([(i, self.dataset[i]) for i in indices])
         model, family, device = self.model, self.model.family, self.accelerator.device
         batch["latents"] = family.encode_latents(model, batch.pop("pixel_values").to(device), None).cpu()
