@@ -144,7 +144,7 @@ def test_lora_end_to_end(arch, tiny_models, launched_runs, tmp_path):
     # the end's adapter-effect check (diffusion/adapter_effect.py) saw this LoRA change the output: no warning
     # (edit models without sample prompts have no control image to draw with: no check)
     assert "warning" not in kinds
-    if family.control_images != "required" and arch != "flux2-dev":  # dev's sampling: see docs/lora-tools.md
+    if family.control_images != "required":
         (effect,) = [e for e in events if e["event"] == "adapter_effect"]
         assert effect["adapter_effect"] > EFFECT_FLOOR and effect["adapter_norm"] > 0
     assert all("time" in e for e in events)

@@ -249,3 +249,21 @@ def test_builtin_tiny_flux2_dev_is_a_flux2_model_to_the_plan_and_the_loader():
     from trainer_backend.families.builtin import BUILTIN_MODELS
     assert BUILTIN_MODELS["tiny-flux2-dev"] == "flux2" and BUILTIN_MODELS["tiny-flux2"] == "flux2"
     assert _plan_arch(load_config(None, ["model.path=builtin:tiny-flux2-dev"])) == "flux2"
+
+
+@pytest.mark.parametrize("arch", ["flux2", "flux2-dev"])
+def test_training_samples_decode_as_the_pipeline_itself_does(tiny_models, arch):
+    """diffusion/sampling.generate (denoise to latents, decode with the fp32 VAE) gives the image the plain
+    pipeline gives; dev's pipeline returns packed tokens as its latent output (this failed at the VAE:
+    'expected input[1, 1, 64, 32] to have 8 channels')."""
+    import numpy as np
+    from trainer_backend.diffusion.sampling import generate
+    model = load_model(str(tiny_models(arch)))
+    pipe = FLUX2.build_pipeline(model)
+    call = dict(**FLUX2.prompt_arguments(model, "a red square", None), width=64, height=48, num_inference_steps=2,
+                **FLUX2.guidance_arguments(model, 4.0), **FLUX2.pipeline_call_options(model))
+    with torch.no_grad():
+        (ours,) = generate(pipe, torch.device("cpu"), torch.float32, generator=torch.Generator().manual_seed(3), **call)
+        (theirs,) = pipe(generator=torch.Generator().manual_seed(3), **call).images
+    assert ours.size == theirs.size == (64, 48)
+    assert np.abs(np.asarray(ours, dtype=float) - np.asarray(theirs, dtype=float)).max() <= 1

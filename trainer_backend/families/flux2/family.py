@@ -254,6 +254,15 @@ class Flux2Family(FlowFamily):
                 out["negative_prompt_embeds"] = self.encode_text(model, self.tokenize(model, texts, 0))["hidden"]
         return out
 
+    def build_pipeline(self, model, scheduler: str = "euler"):
+        """dev's Flux2Pipeline returns its latent output still packed (one token per 2x2 patch, normalised),
+        where Klein's unpacks first: dev's pipeline gets the unpacking sampling needs before the VAE
+        (diffusion/sampling.py latents_to_vae), done by the pipeline's own helpers."""
+        pipe = super().build_pipeline(model, scheduler)
+        if variant_of(model.text_encoders[0]) is DEV:
+            pipe.latents_to_vae = lambda latents, height, width: tokens_to_latents(pipe, latents, height, width)
+        return pipe
+
     def pipeline_call_options(self, model) -> dict:
         return {"max_sequence_length": self.text_length(model),
                 "text_encoder_out_layers": self.hidden_layers(model.text_encoders[0])}
@@ -285,6 +294,19 @@ class Flux2Family(FlowFamily):
             from .kohya_lora import to_kohya_flux2
             return to_kohya_flux2(adapter_states, alpha, model.denoiser)
         return super().lora_file_state(model, adapter_states, alpha, layout)
+
+
+def tokens_to_latents(pipe, tokens, height: int, width: int):
+    """Flux2Pipeline's packed latent output [B, tokens, 4C] -> the VAE's [B, C, H/8, W/8], as its own decode
+    branch does: tokens scattered by their position ids, the batch-norm statistics undone, unpatchified."""
+    import torch
+    cell = pipe.vae_scale_factor * 2
+    grid = torch.zeros(tokens.shape[0], 1, int(height) // cell, int(width) // cell)
+    latents = pipe._unpack_latents_with_ids(tokens, pipe._prepare_latent_ids(grid).to(tokens.device))
+    vae = pipe.vae
+    mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents)
+    std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1).to(latents) + vae.config.batch_norm_eps)
+    return pipe._unpatchify_latents(latents * std + mean)
 
 
 def patchify(latents):
