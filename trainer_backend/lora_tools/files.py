@@ -57,8 +57,11 @@ def read_lora(model, path: Path) -> LoraFile:
     """A LoRA file mapped onto `model` (a LoadedModel), checked to fit (ConfigError naming the file)."""
     from ..methods.variants import METADATA_KEY
     state, header = read_safetensors(path)
-    if METADATA_KEY in header:
-        raise ConfigError(f"{path}: a DoRA/LoHa/LoKr file (peft layout); the LoRA tools take LoRA and LoCon files")
+    if METADATA_KEY in header:   # updates.py reads them for merge, resize and sampling
+        from .variants import configs_of, variant_name
+        kind = "/".join(sorted({variant_name(c) for c in configs_of(header).values()}))
+        raise ConfigError(f"{path}: a {kind} file (peft layout), whose update is not one low-rank product B·A: "
+                          f"mix takes LoRA/LoCon files only (merge bakes it, resize turns it into a LoRA)")
     mods = components(model)
     try:
         weights = model.family.read_lora_file(model, state, mods)
@@ -144,7 +147,7 @@ def write_lora(model, modules: dict[Key, tuple[torch.Tensor, torch.Tensor]], out
                           metadata=meta, layout=layout)
 
 
-def progress(items, what: str):
+def progress(items, what: str, total: int | None = None):
     """tqdm on stderr, shown only when the work takes more than a second."""
     from tqdm.auto import tqdm
-    return tqdm(items, desc=what, delay=1.0, leave=False)
+    return tqdm(items, desc=what, delay=1.0, leave=False, total=total)

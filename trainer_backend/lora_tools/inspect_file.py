@@ -57,14 +57,22 @@ def inspect(path: Path, base: str = "") -> dict:
         "rank_per_module": ranks,
         "metadata": {k: (v if len(v) <= SHOWN_METADATA else v[:SHOWN_METADATA] + "…") for k, v in metadata.items()},
     }
+    from .variants import is_variant_file, summary
+    if is_variant_file(metadata):   # DoRA/LoHa/LoKr: their peft configs say what they are
+        adapters = summary(Path(path), state, metadata)
+        report.update(adapters=adapters, modules=sum(a["modules"] for a in adapters.values()),
+                      ranks=_counts(a["rank"] for a in adapters.values()),
+                      alphas=sorted({a["alpha"] for a in adapters.values() if a["alpha"] is not None}),
+                      rank_per_module={}, conv_modules=0)
     if base:
-        from .files import read_lora
         from .tools import load_base
+        from .updates import open_updates
         model = load_base(base)
         report["base"] = {"path": base, "family": model.family.name}
         try:
-            mapped = read_lora(model, Path(path))
-            report["base"].update(fits=True, mapped_modules=len(mapped.modules), read_as=mapped.layout)
+            mapped = open_updates(model, Path(path))
+            report["base"].update(fits=True, mapped_modules=mapped.layers,
+                                  read_as=mapped.lora.layout if mapped.lora else f"{mapped.kind} (peft)")
         except ConfigError as e:
             report["base"].update(fits=False, problem=str(e))
     return report

@@ -31,12 +31,13 @@ def merge(base: str, loras: list[tuple[Path, float]], out: Path, force: bool = F
     check_output(out, inputs, force)
     check_output(single, inputs, force)
     model = load_base(base)
-    files = [(read_lora(model, path), weight) for path, weight in loras]  # all checked before any change
+    from .updates import open_updates
+    files = [(open_updates(model, path), weight) for path, weight in loras]  # all checked before any change
     changed = 0
-    for lora, weight in files:
-        for key, (a, b, scale) in progress(lora.modules.items(), f"merge {lora.path.name}"):
+    for updates, weight in files:
+        for key, update in progress(updates.at(weight), f"merge {updates.path.name}", total=updates.layers):
             w = layer_weight(model, key)
-            w.add_(linalg.delta(a, b, scale * weight).reshape(w.shape).to(w.dtype))
+            w.add_(update.reshape(w.shape).to(w.dtype))
             changed += 1
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -45,7 +46,8 @@ def merge(base: str, loras: list[tuple[Path, float]], out: Path, force: bool = F
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    return {"merged_modules": changed, "outputs": [str(single), str(out)], "family": model.family.name}
+    return {"merged_modules": changed, "outputs": [str(single), str(out)], "family": model.family.name,
+            "adapters": {str(u.path): u.kind for u, _ in files}}
 
 
 def _write(model, modules, out: Path, layout: str, inputs: list[LoraFile], extra: dict) -> Path:
@@ -84,14 +86,21 @@ def resize(base: str, lora: Path, out: Path, rank: int = 0, energy: float = 0.0,
         raise ConfigError("resize: give --rank R or --energy F (0 < F ≤ 1)")
     out = check_output(out, [lora], force)
     model = load_base(base)
-    f = read_lora(model, lora)
+    from .updates import open_updates
+    updates = open_updates(model, lora)   # a DoRA/LoHa/LoKr file becomes a LoRA: the SVD of its ΔW
+    f = updates.lora
     modules, kept = {}, {}
-    for key, (a, b, scale) in progress(f.modules.items(), "resize"):
-        a2, b2, kept[f"{key[0]}.{key[1]}"] = linalg.factor(linalg.delta(a, b, scale), rank=rank or None,
-                                                           energy=energy or None)
+    for key, update in progress(updates.at(1.0), "resize", total=updates.layers):
+        a2, b2, kept[f"{key[0]}.{key[1]}"] = linalg.factor(update, rank=rank or None, energy=energy or None)
         modules[key] = (a2, b2)
-    path = _write(model, modules, out, output_layout(model, layout, [f]), [f],
-                  {"ss_resized_from": lora.name, "ss_resize": f"rank {rank}" if rank else f"energy {energy}"})
+    inputs = [f] if f else []
+    extra = {"ss_resized_from": lora.name, "ss_resize": f"rank {rank}" if rank else f"energy {energy}"}
+    if f is None:
+        from .files import read_safetensors
+        from ..methods.variants import METADATA_KEY
+        meta = {k: v for k, v in read_safetensors(lora)[1].items() if k != METADATA_KEY and not k.startswith("ss_network")}
+        extra = {**meta, **extra, "ss_converted_from": updates.kind, "ss_network_module": "networks.lora"}
+    path = _write(model, modules, out, output_layout(model, layout, inputs), inputs, extra)
     return {"output": str(path), "modules": len(modules), "ranks": _rank_summary(modules),
             "kept_energy": {k: round(v, 6) for k, v in kept.items()}}
 
