@@ -9,11 +9,13 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
+from .jobs import REPORT_FILE  # a queue job's report
 LAYOUT_HELP = "LoRA key layout to write: auto (the input's, else the family's default), kohya or diffusers"
 
 
 def add_parser(sub) -> None:
-    lora = sub.add_parser("lora", help="LoRA tools: merge, mix, resize, extract, ema, inspect (docs/lora-tools.md)")
+    lora = sub.add_parser("lora", help="LoRA tools: merge, mix, resize, extract, ema, inspect, sample "
+                                       "(docs/lora-tools.md)")
     tools = lora.add_subparsers(dest="lora_command", required=True)
     m = tools.add_parser("merge", help="bake LoRAs into the base: a diffusers folder and a single file")
     m.add_argument("--base", required=True, help="base model: diffusers folder, single file or builtin:tiny-<family>")
@@ -42,6 +44,16 @@ def add_parser(sub) -> None:
     i = tools.add_parser("inspect", help="layout, family, ranks, alphas, size, metadata; --base: does it fit")
     i.add_argument("lora", metavar="FILE")
     i.add_argument("--base", default="")
+    s = tools.add_parser("sample", help="draw a run's LoRA (or a checkpoint) at several strengths into its sample grid")
+    s.add_argument("--run", required=True, help="the run folder (its config.toml, sample prompts and grid)")
+    src = s.add_mutually_exclusive_group()
+    src.add_argument("--lora", default="", help="an adapter file for the run's base (default: the run's output)")
+    src.add_argument("--checkpoint", default="", help="one of the run's checkpoints/step-… folders")
+    s.add_argument("--strengths", default="0.5,0.75,1,1.25", help="comma-separated, e.g. 0,0.5,1")
+    s.add_argument("--prompt", action="append", default=[], help="instead of the run's sample prompts (repeatable)")
+    s.add_argument("--base", default="", help="base model (default: the run's model.path)")
+    for p in (m, x, r, e, a, i, s):
+        p.add_argument("--job-dir", default="", help="a queue job's folder: progress events and report.json go there")
     for p in (m, x, r, e, a):
         p.add_argument("--force", action="store_true", help="replace an existing output (never an input)")
     for p in (x, r, e, a):
@@ -59,6 +71,32 @@ def sigma_values(text: str) -> list[float]:
 
 
 def run(args) -> int:
+    """One tool; with --job-dir also its job's events (start, steps, done with the outputs, or error) and
+    report.json in that folder."""
+    if not getattr(args, "job_dir", ""):
+        return _run(args)
+    from ..run.contract import Event
+    from ..run.events import RunEvents
+    from .files import set_job
+    job_dir = Path(args.job_dir)
+    events = RunEvents(job_dir, tensorboard=False)
+    events.emit(Event.START, step=0)
+    set_job(events)
+    try:
+        code = _run(args, job_dir)
+    finally:
+        set_job(None)
+        events.close()
+    return code
+
+
+def _outputs(report: dict) -> list[str]:
+    found = [*report.get("outputs", [])]
+    found += [report["output"]] if "output" in report else []
+    return [o["output"] if isinstance(o, dict) else str(o) for o in found]
+
+
+def _run(args, job_dir: Path | None = None) -> int:
     from . import tools
     from .files import split_spec
     try:
@@ -77,11 +115,27 @@ def run(args) -> int:
         elif c == "ema":
             report = tools.post_hoc_ema(Path(args.run), sigma_values(args.sigma_rel), Path(args.out), args.base,
                                         args.force)
+        elif c == "sample":
+            from .strengths import parse_strengths, sample_strengths
+            report = sample_strengths(Path(args.run), Path(args.lora or args.checkpoint) if (args.lora or args.checkpoint)
+                                      else None, parse_strengths(args.strengths), args.base, args.prompt)
         else:
             from .inspect_file import inspect
             report = inspect(Path(args.lora), args.base)
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        if job_dir:
+            _job_event(job_dir, "error", message=str(e).splitlines()[0] if str(e) else type(e).__name__)
         return 2
-    print(json.dumps(report, indent=1, default=str))
+    text = json.dumps(report, indent=1, default=str)
+    print(text)
+    if job_dir:
+        (job_dir / REPORT_FILE).write_text(text, encoding="utf-8")
+        _job_event(job_dir, "done", outputs=_outputs(report))
     return 0
+
+
+def _job_event(job_dir: Path, kind: str, **fields) -> None:
+    from .files import _job
+    if _job is not None:
+        _job.emit(kind, **fields)

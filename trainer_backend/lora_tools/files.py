@@ -5,6 +5,7 @@ writes anything, every module of every input must land on a layer of the base wi
 outputs are written atomically and never over an input."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,6 @@ def read_lora(model, path: Path) -> LoraFile:
     from ..methods.variants import METADATA_KEY
     state, header = read_safetensors(path)
     if METADATA_KEY in header:   # updates.py reads them for merge, resize and sampling
-        from .variants import configs_of, variant_name
         kind = "/".join(sorted({variant_name(c) for c in configs_of(header).values()}))
         raise ConfigError(f"{path}: a {kind} file (peft layout), whose update is not one low-rank product B·A: "
                           f"mix takes LoRA/LoCon files only (merge bakes it, resize turns it into a LoRA)")
@@ -81,6 +81,24 @@ def read_lora(model, path: Path) -> LoraFile:
     out = LoraFile(Path(path), found, header, weights.layout, len(state))
     fit(model, out)
     return out
+
+
+def configs_of(metadata: dict) -> dict[str, dict]:
+    """component -> its packed peft config (a dict for PeftConfig.from_peft_type)."""
+    from ..methods.variants import METADATA_KEY
+    packed = json.loads(metadata[METADATA_KEY])
+    out: dict[str, dict] = {}
+    for key, value in packed.items():
+        component, _, field = key.partition(".")
+        out.setdefault(component, {})[field] = value
+    return out
+
+
+def variant_name(config: dict) -> str:
+    kind = str(config.get("peft_type", "?")).upper()
+    if kind == "LORA":
+        return "DoRA" if config.get("use_dora") else "LoRA"
+    return {"LOHA": "LoHa", "LOKR": "LoKr"}.get(kind, kind)
 
 
 def fit(model, lora: LoraFile) -> None:
@@ -147,7 +165,40 @@ def write_lora(model, modules: dict[Key, tuple[torch.Tensor, torch.Tensor]], out
                           metadata=meta, layout=layout)
 
 
+_job = None   # the queue job's events (run/events.RunEvents over --job-dir), or None
+
+
+def set_job(events) -> None:
+    global _job
+    _job = events
+
+
+def job_step(step: int, total: int, started: float) -> None:
+    """A `step` event in the job folder (the Queue page's and the LoRA tools page's progress)."""
+    import time
+    from ..run.contract import Event
+    if _job is not None:
+        rate = step / max(time.monotonic() - started, 1e-6)
+        _job.emit(Event.STEP, step=step, total_steps=total, it_per_s=round(rate, 4),
+                  eta_s=round(max(total - step, 0) / rate, 1) if rate > 0 else None)
+
+
 def progress(items, what: str, total: int | None = None):
-    """tqdm on stderr, shown only when the work takes more than a second."""
+    """tqdm on stderr, shown only when the work takes more than a second; in a queue job also `step`
+    events (at most two a second, and the last)."""
     from tqdm.auto import tqdm
-    return tqdm(items, desc=what, delay=1.0, leave=False, total=total)
+    bar = tqdm(items, desc=what, delay=1.0, leave=False, total=total)
+    return bar if _job is None else _reported(bar, total if total is not None else bar.total)
+
+
+def _reported(bar, total):
+    import time
+    started = last = time.monotonic()
+    count = 0
+    for item in bar:
+        yield item
+        count += 1
+        now = time.monotonic()
+        if total and (now - last >= 0.5 or count == total):
+            job_step(count, int(total), started)
+            last = now

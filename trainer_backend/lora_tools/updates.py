@@ -20,9 +20,13 @@ from .files import Key, LoraFile, read_lora, read_safetensors
 class Updates:
     path: Path
     kind: str      # LoRA, DoRA, LoHa, LoKr (from the file's header or the run's config)
-    layers: int    # how many layers it changes
+    keys: list[Key]   # the layers it changes
     at: Callable[[float], Iterator[tuple[Key, torch.Tensor]]]   # strength -> (key, ΔW) per layer, fp32
     lora: LoraFile | None = None   # a LoRA/LoCon file's factors (None for the variants)
+
+    @property
+    def layers(self) -> int:
+        return len(self.keys)
 
 
 def open_updates(model, path: Path) -> Updates:
@@ -33,12 +37,12 @@ def open_updates(model, path: Path) -> Updates:
     else:
         state, metadata = read_safetensors(path)
     if variants.is_variant_file(metadata):
-        count = variants.check(model, path, state, metadata)
+        keys = variants.check(model, path, state, metadata)
         kinds = sorted({variants.variant_name(c) for c in variants.configs_of(metadata).values()})
-        return Updates(path, "/".join(kinds), count,
+        return Updates(path, "/".join(kinds), keys,
                        lambda strength: variants.deltas(model, path, state, metadata, strength))
     lora = read_lora(model, path)
-    return Updates(path, "LoRA", len(lora.modules),
+    return Updates(path, "LoRA", list(lora.modules),
                    lambda strength: ((key, linalg.delta(a, b, scale * strength))
                                      for key, (a, b, scale) in lora.modules.items()), lora)
 

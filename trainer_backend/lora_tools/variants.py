@@ -10,7 +10,6 @@ via `scale_layer`), ΔW = merged − base read off, the base weight put back, an
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .files import Key, components
+from .files import Key, components, configs_of, variant_name  # noqa: F401 (re-exported)
 
 ADAPTER = "lora_tools"   # the adapter's name while it sits on the base
 
@@ -31,24 +30,6 @@ def module_of(peft_key: str) -> str:
 def is_variant_file(metadata: dict) -> bool:
     from ..methods.variants import METADATA_KEY
     return METADATA_KEY in metadata
-
-
-def configs_of(metadata: dict) -> dict[str, dict]:
-    """component -> its packed peft config (a dict for PeftConfig.from_peft_type)."""
-    from ..methods.variants import METADATA_KEY
-    packed = json.loads(metadata[METADATA_KEY])
-    out: dict[str, dict] = {}
-    for key, value in packed.items():
-        component, _, field = key.partition(".")
-        out.setdefault(component, {})[field] = value
-    return out
-
-
-def variant_name(config: dict) -> str:
-    kind = str(config.get("peft_type", "?")).upper()
-    if kind == "LORA":
-        return "DoRA" if config.get("use_dora") else "LoRA"
-    return {"LOHA": "LoHa", "LOKR": "LoKr"}.get(kind, kind)
 
 
 def summary(path: Path, state: dict[str, torch.Tensor], metadata: dict) -> dict:
@@ -130,10 +111,10 @@ def layer_delta(layer, strength: float = 1.0) -> torch.Tensor:
             layer.unscale_layer(None)   # back to alpha / r (the layer was put on the base with it)
 
 
-def check(model, path: Path, state: dict, metadata: dict) -> int:
-    """The file fits the base (ConfigError otherwise); the number of layers it changes."""
+def check(model, path: Path, state: dict, metadata: dict) -> list[Key]:
+    """The file fits the base (ConfigError otherwise); the layers it changes."""
     with on_base(model, path, state, metadata) as layers:
-        return len(layers)
+        return [key for key, _ in layers]
 
 
 def deltas(model, path: Path, state: dict, metadata: dict, strength: float = 1.0) -> Iterator[tuple[Key, torch.Tensor]]:

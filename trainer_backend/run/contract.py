@@ -82,7 +82,8 @@ FIELDS: dict[Event, tuple[str, ...] | None] = {
     Event.CLASS_IMAGES: ("folder", "wanted", "user", "reused", "generated"),
     Event.STEP: ("step", "total_steps", "epoch", "samples", "loss", "lr", "it_per_s", "eta_s"),
     Event.EPOCH: ("epoch", "step"),
-    Event.SAMPLE: ("step", "epoch", "paths", "prompts", "ema", "adapter_effect", "adapter_norm"),
+    Event.SAMPLE: ("step", "epoch", "paths", "prompts", "ema", "adapter_effect", "adapter_norm",
+                   "strength", "source", "rows", "adapter"),   # the last four: `lora sample` (lora_tools/strengths.py)
     Event.VALIDATION: ("step", "epoch", "loss", "best", "images", "timesteps"),
     Event.COMPILE: ("step", "status", "blocks", "graphs", "seconds"),
     Event.CHECKPOINT: ("step", "path", "trigger", "metrics", "export", "remote"),
