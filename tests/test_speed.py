@@ -172,3 +172,38 @@ def test_the_default_run_caches_and_trains_as_the_explicit_caches(arch, tiny_mod
     assert "caching: latents cached" in log and "WARNING" not in log.split("caching:")[1].split("\n")[0]
     saved = (run / "config.toml").read_text()
     assert "cache_latents = true" in saved  # the run's config records what was cached
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    (("dataset.cache_latents=true", "hardware.cpu=true"), "need a CUDA device"),
+    (("dataset.cache_latents=true", "dataset.bucketing=true"), "dataset.bucketing"),
+    (("dataset.cache_auto=false",), "latents are encoded every step"),
+    (("dataset.center_crop=false",), "random crop"),
+    (("dataset.cache_latents=true",), ""),
+    ((), ""),  # cache_auto caches the latents
+])
+def test_cuda_graphs_are_refused_unless_shapes_are_static(overrides, refused, tmp_path):
+    from trainer_backend.config import load_config, rules
+    cfg = load_config(None, ["speed.compile=blocks", "speed.compile_mode=reduce-overhead", f"output.dir={tmp_path}",
+                             *overrides])
+    lines = [str(p) for p in rules.problems(cfg) if p.key == "speed.compile_mode"]
+    assert [refused in line for line in lines] == ([True] if refused else [])
+    assert all("\n" not in line for line in lines)
+
+
+def test_cuda_graphs_on_a_run_without_cuda_stop_with_one_line(tiny_models, tmp_path, fresh_accelerate_state):
+    """hardware.cpu off, but no CUDA device found: the trainer refuses before the first step, naming the key."""
+    from trainer_backend.config import ConfigError, load_config
+    from trainer_backend.training.loop import train
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    cfg = load_config(None, [f"model.path={tiny_models('sd1')}", f"dataset.path={data}", "dataset.resolution=32",
+                             f"output.dir={tmp_path / 'runs'}", "output.name=graphs", "precision.mixed=no",
+                             "schedule.max_steps=1", "speed.compile=blocks", "speed.compile_mode=reduce-overhead",
+                             "dataset.cache_latents=true", "logging.tensorboard=false"])
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the refusal is for runs without one")
+    with pytest.raises(ConfigError, match=r"^speed.compile_mode: reduce-overhead records CUDA graphs and this "
+                                          r"run's device is cpu"):
+        train(cfg)
+    events = (cfg.run_dir / "events.jsonl").read_text()
+    assert '"event": "step"' not in events

@@ -79,6 +79,18 @@ def auto_caching(cfg: TrainConfig) -> CachingChoice:
     return CachingChoice(latents, text, reasons)
 
 
+def static_shape_blockers(cfg: TrainConfig) -> list[str]:
+    """What gives the denoiser more than one input shape, or work besides it, in a step: each a reason
+    speed.compile_mode = reduce-overhead (CUDA graphs, recorded once per shape) is refused."""
+    out = []
+    if cfg.dataset.bucketing:
+        out.append("dataset.bucketing gives one image size per bucket (set dataset.bucketing = false)")
+    if not auto_caching(cfg).latents:
+        blockers = latent_blockers(cfg) or ["dataset.cache_latents and dataset.cache_auto are off"]
+        out.append(f"latents are encoded every step ({'; '.join(blockers)}; cache them)")
+    return out
+
+
 def with_auto_caching(cfg: TrainConfig) -> TrainConfig:
     """The config with dataset.cache_auto's choice written into cache_latents / cache_text_encoder_outputs
     (what the run's config.toml then records)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from .base import Problem
+from .caching import static_shape_blockers
 from .schema import TrainConfig
 from .train_sections import FUSED_OPTIMIZERS
 
@@ -101,3 +102,6 @@ def _compiled_blocks(cfg: TrainConfig) -> Iterator[Problem]:
     if cfg.speed.compile_mode == "reduce-overhead" and cfg.hardware.cpu:
         yield Problem("speed.compile_mode", "reduce-overhead records CUDA graphs, which need a CUDA device: "
                                             "choose default or max-autotune-no-cudagraphs on the CPU")
+    elif cfg.speed.compile_mode == "reduce-overhead" and (blockers := static_shape_blockers(cfg)):
+        yield Problem("speed.compile_mode", f"reduce-overhead records CUDA graphs, which need static shapes: "
+                                            f"{'; '.join(blockers)}, or choose compile_mode = default")

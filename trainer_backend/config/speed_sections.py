@@ -24,8 +24,9 @@ class Speed(Section):
     compile_mode: Literal["default", "max-autotune-no-cudagraphs", "reduce-overhead"] = F(
         "default", "torch.compile's mode. default: fused kernels, quick to compile; max-autotune-no-cudagraphs: "
                    "also benchmarks matmul/convolution kernels at compile time (longer first step, sometimes "
-                   "faster steps); reduce-overhead: CUDA graphs as well (static shapes only: one image size, "
-                   "cached latents; a CUDA device).", advanced=True, resume="safe", when={"speed.compile": ("blocks",)})
+                   "faster steps); reduce-overhead: CUDA graphs as well, replaying each block's recorded kernels with "
+                   "one launch (refused unless shapes are static: dataset.bucketing off and latents cached; needs a "
+                   "CUDA device; costs the graphs' own memory pool).", advanced=True, resume="safe", when={"speed.compile": ("blocks",)})
     compile_cache_dir: str = F(
         "", "Where compiled kernels are kept between runs; empty = ~/.cache/sd-studio/inductor (or "
             "$SD_STUDIO_CACHE/inductor).", widget="path", advanced=True, resume="ignored",

@@ -6,6 +6,8 @@ are traced inside each block. Dynamo treats a block's weights as graph inputs (i
 the 19 identical double blocks of Flux reuse one graph; a new image-size bucket adds one graph per block kind.
 `CompileWatch` reports that: the first step is a "compiling" phase of its own (an event the Run page shows),
 and any later step that compiled again says so in the log, with torch's own recompilation reasons.
+compile_mode = reduce-overhead adds CUDA graphs (config/caching.py's static_shape_blockers lists what refuses
+them); each optimizer step then starts a new graph generation, so last step's outputs may be overwritten.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig
 from ..run.contract import Event
 
 LOG = logging.getLogger("trainer")
@@ -36,10 +38,23 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def compile_blocks(cfg: TrainConfig, model, events=None) -> "CompileWatch":
+def cuda_graphs_allowed(cfg: TrainConfig, device) -> bool:
+    """compile_mode = reduce-overhead on a CUDA device; ConfigError on any other (the config rule catches
+    hardware.cpu; this is a run that found no CUDA device at its start)."""
+    if cfg.speed.compile_mode != "reduce-overhead":
+        return False
+    kind = torch.device(device or "cpu").type
+    if kind != "cuda":
+        raise ConfigError(f"speed.compile_mode: reduce-overhead records CUDA graphs and this run's device is "
+                          f"{kind}: choose compile_mode = default")
+    return True
+
+
+def compile_blocks(cfg: TrainConfig, model, events=None, device=None) -> "CompileWatch":
     """Compile each denoiser block in place; the watch does nothing when speed.compile is off."""
     if cfg.speed.compile == "off" or model.denoiser is None:
         return CompileWatch(None, 0, enabled=False)
+    graphs = cuda_graphs_allowed(cfg, device)
     import torch._dynamo
     import torch._functorch.config
     import torch._inductor.config
@@ -57,14 +72,14 @@ def compile_blocks(cfg: TrainConfig, model, events=None) -> "CompileWatch":
     kinds = len({type(b) for b in blocks})
     LOG.info("speed.compile: %d denoiser blocks of %d kinds compiled region by region (mode %s, cache %s)",
              len(blocks), kinds, cfg.speed.compile_mode, cache)
-    return CompileWatch(events, len(blocks))
+    return CompileWatch(events, len(blocks), cuda_graphs=graphs)
 
 
 class CompileWatch:
     """Around each optimizer step: the first one is the compile phase; later new graphs are recompilations."""
 
-    def __init__(self, events, blocks: int, enabled: bool = True):
-        self.events, self.blocks, self.enabled = events, blocks, enabled
+    def __init__(self, events, blocks: int, enabled: bool = True, cuda_graphs: bool = False):
+        self.events, self.blocks, self.enabled, self.cuda_graphs = events, blocks, enabled, cuda_graphs
         self.graphs, self.started, self.first = graphs_compiled() if enabled else 0, 0.0, True
         self.recompiled_steps = 0
 
@@ -72,6 +87,8 @@ class CompileWatch:
         if not self.enabled:
             return
         self.graphs, self.started = graphs_compiled(), time.perf_counter()
+        if self.cuda_graphs:  # a new generation of CUDA graph replays: the last step's outputs are no longer read
+            torch.compiler.cudagraph_mark_step_begin()
         if self.first and self.events is not None:
             self.events.emit(Event.COMPILE, step=step, status="started", blocks=self.blocks)
             LOG.info("compiling the denoiser's blocks during the first step (this step takes longer)")

@@ -81,7 +81,7 @@ def train(cfg: TrainConfig) -> int:
     modules, optimizer = dict(zip(trainable.modules, prepared[:-1])), prepared[-1]
     install_after_prepare(cfg, model, trainable, optimizer, accelerator.device)  # block swap, fused backward
     register_scheduler_state(accelerator, lr_scheduler)  # lr_scheduler.json in each checkpoint
-    compiled = compile_blocks(cfg, model, run.events)  # speed.compile: each block, adapters inside (off: no-op)
+    compiled = compile_blocks(cfg, model, run.events, accelerator.device)  # speed.compile: each block, adapters inside (off: no-op)
     ema = make_ema(cfg, trainable, accelerator)
     batch_loss = method_loss(cfg, model, modules, weight_dtype, accelerator)  # diffusion or reconstruction
 
