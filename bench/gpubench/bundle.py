@@ -35,7 +35,7 @@ EXAMPLES_DIR = "examples/dreambooth"
 LEAN = ("diffusers", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
         "tomli-w", "prodigyopt")
 MATCHED = LEAN + ("transformers", "tokenizers", "peft", "accelerate", "regex")
-BITSANDBYTES = ("bitsandbytes",)
+BITSANDBYTES = ("bitsandbytes", "torchao")  # the tier presets' nf4 / AdamW8bit / int8 and float8 storage
 # The device's limit on what travels is 64 MiB (tree + carried paths); keep room for the tree.
 SIZE_LIMIT = 56 * 2 ** 20
 # pip matches manylinux tags exactly: name the common ones (device README)
@@ -151,5 +151,6 @@ def add_arguments(p) -> None:
                                                         "(default: v<installed diffusers>, else the newest older tag)")
     p.add_argument("--python-version", default="3.12", help="the device's Python (3.12 on the lent H100/H200)")
     p.add_argument("--profile", choices=("matched", "lean"), default="matched")
-    p.add_argument("--bitsandbytes", action="store_true", help="also carry bitsandbytes (use with --profile lean)")
+    p.add_argument("--bitsandbytes", action="store_true", help="also carry bitsandbytes and torchao (use with "
+                                                                  "--profile lean)")
     p.add_argument("--skip-wheels", action="store_true", help="refresh the example scripts only")

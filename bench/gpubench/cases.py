@@ -11,6 +11,7 @@ Pure: no torch, no project imports (the plan prints on any machine).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 # model -> the family's tiny builtin name, the diffusers example, full resolution,
 # seconds to build the random-weight model on the GPU (estimate), our attention targets
@@ -22,8 +23,20 @@ MODELS = {
     "flux": dict(arch="flux", example="train_dreambooth_lora_flux.py", resolution=1024, build_s=60,
                  targets=("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
                           "to_add_out")),
+    # ours only (no diffusers example): the first measurement of each, peak memory against the planner
+    "zimage": dict(arch="zimage", example=None, resolution=1024, build_s=45, disk_gib=20,
+                   targets=("to_q", "to_k", "to_v", "to_out.0")),
+    "qwen_image": dict(arch="qwen_image", example=None, resolution=1024, build_s=120, disk_gib=46,
+                       targets=("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
+                                "to_add_out")),
+    "flux2_klein": dict(arch="flux2", example=None, resolution=1024, build_s=45, disk_gib=16,
+                        targets=("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
+                                 "to_add_out")),
 }
+DISK_GIB = {"sd15": 3, "sdxl": 8, "flux": 34}  # what a built model takes on the device's disk (64 GiB in all)
 GC = ("precision.gradient_checkpointing=true",)
+PRESETS = Path(__file__).resolve().parents[2] / "presets"
+TIERS = ("12gb", "16gb", "24gb")
 TINY_RESOLUTION, TINY_RANK = 64, 4
 
 
@@ -44,6 +57,8 @@ class Case:
     needs: tuple[str, ...] = ()           # modules the case imports (bitsandbytes, prodigyopt)
     count_flops: bool = True              # False under torch.compile (the counter cannot see inside)
     kind: str = "train"                   # "train", or "resume": stopped by SIGTERM, then resumed
+    config: str = ""                      # a preset (path under the repo) the case trains with, under its sets
+    planner: bool = False                 # also record the memory planner's peak for the same config
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -77,20 +92,15 @@ def catalogue() -> list[Case]:
                     notes=("trained with fp16 mixed precision, stopped by SIGTERM after a few steps, resumed",)))
     out += _pair("sdxl-lora", "sdxl", both, 75)
     options = {  # our options one at a time on top of the SDXL baseline
-        "cache-latents": ("dataset.cache_latents=true",),
         "in-process-data": ("dataset.num_workers=0",),  # the baseline decodes in workers (automatic)
-        "fused-adamw": ("optimizer.fused=true",),
         # bf16 adapters stepped by torch's fused AdamW: what the examples train (bf16 LoRA weights, torch's AdamW)
         "bf16-fused-adamw": ("precision.full_bf16=true", 'precision.half_weights_rounding="nearest"',
                              "optimizer.fused=true"),
-        "compile": ("speed.compile=blocks",),
         "read-every-step": ("speed.host_read_every=1",),  # the old behaviour: the loss read after each step
-        "auto-cache": ("dataset.cache_auto=true",),  # the trainer's default (the bench's baseline turns it off)
         "channels-last": ("precision.channels_last=true",),
-        "all": ALL_OPTIONS,
+        **SPEED_OPTIONS,
     }
-    out += [Case("sdxl-options", "ours", v, "sdxl", 1024, sets=s, est_s=150 if "compile" in str(s) else 75,
-                 count_flops="speed.compile=blocks" not in s) for v, s in options.items()]
+    out += option_cases("sdxl-options", "sdxl", options, (), 75)
     full = ("network.type=full", *GC)
     out += [Case("sdxl-full", "ours", "fp32-master", "sdxl", 1024, method="full", sets=full, est_s=150),
             Case("sdxl-full", "ours", "full-bf16", "sdxl", 1024, method="full",
@@ -100,14 +110,82 @@ def catalogue() -> list[Case]:
             Case("sdxl-optimizers", "ours", "prodigy", "sdxl", 1024, sets=("optimizer.name=prodigy", "optimizer.lr=1.0"),
                  needs=("prodigyopt",), est_s=75)]
     out += _pair("flux-lora", "flux", {"gc": (GC, gc)}, 90)
-    out += [Case("flux-options", "ours", v, "flux", 1024, sets=(*GC, *s), est_s=150, count_flops=False)
-            for v, s in {"compile": ("speed.compile=blocks",), "all": ALL_OPTIONS}.items()]
+    out += option_cases("flux-options", "flux", SPEED_OPTIONS, GC, 100)
+    out += first_sample_cases()
+    out += tier_cases()
     return out
 
 
-# issue 34: every speed option together, against the examples' same call (their flags unchanged)
+# issue 34: each speed option alone, then together, against the examples' same call (their flags unchanged)
 ALL_OPTIONS = ("speed.compile=blocks", "dataset.cache_latents=true", "dataset.cache_text_encoder_outputs=true",
                "optimizer.fused=true")
+CUDA_GRAPHS = ("speed.compile=blocks", "speed.compile_mode=reduce-overhead", "dataset.cache_latents=true")
+SPEED_OPTIONS = {  # all together first: the headline figure comes before the budget runs out
+    "all": ALL_OPTIONS,
+    "all-cuda-graphs": (*ALL_OPTIONS, *CUDA_GRAPHS[1:]),
+    "all-float8": (*ALL_OPTIONS, "model.quantize=float8_compute"),
+    "compile": ("speed.compile=blocks",),
+    "cuda-graphs": CUDA_GRAPHS,  # needs static shapes: cached latents, one bucket (the config rule)
+    "cache-latents": ("dataset.cache_latents=true",),
+    "auto-cache": ("dataset.cache_auto=true",),  # the trainer's default (the bench's baseline turns it off)
+    "fused-adamw": ("optimizer.fused=true",),
+    "float8-compute": ("model.quantize=float8_compute",),  # compute capability 8.9+ (H100/H200)
+    "int8-compute": ("model.quantize=int8_compute",),
+    "sdpa-flash": ("precision.attention=sdpa_flash",),
+    "sdpa-cudnn": ("precision.attention=sdpa_cudnn_only",),
+}
+
+
+def option_cases(group: str, model: str, options: dict[str, tuple[str, ...]], base: tuple[str, ...],
+                 est_s: int) -> list[Case]:
+    """Ours with each option on top of the group's baseline sets; compiled cases take longer (the first
+    step compiles) and count no FLOPs (the counter cannot see inside compiled code)."""
+    res = MODELS[model]["resolution"]
+    return [Case(group, "ours", variant, model, res, sets=tuple(dict.fromkeys((*base, *sets))),
+                 est_s=est_s * 2 if "speed.compile=blocks" in sets else est_s,
+                 count_flops="speed.compile=blocks" not in sets) for variant, sets in options.items()]
+
+
+def first_sample_cases() -> list[Case]:
+    """Z-Image, Qwen-Image and Flux.2 Klein 4B LoRA at 1024², batch 1, bf16, gradient checkpointing, text
+    cached: the first it/s and peak memory of each, with the planner's peak for the same config."""
+    out = []
+    for model, est_s in (("zimage", 90), ("flux2_klein", 90), ("qwen_image", 150)):
+        out.append(Case(f"{model.replace('_', '-')}-lora", "ours", "gc", model, MODELS[model]["resolution"],
+                        sets=GC, est_s=est_s, planner=True, count_flops=False))
+    return out
+
+
+def _preset_arch(text: str) -> str:
+    """model.arch of a sparse preset's TOML text (stdlib only: the plan prints on any machine)."""
+    import tomllib
+    return tomllib.loads(text).get("model", {}).get("arch", "")
+
+
+def tier_cases(folder: Path = PRESETS) -> list[Case]:
+    """Every 12/16/24 GB tier preset whose model the device can build: trained as the preset says (its own
+    quantization, block swap, optimizer), at its resolution and batch; the measured peak against the
+    planner's. The presets' cache-to-disk and bucketing stay; the bench's images are square."""
+    arch_to_model = {spec["arch"]: m for m, spec in MODELS.items() if m != "flux2_klein"}
+    out = []
+    for path in sorted(folder.glob("*-*gb.toml")):
+        tier = path.stem.rsplit("-", 1)[1]
+        if tier not in TIERS:
+            continue
+        text = path.read_text(encoding="utf-8")
+        arch = _preset_arch(text)
+        model = "flux2_klein" if path.stem.startswith("flux2-klein-4b") else arch_to_model.get(arch)
+        if model is None:
+            continue  # no full-size builder (bench/gpubench/models.py): listed in docs/gpu-bench.md
+        needs = tuple(m for m, words in (("bitsandbytes", ("nf4", "adamw8bit")), ("torchao", ('"int8"', '"float8"')))
+                      if any(w in text for w in words))
+        import tomllib
+        resolution = tomllib.loads(text).get("dataset", {}).get("resolution", MODELS[model]["resolution"])
+        out.append(Case("tiers", "ours", path.stem, model, resolution, config=f"presets/{path.name}",
+                        est_s=120 if model in ("flux", "qwen_image") else 80, needs=needs, planner=True,
+                        count_flops=False))
+    order = list(MODELS)
+    return sorted(out, key=lambda c: (order.index(c.model), c.variant))  # each model's builds together
 
 
 def tiny(case: Case) -> Case:
@@ -118,17 +196,32 @@ def tiny(case: Case) -> Case:
                    est_s=60)
 
 
+# Named selections for device calls of one command each (--budget-s 540), in the order of their value
+# (docs/gpu-bench.md, "Device calls"); a name here expands to its groups and cases
+SUITES = {
+    "issue34-sdxl": ("sdxl-lora/ours/baseline", "sdxl-lora/diffusers/baseline", "sdxl-options/ours/all",
+                     "sdxl-options/ours/all-cuda-graphs"),
+    "issue34-flux": ("flux-lora/ours/gc", "flux-lora/diffusers/gc", "flux-options/ours/all",
+                     "flux-options/ours/all-cuda-graphs"),
+    "issue34-first-samples": ("zimage-lora", "flux2-klein-lora", "qwen-image-lora"),
+    "issue34-sdxl-each": ("sdxl-lora/ours/baseline", "sdxl-lora/diffusers/baseline", "sdxl-options/ours/all-float8",
+                          "sdxl-options/ours/compile", "sdxl-options/ours/cuda-graphs",
+                          "sdxl-options/ours/float8-compute"),
+}
+
+
 def groups() -> list[str]:
     return list(dict.fromkeys(c.group for c in catalogue()))
 
 
 def select(names: str = "", is_tiny: bool = False) -> list[Case]:
-    """`--cases a,b`: groups (sdxl-lora) or single cases (sdxl-lora/ours/gc); empty = all."""
-    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    """`--cases a,b`: suites (issue34-sdxl), groups (sdxl-lora) or single cases (sdxl-lora/ours/gc); empty = all."""
+    wanted = [part for n in names.split(",") if n.strip() for part in SUITES.get(n.strip(), (n.strip(),))]
     known = {c.name for c in catalogue()} | set(groups())
     unknown = [n for n in wanted if n not in known]
     if unknown:
-        raise SystemExit(f"--cases: unknown {', '.join(unknown)} (groups: {', '.join(groups())})")
+        raise SystemExit(f"--cases: unknown {', '.join(unknown)} (groups: {', '.join(groups())}; suites: "
+                         f"{', '.join(SUITES)})")
     chosen = [c for c in catalogue() if not wanted or c.group in wanted or c.name in wanted]
     return [tiny(c) for c in chosen] if is_tiny else chosen
 
@@ -200,6 +293,7 @@ def print_plan(args) -> int:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--cases", default="", help=f"comma-separated groups or cases; groups: {', '.join(groups())}")
+    p.add_argument("--cases", default="", help=f"comma-separated suites, groups or cases; suites: {', '.join(SUITES)}; "
+                                               f"groups: {', '.join(groups())}")
     p.add_argument("--part", default="", help="i/n: run the i-th of n contiguous, time-balanced parts")
     p.add_argument("--tiny", action="store_true", help="the builtin tiny models at 64 px (CPU check)")

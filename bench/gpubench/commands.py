@@ -65,16 +65,24 @@ def ours_argv(case: Case, *, model_dir: Path, images: Path, run_root: Path, run_
             f"output.name={run_name}", f"schedule.max_steps={total_steps(tiny, steps_before)}",
             f"schedule.batch_size={case.batch}", f"precision.mixed={mixed_precision(case)}", "optimizer.lr=1e-4",
             "schedule.seed=42", f"precision.attention={ATTENTION[attention][1]}"]
-    if case.method == "lora":
+    if case.method == "lora" and not case.config:  # a preset names its own rank and targets
         targets = json.dumps(list(MODELS[case.model]["targets"]))
         sets += [f"network.rank={case.rank}", f"network.alpha={case.rank}", f"network.target_modules={targets}"]
     if cpu:
         sets.append("hardware.cpu=true")
     sets += list(case.sets)
     argv = observer_argv(case, steps_log, tiny, stop_after) + ["--module", "trainer_backend", "--", "train"]
+    if case.config:
+        argv += ["--config", str(ROOT / case.config)]
     for s in sets:
         argv += ["--set", s]
     return argv
+
+
+def planner_argv(case: Case, ours: list[str]) -> list[str]:
+    """The memory planner for the config `ours` (an ours_argv) trains: the same --config and --set list."""
+    train = ours.index("train")
+    return [sys.executable, str(Path(__file__).resolve().parent / "planned.py"), *ours[train + 1:]]
 
 
 def example_argv(case: Case, *, example: Path, model_dir: Path, images: Path, output_dir: Path, steps_log: Path,

@@ -22,7 +22,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "assets" / "model_configs"
 BUILT_MARKER = ".gpubench-built"
-ARCH = {"sd15": "sd1", "sdxl": "sdxl", "flux": "flux"}
+ARCH = {"sd15": "sd1", "sdxl": "sdxl", "flux": "flux", "zimage": "zimage", "qwen_image": "qwen_image",
+        "flux2_klein": "flux2"}
+# Families built from their tiny folder (tokenizers, scheduler, model_index.json: the layout the family
+# loads) with each weighted component replaced by a full-size random one from these bundled configs
+FULL_COMPONENTS = {
+    "zimage": {"transformer": "zimage/transformer/config.json", "vae": "zimage/vae/config.json",
+               "text_encoder": "zimage/text_encoder/config.json"},
+    "qwen_image": {"transformer": "qwen_image/transformer/config.json", "vae": "qwen_image/vae/config.json",
+                   "text_encoder": "qwen_image/text_encoder/config.json"},
+    "flux2_klein": {"transformer": "flux2/transformer-klein-4b.json", "vae": "flux2/vae.json",
+                    "text_encoder": "flux2/text_encoder-qwen3-4b.json"},
+}
+# The device's disk (64 GiB) does not hold Qwen-Image in bf16 (20.4 B transformer + 8.3 B Qwen2.5-VL = 57 GiB)
+# beside anything else: its text encoder keeps 4 of 28 language layers (full width, so its outputs fit the
+# transformer). The cases cache the text: the encoder runs only in the cache pass, whose peak is then smaller
+# than the real model's (the report's planner column says which phase the planner's peak is in).
+SHRUNK = {"qwen_image": {"text_encoder": {"text_config": {"num_hidden_layers": 4}}}}
 FLUX_INDEX = {"_class_name": "FluxPipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
               "text_encoder": ["transformers", "CLIPTextModel"], "text_encoder_2": ["transformers", "T5EncoderModel"],
               "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "T5TokenizerFast"],
@@ -95,6 +111,44 @@ def build_full(model: str, out: Path, device: str) -> None:
         _save(_diffusers_model(cls, folder, device, dtype), out / sub)
 
 
+def build_from_tiny(model: str, out: Path, device: str) -> None:
+    """The family's tiny folder, then each of FULL_COMPONENTS built at full size in bf16 on `device` from
+    its bundled config (the class the folder's model_index.json names) and saved over the tiny one. The
+    tiny Qwen tokenizers' ids lie inside the full vocabularies; their shorter max length only shortens
+    the captions, which the cases cache."""
+    import diffusers
+    import torch
+    import transformers
+    sys.path.insert(0, str(ROOT))
+    from trainer_backend.families import build_tiny_model
+    build_tiny_model(ARCH[model], out)
+    index = json.loads((out / "model_index.json").read_text())
+    for sub, config in FULL_COMPONENTS[model].items():
+        library, class_name = index[sub]
+        raw = _json(CONFIGS / config)
+        for key, value in SHRUNK.get(model, {}).get(sub, {}).items():
+            raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+        if library == "diffusers":
+            cls = getattr(diffusers, class_name)
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.bfloat16)
+            try:
+                with _device(device):
+                    module = cls.from_config(raw)
+            finally:
+                torch.set_default_dtype(previous)
+        else:
+            cls = getattr(transformers, class_name)
+            raw.pop("architectures", None)
+            with _device(device):
+                module = cls._from_config(cls.config_class.from_dict(raw), dtype=torch.bfloat16)
+        if device == "meta":  # the check (tests): every full-size class builds from its config; nothing saved
+            print(f"{model}/{sub}: {class_name} {sum(p.numel() for p in module.parameters()) / 1e9:.2f} B parameters")
+            continue
+        shutil.rmtree(out / sub)
+        _save(module, out / sub)
+
+
 def _save(module, folder: Path) -> None:
     import torch
     module.save_pretrained(str(folder), safe_serialization=True)
@@ -112,6 +166,8 @@ def build(model: str, out: Path, device: str, tiny: bool) -> Path:
         sys.path.insert(0, str(ROOT))
         from trainer_backend.families import build_tiny_model
         build_tiny_model(ARCH[model], out)
+    elif model in FULL_COMPONENTS:
+        build_from_tiny(model, out, device)
     else:
         build_full(model, out, device)
     (out / BUILT_MARKER).write_text("ok\n")

@@ -54,12 +54,17 @@ def model_flops(cases: dict[str, dict]) -> dict[str, tuple[int, str]]:
 
 def reference(name: str, cases: dict[str, dict]) -> str | None:
     """What a case is compared with: ours with the diffusers example at the same setting; one of our
-    options with our baseline on the same model; nothing else."""
+    speed options (an -options group) with the example's same call; else our baseline on the same model."""
     r = cases[name]
     if r["trainer"] == "ours":
         other = f"{r['group']}/diffusers/{r['variant']}"
         if other in cases:
             return other
+        if r["group"].endswith("-options"):  # issue 34: each option, and all together, against the example's call
+            checkpointing = "precision.gradient_checkpointing=true" in r.get("sets", [])
+            example = f"{r['model']}-lora/diffusers/{'gc' if checkpointing else 'baseline'}"
+            if example in cases:
+                return example
         base = f"{r['model']}-lora/ours/baseline"
         if r["group"] != f"{r['model']}-lora" and r["method"] == "lora" and base in cases:
             return base
@@ -72,6 +77,15 @@ def _fmt(value, digits=2, unit="") -> str:
 
 def _gib(r: dict):
     return r["peak_allocated"] / 2 ** 30 if r.get("peak_allocated") else None
+
+
+def planned(r: dict) -> str:
+    """The memory planner's peak for the case's config, and its ratio to the measured peak (goal 0.97-1.10:
+    bench/planner_vs_measured.py)."""
+    if r.get("planned_gib") is None:
+        return "n/a"
+    gib = _gib(r)
+    return f"{r['planned_gib']:.2f}" + (f" ({r['planned_gib'] / gib:.2f})" if gib else "")
 
 
 def render(records: list[dict], peak_override: float = 0.0) -> str:
@@ -88,8 +102,8 @@ def render(records: list[dict], peak_override: float = 0.0) -> str:
                      f"({str(ex.get('commit', '?'))[:10]}){'; TINY models on the CPU' if s.get('tiny') else ''}")
     lines += list(dict.fromkeys(headers))
     flops = model_flops(cases)
-    lines += ["", "| case | status | it/s | × ref | peak GiB | × ref | first step s | GFLOP/step | MFU | compared with "
-                  "/ note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| case | status | it/s | × ref | peak GiB | × ref | planned GiB (÷ peak) | GPU busy % | first step s "
+                  "| GFLOP/step | MFU | compared with / note |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in cases.items():
         peak = peak_override or peak_tflops(r.get("device"))
         model = flops.get(r.get("flops_key"))
@@ -111,7 +125,8 @@ def render(records: list[dict], peak_override: float = 0.0) -> str:
         if model and model[1] != name and mfu is not None:
             notes.append(f"model FLOPs counted in {model[1]}")
         lines.append(f"| {name} | {r['status']} | {_fmt(r.get('it_s'), 3)} | {_fmt(speed_x, 2, '×')} | "
-                     f"{_fmt(_gib(r), 2)} | {_fmt(mem_x, 2, '×')} | {_fmt(r.get('first_step_s'), 1)} | "
+                     f"{_fmt(_gib(r), 2)} | {_fmt(mem_x, 2, '×')} | {planned(r)} | {_fmt(r.get('gpu_util_median'), 0)} | "
+                     f"{_fmt(r.get('first_step_s'), 1)} | "
                      f"{_fmt(r['flops_per_step'] / 1e9 if r.get('flops_per_step') else None, 1)} | "
                      f"{_fmt(mfu * 100 if mfu is not None else None, 1, '%')} | {'; '.join(notes)} |")
     builds = [r for r in records if r.get("kind") == "build"]

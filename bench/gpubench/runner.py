@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from . import cases as plan
 from . import commands, report
+from .monitor import MonitorSampler, screenshot, write_page
 from .bundle import BUNDLE
 from .measure import case_metrics, read_jsonl, resume_facts
 
@@ -38,12 +40,13 @@ out["cuda"] = torch.cuda.is_available()
 out["device_name"] = torch.cuda.get_device_name(0) if out["cuda"] else "cpu"
 from importlib import metadata
 for name in ("diffusers", "transformers", "peft", "accelerate", "pydantic", "tokenizers", "huggingface_hub",
-             "safetensors", "torchvision", "bitsandbytes", "prodigyopt"):
+             "safetensors", "torchvision", "bitsandbytes", "prodigyopt", "torchao"):
     try:
         out[name] = metadata.version(name)
     except metadata.PackageNotFoundError:
         out[name] = None
-out["importable"] = {m: importlib.util.find_spec(m) is not None for m in ("torchvision", "bitsandbytes", "prodigyopt")}
+out["importable"] = {m: importlib.util.find_spec(m) is not None
+                     for m in ("torchvision", "bitsandbytes", "prodigyopt", "torchao")}
 from trainer_backend.config.schema import sections
 out["option_keys"] = sorted(f"{s}.{k}" for s, cls in sections().items() for k in cls.model_fields)
 import diffusers  # the examples need it; fail here, once, rather than in every case
@@ -176,6 +179,8 @@ class Runner:
         """Build on first use (its time goes on the budget); None if the build failed."""
         if model not in self.built:
             folder = self.work / "models" / (f"tiny-{model}" if self.tiny else model)
+            if not self.tiny:
+                self.make_room(model)
             log = self.work / "logs" / f"build-{model}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             argv = [sys.executable, str(MODELS_PY), "--model", model, "--out", str(folder),
@@ -187,6 +192,30 @@ class Runner:
             print(f"model {model}: {'built' if ok else 'FAILED'} in {seconds:.0f} s", flush=True)
             self.built[model] = folder if ok else None
         return self.built[model]
+
+    def make_room(self, model: str) -> None:
+        """The device's disk holds 64 GiB: remove other built models until this one fits (Qwen-Image is
+        58 GiB in bf16); they are rebuilt if a later case needs them."""
+        need = plan.MODELS[model].get("disk_gib", plan.DISK_GIB.get(model, 10)) + 4
+        root = self.work / "models"
+        root.mkdir(parents=True, exist_ok=True)
+        for other in sorted(p for p in root.iterdir() if p.name != model):
+            if shutil.disk_usage(root).free / 2 ** 30 >= need:
+                return
+            shutil.rmtree(other, ignore_errors=True)
+            self.built.pop(other.name, None)
+            print(f"removed the built {other.name} to make room for {model}", flush=True)
+
+    def planned_peak(self, case: plan.Case, ours: list[str]) -> dict:
+        """The memory planner's peak for the config the case trains (planned.py in the cases' environment)."""
+        proc = subprocess.run(commands.planner_argv(case, ours), env=self.env, capture_output=True, text=True,
+                              cwd=str(ROOT), timeout=300)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PLANNED ")), None)
+        if line is None:
+            return {"planned_error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+        out = json.loads(line[len("PLANNED "):])
+        return {"planned_gib": out["planned_gib"], "planned_phase": out["phase"], **(
+            {"planned_why": out["why"]} if out["why"] else {})}
 
     def images(self, resolution: int) -> Path:
         folder = self.work / f"images-{resolution}"
@@ -203,6 +232,8 @@ class Runner:
         absent = [m for m in case.needs if not self.session["importable"].get(m)]
         if absent:
             return f"needs {', '.join(absent)} (not installed; prepare --profile lean --bitsandbytes carries it)"
+        if self.cpu and "speed.compile_mode=reduce-overhead" in case.sets:
+            return "CUDA graphs need a CUDA device (the trainer refuses them on the CPU: tests/test_speed.py)"
         if case.trainer == "diffusers" and not self.example(case).is_file():
             return f"no example script {self.example(case)}: run prepare"
         return ""
@@ -251,8 +282,16 @@ class Runner:
             cmd = commands.example_argv(case, example=self.example(case), model_dir=model_dir, images=images,
                                         output_dir=self.work / "example-out" / slug, steps_log=steps_log,
                                         tiny=self.tiny, cpu_torchvision=not self.session["importable"]["torchvision"])
+        if case.planner:
+            facts.update(self.planned_peak(case, cmd))
         t0 = time.time()
+        sampler = MonitorSampler().start()  # the studio's GPU monitor, as the Run page reads it
         rc, seconds = run_process(cmd, self.env, log, self.budget.left())
+        monitor = sampler.stop()
+        if case.trainer == "ours" and sampler.samples:  # the last of our cases gives the page
+            page = write_page(self.results.parent, case.name, sampler.table, sampler.samples, monitor)
+            monitor["monitor_png"] = screenshot(page, self.results.parent / "monitor.png")
+        facts.update(monitor)
         records = read_jsonl(steps_log)
         metrics = case_metrics(records, commands.steps_plan(self.tiny)[0], t0, case.batch)
         if case.kind == "resume":
