@@ -32,7 +32,7 @@ def collate(samples: list[dict]) -> dict:
     captions = [s["caption"] for s in samples]
     batch: dict = {"caption": captions, "captions": captions,  # both spellings: same list
                    "is_class": torch.tensor([bool(s["is_class"]) for s in samples], dtype=torch.bool)}
-    for key in ("pixel_values", "latents", "mask", "control_pixel_values", "control_latents"):
+    for key in ("pixel_values", "latents", "latents_std", "mask", "control_pixel_values", "control_latents"):
         if key in samples[0]:
             batch[key] = torch.stack([s[key] for s in samples])
     for key in ("original_size", "crop_top_left", "target_size"):

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from ..config import ConfigError, TrainConfig
 
-CACHE_FORMAT = 1          # bump when the pixel pipeline changes in a way the key does not capture
+CACHE_FORMAT = 2          # bump when the pixel pipeline changes in a way the key does not capture (2: + std)
 _HEAD_BYTES = 1 << 16
 
 
@@ -79,7 +79,17 @@ class DiskLatents:
     def load_mask(self, key: str) -> torch.Tensor:
         return load_file(self.path(key))["mask"]
 
-    def save(self, key: str, latents: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    def load_std(self, key: str) -> torch.Tensor | None:
+        """The posterior's std in the latents' layout (diffusion/posterior.py), None if not stored."""
+        return load_file(self.path(key)).get("std")
+
+    def has_std(self, key: str) -> bool:
+        from safetensors import safe_open
+        with safe_open(str(self.path(key)), framework="pt") as f:
+            return "std" in f.keys()
+
+    def save(self, key: str, latents: torch.Tensor, mask: torch.Tensor | None = None,
+             std: torch.Tensor | None = None) -> None:
         target = self.path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
@@ -88,6 +98,8 @@ class DiskLatents:
             tensors = {"latents": latents.contiguous().cpu()}
             if mask is not None:  # loss.masked: the mask on the latent grid, cropped and flipped alike
                 tensors["mask"] = mask.contiguous().cpu()
+            if std is not None:  # each step draws latents + std · eps (diffusion/posterior.py)
+                tensors["std"] = std.contiguous().cpu()
             save_file(tensors, tmp)
             with open(tmp, "rb") as f:  # on disk before it gets its name: after a power loss a cache
                 os.fsync(f.fileno())     # file is whole or absent, never short

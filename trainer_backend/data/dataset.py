@@ -73,6 +73,7 @@ class TrainDataset(torch.utils.data.Dataset):
         self._latents: dict[tuple[int, bool], torch.Tensor] | None = None
         self._latent_keys: dict[tuple[int, bool], str] = {}
         self._control_latents: dict[tuple[int, bool], torch.Tensor] = {}   # paired images' control latents
+        self._latent_stds: dict[tuple[int, bool], torch.Tensor] = {}  # the posterior's std (diffusion/posterior.py)
         self._control_keys: dict[tuple[int, bool], str] = {}
         self._disk: DiskLatents | None = None
         self._fixed_crops: dict[int, tuple[int, int]] = {}
@@ -124,6 +125,9 @@ class TrainDataset(torch.utils.data.Dataset):
         if self._latents is not None or self._disk is not None:
             top, left = self._crop_of(item_idx, item, crop01)
             sample["latents"] = self._cached_latents(item_idx, flip)
+            std = self._cached_std(item_idx, flip)
+            if std is not None:  # the step draws latents + std · eps, as the VAE would sample
+                sample["latents_std"] = std
             if item.control is not None:
                 sample["control_latents"] = self._cached_latents(item_idx, flip, control=True)
             sample["crop_top_left"] = self._flipped_crop(item, (top, left), flip)
@@ -261,9 +265,12 @@ class TrainDataset(torch.utils.data.Dataset):
                 chunk = jobs[start:start + batch_size]
                 rendered = [self._pixels_with_fallback(idx, (0.5, 0.5), flip)[:2] for idx, flip, _, _ in chunk]
                 with torch.no_grad():
-                    latents = encode(torch.stack([pixels for pixels, _ in rendered])).detach().float().cpu()
+                    latents, stds = _mean_and_std(encode(torch.stack([pixels for pixels, _ in rendered])))
                     controls = self._encode_controls(encode, [control for _, control in rendered])
                 for j, ((idx, flip, key, control_key), lat) in enumerate(zip(chunk, latents)):
+                    std = None if stds is None else stds[j].clone()
+                    if std is not None and self._disk is None:
+                        self._latent_stds[(idx, flip)] = std
                     mask = None
                     if self._mask_sources is not None:  # on the latent grid, like the loss resizes it
                         mask = to_grid(self.mask(idx, self._fixed_crops[idx], flip), tuple(lat.shape[-2:]))
@@ -272,7 +279,7 @@ class TrainDataset(torch.utils.data.Dataset):
                         if not k or value is None:
                             continue
                         if self._disk is not None:
-                            self._disk.save(k, value.clone(), mask=m)
+                            self._disk.save(k, value.clone(), mask=m, std=std if k == key else None)
                         else:
                             store[(idx, flip)] = value.clone()
                             if m is not None:
@@ -293,7 +300,8 @@ class TrainDataset(torch.utils.data.Dataset):
         out: dict[int, torch.Tensor] = {}
         for positions in by_count.values():
             stacked = torch.stack([rendered[j] for j in positions])
-            latents = joined_references(encode(per_reference(stacked, 3)), len(positions)).detach().float().cpu()
+            mean, _ = _mean_and_std(encode(per_reference(stacked, 3)))  # a condition: its mean alone
+            latents = joined_references(mean, len(positions))
             out.update(zip(positions, latents))
         return out
 
@@ -304,6 +312,12 @@ class TrainDataset(torch.utils.data.Dataset):
         if self._latents is not None:
             return (self._control_latents if control else self._latents)[(item_idx, flip)]
         return self._disk.load((self._control_keys if control else self._latent_keys)[(item_idx, flip)])
+
+    def _cached_std(self, item_idx: int, flip: bool) -> torch.Tensor | None:
+        flip = flip and self._flip_allowed
+        if self._latents is not None:
+            return self._latent_stds.get((item_idx, flip))
+        return self._disk.load_std(self._latent_keys[(item_idx, flip)])
 
     def _cached_mask(self, item_idx: int, flip: bool) -> torch.Tensor:
         flip = flip and self._flip_allowed
@@ -336,3 +350,9 @@ class TrainDataset(torch.utils.data.Dataset):
             store.update(zip(chunk, split_text_outputs(outputs, len(chunk))))
         self._text, self.text_cache_key = store, key
         return True
+
+
+def _mean_and_std(encoded) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A cache pass's `encode` gives the latents, or (latents, the posterior's std in their layout)."""
+    mean, std = encoded if isinstance(encoded, tuple) else (encoded, None)
+    return mean.detach().float().cpu(), None if std is None else std.detach().float().cpu()

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compute.devices import to_device
+from .posterior import draw_latents
 
 
 def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, weight_dtype,
@@ -21,7 +22,9 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
     seed = cfg.schedule.seed
     if "latents" in batch:
         latents = to_device(batch["latents"], device).float()
-        noise, timesteps, _ = objective.draw(indices, seed, epoch, tuple(latents.shape[1:]), cfg.loss)
+        noise, timesteps, eps = objective.draw(indices, seed, epoch, tuple(latents.shape[1:]), cfg.loss)
+        if "latents_std" in batch:  # the cached posterior: this step's sample, with the eps uncached would use
+            latents = draw_latents(latents, to_device(batch["latents_std"], device).float(), to_device(eps, device))
     else:
         pixels = to_device(batch["pixel_values"], device)
         shape = family.latent_shape(model, pixels.shape[-2], pixels.shape[-1])

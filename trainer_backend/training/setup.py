@@ -185,6 +185,7 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
     when asked (rank 0 first, the others reuse its cache)."""
     from ..data import TrainDataset, latent_cache_dir
     from ..data.pairs import check_reference_limit
+    from ..diffusion.posterior import encode_posterior
     if model.family is not None:   # a VAE fine-tune trains no family's denoiser and reads no control images
         check_reference_limit(scan.items, scan.groups, model.family.max_control_images, model.family.label)
     dataset = TrainDataset(scan, cfg, counts=counts)
@@ -192,8 +193,9 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
         cache_text_outputs(cfg, dataset, model)
     if cfg.dataset.cache_latents:
         @torch.no_grad()
-        def encode(pixels: torch.Tensor) -> torch.Tensor:  # the posterior mean; per-sample noise is not cached
-            return model.family.encode_latents(model, pixels.to(accelerator.device), None).cpu()
+        def encode(pixels: torch.Tensor):  # the posterior's mean and std: each step draws its own sample
+            mean, std = encode_posterior(model, pixels.to(accelerator.device))
+            return mean.cpu() if std is None else (mean.cpu(), std.cpu())
 
         from ..families.weights_identity import weights_identity
         # the weight files, not just their paths: a VAE overwritten in place invalidates the cache
