@@ -13,6 +13,7 @@ from gui import run_tools
 from gui.shared_state import Studio
 from gui.run_control import StartRefused, exited_at, run_started_at
 from gui.run_state import run_status, snapshot
+from gui.run_strengths import build_strengths_panel
 from gui.sample_grid import GRID_JS, grid_html, grid_of
 from gui.secrets_panel import env_from_rows
 from gui.system_monitor import system_markdown
@@ -187,6 +188,8 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> gr.Timer:
         download = gr.DownloadButton("Download full log", value=None, elem_id="run-download-log")
     message = gr.Markdown("", elem_id="run-message")
     view = build_run_view("run")
+    shown = gr.State("")        # the run this page shows: its buttons act on it, never on a newer one
+    build_strengths_panel(studio, shown)   # "sample this LoRA / checkpoint at strengths" (gui/run_strengths.py)
     wire_compare(view, studio)
     with gr.Row(equal_height=False):
         with gr.Column(scale=1):
@@ -203,7 +206,6 @@ def build_run_page(studio: Studio, secret_boxes: list, tab: gr.Tab) -> gr.Timer:
                           elem_id="run-price")
     seen = gr.State({})
     armed = gr.State(None)
-    shown = gr.State("")        # the run this page shows: its buttons act on it, never on a newer one
     said = gr.State(None)       # message_meta of the message under the buttons
     timer = gr.Timer(studio.settings.refresh_s, active=False)
 

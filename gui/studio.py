@@ -10,6 +10,7 @@ from trainer_backend.config import ConfigError, from_dict
 from gui.shared_state import Studio, overlay
 from gui.form_draft import FormDraft
 from gui.datasets_page import KEYS_JS, build_datasets_page
+from gui.lora_tools_page import build_lora_tools_page
 from gui.preset_panel import build_preset_panel, wire_preset_panel
 from gui.run_control import StartRefused
 from gui.run_page import build_run_page
@@ -91,7 +92,10 @@ def build_app(studio: Studio) -> gr.Blocks:
                                              runs_tab)
             with gr.Tab("Datasets", id="datasets", elem_id="page-datasets") as datasets_tab:
                 datasets_timer, _ = build_datasets_page(studio, page.form, after_load, main_tabs, datasets_tab)
+            with gr.Tab("LoRA tools", id="lora-tools", elem_id="page-lora-tools") as lora_tab:
+                build_lora_tools_page(studio)
             pages = [(training_tab, None), (run_tab, run_timer), (runs_tab, runs_timer), (datasets_tab, datasets_timer)]
+            pages.append((lora_tab, None))   # its own timer runs while one of its jobs does (gui/lora_tools_page.py)
             if studio.queue is not None:
                 with gr.Tab("Queue", id="queue", elem_id="page-queue") as queue_tab:
                     pages.append((queue_tab, build_queue_page(studio, main_tabs)))

@@ -209,7 +209,11 @@ def test_only_the_shown_page_ticks_and_an_idle_run_page_ticks_slowly(studio, liv
     one, or none, every idle_refresh_s."""
     from gui.studio import build_app
     app = build_app(studio)
-    timers = sorted((b for b in app.blocks.values() if isinstance(b, gr.Timer) and b.value < 5),
+    # the LoRA tools page's timer runs only while one of its jobs does (started by its Run button)
+    (lora_timer,) = [b for b in app.blocks.values() if isinstance(b, gr.Timer) and any(
+        f.targets == [(b._id, "tick")] and f.fn.__module__ == "gui.lora_tools_page" for f in app.fns.values())]
+    assert not lora_timer.active
+    timers = sorted((b for b in app.blocks.values() if isinstance(b, gr.Timer) and b.value < 5 and b is not lora_timer),
                     key=lambda t: t.value)
     run_timer, runs_timer, datasets_timer = timers   # refresh_s, 2 × refresh_s, the Datasets page's 4 s
     assert not run_timer.active and not runs_timer.active and not datasets_timer.active  # the page opens on Training
@@ -218,7 +222,8 @@ def test_only_the_shown_page_ticks_and_an_idle_run_page_ticks_slowly(studio, liv
                 for f in app.fns.values() if f.outputs == [run_timer, runs_timer, datasets_timer]
                 and f.targets[0][1] == "select"}
     assert switched == {"training": [False, False, False], "run": [True, False, False],
-                        "runs": [False, True, False], "datasets": [False, False, True]}
+                        "runs": [False, True, False], "datasets": [False, False, True],
+                        "lora-tools": [False, False, False]}
 
     (runs_tick,) = [f for f in app.fns.values() if f.targets == [(runs_timer._id, "tick")]]
     assert runs_tick.fn(None, {})[-1].constructor_args == {"value": studio.settings.idle_refresh_s}  # none listed

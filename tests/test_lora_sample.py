@@ -29,17 +29,31 @@ def _events(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
 
 
-def test_a_strength_job_in_the_queue_adds_columns_to_the_runs_grid(finished_run, tmp_path):
+def test_a_strength_job_through_the_api_adds_columns_to_the_runs_grid(finished_run, tmp_path):
+    """POST /api/v1/runs/<name>/sample-strengths queues the job; the queue runs it; the grid has the columns."""
+    from fastapi.testclient import TestClient
     from gui.sample_grid import grid_of
     from trainer_backend.jobqueue import JobQueue, QueueSettings
-    from trainer_backend.lora_tools.jobs import job_result, queue_sample_job
+    from trainer_backend.jobqueue.api import build_api
+    from trainer_backend.jobqueue.tokens import new_token
+    from trainer_backend.lora_tools.jobs import job_result
     run = finished_run
     before = [e for e in _events(run) if e["event"] == "sample"]
-    queue = JobQueue(QueueSettings(runs_dir=run.parent, poll_s=0.1)).start()
+    queue = JobQueue(QueueSettings(runs_dir=run.parent, state_dir=tmp_path / "state", poll_s=0.1)).start()
     try:
-        job = queue_sample_job(queue, run, strengths="0,1")
+        client = TestClient(build_api(queue))
+        auth = {"Authorization": f"Bearer {new_token(queue.store, 'tester')}"}
+        refused = client.post(f"/runs/{run.name}/sample-strengths", json={"source": "/etc/passwd"}, headers=auth)
+        assert refused.status_code == 403 and "outside the run" in refused.json()["detail"]
+        bad = client.post(f"/runs/{run.name}/sample-strengths", json={"strengths": "1,one"}, headers=auth)
+        assert bad.status_code == 422 and bad.json()["detail"][0]["key"] == "--strengths"
+        assert client.post("/runs/nope/sample-strengths", json={}, headers=auth).status_code == 404
+        answer = client.post(f"/runs/{run.name}/sample-strengths", json={"strengths": "0,1"}, headers=auth)
+        assert answer.status_code == 201, answer.text
+        job = queue.get(answer.json()["id"])
         finished = queue.worker.wait(job.id, 300)
         assert finished.status == "done", (Path(job.run_dir) / "console.log").read_text()[-2000:]
+        assert client.get(f"/jobs/{job.id}", headers=auth).json()["step"] == 4
     finally:
         queue.close()
     result = job_result(Path(job.run_dir))   # the job's own progress: one step per image
@@ -79,3 +93,19 @@ def test_a_run_being_trained_is_refused_in_one_line(finished_run, tmp_path, caps
     assert cli(["lora", "sample", "--run", str(finished_run), "--strengths", "1,x"]) == 2
     (err,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert err.startswith("error: --strengths:")
+
+
+def test_the_run_pages_panel_lists_the_sources_and_queues_the_job(finished_run, tmp_path):
+    from gui.run_strengths import sources, submit
+    from gui.shared_state import Settings, Studio
+    from trainer_backend.jobqueue import JobQueue, QueueSettings
+    run = finished_run
+    assert [label for label, _ in sources(run)] == ["output: tiny.safetensors", "checkpoint: step-00000002"]
+    queue = JobQueue(QueueSettings(runs_dir=run.parent, state_dir=tmp_path / "state", poll_s=0.1))  # not started
+    studio = Studio.create(Settings(runs_dir=run.parent), queue=queue)
+    assert submit(studio, str(run), "", "1,x").startswith("⚠️ --strengths:")
+    text = submit(studio, str(run), sources(run)[1][1], "0.5,1")
+    assert text.startswith("Queued job 1: step-00000002 at 0.5,1 (waiting in the queue: 1st of 1)")
+    (job,) = queue.store.waiting()
+    assert job.argv[job.argv.index("--checkpoint") + 1] == str(run / "checkpoints" / "step-00000002")
+    assert Path(job.run_dir).parent == run / "jobs"

@@ -19,13 +19,19 @@ from .store import FINISHED
 from .tokens import check_token
 
 PREFIX = "/api/v1"
-HIDDEN = (CONTROL_DIR, "checkpoints", "tb")   # not outputs: state, control files, TensorBoard
+HIDDEN = (CONTROL_DIR, "checkpoints", "tb", "jobs")   # not outputs: state, control files, TensorBoard, after-run jobs
 
 
 class Submit(BaseModel):
     config_toml: str = Field(description="a config (or a sparse preset) as TOML, over the studio's defaults")
     priority: int = Field(0, description="higher runs earlier; equal priorities keep submission order")
     front: bool = Field(False, description="put it before every waiting job (the page's Start)")
+
+
+class SampleStrengths(BaseModel):
+    source: str = Field("", description="an adapter file or one of the run's checkpoints/step-… folders, inside "
+                                        "the run or the studio's run folders (default: the run's output)")
+    strengths: str = Field("0.5,0.75,1,1.25", description="comma-separated strengths; 0 is the base model")
 
 
 class Move(BaseModel):
@@ -80,6 +86,19 @@ def build_api(queue: JobQueue) -> FastAPI:
             job = queue.submit(body.config_toml, priority=body.priority, front=body.front, submitted_by=who)
         except ConfigProblems as e:
             return JSONResponse({"detail": [{"key": p.key, "message": p.message} for p in e.problems]}, 422)
+        except ConfigError as e:
+            key, _, message = str(e).partition(": ")
+            return JSONResponse({"detail": [{"key": key, "message": message}]}, 422)
+        return {"id": job.id, "run_dir": job.run_dir, "status": job.status}
+
+    @api.post("/runs/{name}/sample-strengths", status_code=201,
+              summary="a job drawing the run's LoRA (or a checkpoint) at several strengths into its sample grid")
+    def sample_strengths(name: str, body: SampleStrengths, _=WRITE):
+        from trainer_backend.lora_tools.jobs import queue_sample_job
+        run_dir = _run_folder(queue, name)
+        source = _inside(queue, run_dir, body.source) if body.source else ""
+        try:
+            job = queue_sample_job(queue, run_dir, source, body.strengths)
         except ConfigError as e:
             key, _, message = str(e).partition(": ")
             return JSONResponse({"detail": [{"key": key, "message": message}]}, 422)
@@ -163,6 +182,25 @@ def build_api(queue: JobQueue) -> FastAPI:
         return FileResponse(run_dir / name, filename=Path(name).name)
 
     return api
+
+
+def _run_folder(queue: JobQueue, name: str) -> Path:
+    """A finished run under --runs-dir by its name (404 otherwise)."""
+    import re
+    run_dir = queue.runs_dir / name
+    if not re.fullmatch(r"[\w.-]+", name) or name.startswith(".") or not (run_dir / "config.toml").is_file():
+        raise HTTPException(404, f"{name}: no run of that name in {queue.runs_dir}")
+    return run_dir
+
+
+def _inside(queue: JobQueue, run_dir: Path, path: str) -> str:
+    """A path the API may read: inside the run or a folder the studio writes runs into (403 otherwise)."""
+    found = (run_dir / path).resolve()
+    if not any(found == root or found.is_relative_to(root) for root in (run_dir.resolve(), *queue.allowed_roots)):
+        raise HTTPException(403, f"{path}: outside the run and the studio's run folders")
+    if not found.exists():
+        raise HTTPException(404, f"{path}: no such file or folder")
+    return str(found)
 
 
 def _read_lines(path: Path) -> list[str]:

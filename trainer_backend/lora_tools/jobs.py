@@ -21,6 +21,17 @@ TOOLS_DIR = "lora-tools"             # <runs-dir>/lora-tools/: the tools' job fo
 DEFAULT_STRENGTHS = "0.5,0.75,1,1.25"
 
 
+def parse_strengths(text: str) -> list[float]:
+    """'0.5,0.75,1,1.25' -> [0.5, 0.75, 1.0, 1.25] (each in [-4, 4], no repeats)."""
+    try:
+        values = [float(v) for v in str(text).replace(" ", "").split(",") if v]
+    except ValueError:
+        raise ConfigError(f"--strengths: {text!r}: give numbers separated by commas, e.g. 0.5,0.75,1,1.25") from None
+    if not values or any(not -4 <= v <= 4 for v in values) or len(set(values)) != len(values):
+        raise ConfigError(f"--strengths: {text!r}: one to many different numbers between -4 and 4")
+    return values
+
+
 def _stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{int(time.time() * 1000) % 1000:03d}"
 
@@ -47,6 +58,9 @@ def queue_sample_job(queue, run_dir: Path, source: str = "", strengths: str = DE
                      prompts: list[str] | tuple = (), base: str = "", gpus: int = 1, front: bool = False):
     """'Sample this LoRA / checkpoint at these strengths' as a queue job; its images join the run's grid."""
     run_dir = Path(run_dir).resolve()
+    parse_strengths(strengths)   # a bad list is refused now, in one line, not by the job later
+    if not (run_dir / "config.toml").is_file():
+        raise ConfigError(f"run: {run_dir} is not a run folder (no config.toml)")
     stamp = _stamp()
     job_dir = run_dir / JOBS_DIR / f"strengths-{stamp}"
     argv = tool_argv("sample", sample_args(run_dir, source, strengths, prompts, base), job_dir)

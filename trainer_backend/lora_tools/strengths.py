@@ -18,19 +18,9 @@ import torch
 
 from ..errors import ConfigError
 from .files import job_step, layer_weight
+from .jobs import parse_strengths  # noqa: F401 (re-exported)
 
 DEFAULT_STRENGTHS = (0.5, 0.75, 1.0, 1.25)
-
-
-def parse_strengths(text: str) -> list[float]:
-    """'0.5,0.75,1,1.25' -> [0.5, 0.75, 1.0, 1.25] (each in [-4, 4], no repeats)."""
-    try:
-        values = [float(v) for v in str(text).replace(" ", "").split(",") if v]
-    except ValueError:
-        raise ConfigError(f"--strengths: {text!r}: give numbers separated by commas, e.g. 0.5,0.75,1,1.25") from None
-    if not values or any(not -4 <= v <= 4 for v in values) or len(set(values)) != len(values):
-        raise ConfigError(f"--strengths: {text!r}: one to many different numbers between -4 and 4")
-    return values
 
 
 def image_name(source: str, strength: float, index: int) -> str:
