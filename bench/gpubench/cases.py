@@ -192,8 +192,16 @@ def tiny(case: Case) -> Case:
     """The CPU version: the builtin tiny model at 64 px, rank 4, in fp32 (bf16 autocast is ~8× slower
     on a CPU without bf16 units, and fp16 needs a GPU); precision.full_bf16 keeps bf16 (it needs it)."""
     keeps_bf16 = "precision.full_bf16=true" in case.sets
+    sets = case.sets
+    if case.config and _preset(case.config).get("memory", {}).get("block_swap"):
+        sets = (*sets, "memory.block_swap=1")  # a tiny denoiser has 2 blocks: swap one, the same code path
     return replace(case, resolution=TINY_RESOLUTION, rank=TINY_RANK, precision="bf16" if keeps_bf16 else "fp32",
-                   est_s=60)
+                   est_s=60, sets=sets)
+
+
+def _preset(config: str) -> dict:
+    import tomllib
+    return tomllib.loads((PRESETS.parent / config).read_text(encoding="utf-8"))
 
 
 # Named selections for device calls of one command each (--budget-s 540), in the order of their value
