@@ -79,3 +79,22 @@ def test_resize_turns_a_loha_into_a_lora_and_mix_refuses_it(tiny_models, tmp_pat
     (err,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "loha.safetensors: a LoHa file" in err and "mix takes LoRA/LoCon files only" in err
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_post_hoc_ema_of_a_lokr_run_averages_its_parameters_in_the_trainers_layout(tiny_models, tmp_path):
+    from safetensors.torch import load_file
+    from conftest import make_dataset
+    from method_runs import train_run
+    from trainer_backend.lora_tools import linalg
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    run, _, _ = train_run(tmp_path, tiny_models("sd1"), data, "lokr", "schedule.max_steps=2", "optimizer.lr=1e-2",
+                          "checkpoints.every_n_steps=1", *VARIANTS["lokr"])
+    out = tmp_path / "ema.safetensors"
+    report = run_cli("ema", "--run", str(run), "--sigma-rel", "0.1", "--out", str(out))
+    assert report["checkpoints"] == [1, 2]
+    weights = linalg.ema_weights([1, 2], 0.1)
+    ckpts = [load_file(str(run / "checkpoints" / f"step-{s:08d}" / "adapter_unet.safetensors")) for s in (1, 2)]
+    got = load_file(str(out))
+    assert got and all(torch.allclose(got[f"unet.{k}"], sum(w * c[k] for w, c in zip(weights, ckpts)), atol=1e-6)
+                       for k in ckpts[0])
+    assert run_cli("inspect", str(out), "--base", str(tiny_models("sd1")))["adapters"]["unet"]["variant"] == "LoKr"

@@ -161,16 +161,17 @@ def post_hoc_ema(run_dir: Path, sigma_rels: list[float], out: Path, base: str = 
     σ_rel, `<out>` (one value) or `<out stem>-sigma<σ>.safetensors`."""
     from safetensors.torch import load_file
     from ..config import load_config
-    from ..methods.lora import alpha_for_module
+    from ..methods.lora import adapter_config, alpha_for_module
+    from ..methods.variants import has_kohya_format, network_metadata, save_peft_file
     from ..run.checkpoint_files import list_checkpoints, step_of
     from ..run.contract import CONFIG_FILE
     run_dir = Path(run_dir)
     cfg = load_config(str(run_dir / CONFIG_FILE)) if (run_dir / CONFIG_FILE).is_file() else None
     if cfg is None:
         raise ConfigError(f"--run {run_dir}: no {CONFIG_FILE}; not a run folder")
-    if cfg.network.type != "lora" or cfg.network.dora:
-        raise ConfigError(f"--run {run_dir}: network.type {cfg.network.type}{' (DoRA)' if cfg.network.dora else ''}; "
-                          "post-hoc EMA writes LoRA files")
+    if cfg.network.type not in ("lora", "loha", "lokr"):
+        raise ConfigError(f"--run {run_dir}: network.type {cfg.network.type}; post-hoc EMA averages adapter "
+                          "checkpoints (lora, loha, lokr, DoRA)")
     saved = list_checkpoints(run_dir)
     if len(saved) < 2:
         raise ConfigError(f"--run {run_dir}: {len(saved)} complete checkpoint(s); post-hoc EMA needs at least 2 "
@@ -196,8 +197,13 @@ def post_hoc_ema(run_dir: Path, sigma_rels: list[float], out: Path, base: str = 
                 "ss_network_alpha": str(cfg.network.alpha), "ss_output_name": cfg.output.name,
                 "ss_steps": str(steps[-1]), "ss_post_hoc_ema": json.dumps({"sigma_rel": sigma, "steps": steps,
                                                                           "weights": [round(w, 6) for w in weights]})}
-        path = save_lora_file(check_output(o, [*saved], force), model, averaged, alpha=alpha_for_module(cfg),
-                              metadata=meta, layout=cfg.output.lora_format)
+        if has_kohya_format(cfg):
+            path = save_lora_file(check_output(o, [*saved], force), model, averaged, alpha=alpha_for_module(cfg),
+                                  metadata=meta, layout=cfg.output.lora_format)
+        else:   # DoRA, LoHa, LoKr: their parameters averaged (as an EMA in training does), the trainer's layout
+            path = save_peft_file(check_output(o, [*saved], force), averaged,
+                                  {name: adapter_config(cfg, name) for name in averaged},
+                                  {**meta, **network_metadata(cfg)})
         results.append({"output": str(path), "sigma_rel": sigma, "weights": dict(zip(steps, weights))})
     return {"checkpoints": steps, "outputs": results}
 
