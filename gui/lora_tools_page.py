@@ -143,18 +143,20 @@ def command_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
 
 
-def job_text(job_dir: str) -> str:
+def job_text(job_dir: str, status: str = "", message: str = "") -> str:
+    """The job's state in words, from its folder's events and the queue's status of it (a Stop, or a crash
+    that wrote no final event, shows there)."""
     if not job_dir:
         return ""
     r = job_result(Path(job_dir))
     if r["state"] == "done":
         outs = "\n".join(f"- `{o}`" for o in r["outputs"]) or "- (no files: see the report)"
         return f"**Done.** Output:\n{outs}"
-    if r["state"] == "error":
-        return f"⚠️ **Failed:** {r['message']}"
-    if r["state"] in ("stopped", "preempted"):
-        return "Stopped."
-    if r["state"] == "waiting":
+    if r["state"] == "error" or status == "error":
+        return f"⚠️ **Failed:** {r['message'] or message}"
+    if status in ("stopped", "interrupted") or r["state"] in ("stopped", "preempted"):
+        return f"{(status or r['state']).capitalize()}."
+    if status == "waiting" or r["state"] == "waiting":
         return "Waiting in the queue…"
     total = r["total"]
     return f"Running… {r['step']}/{total}" if total else "Running… (loading)"
@@ -211,7 +213,8 @@ def build_lora_tools_page(studio: Studio) -> gr.Timer:
              outputs=[job_dir, status, timer])
 
     def tick(folder):
-        text = job_text(folder)
+        job = studio.queue.job_for(folder) if studio.queue is not None and folder else None
+        text = job_text(folder, job.status if job else "", job.message if job else "")
         live = text.startswith(("Running", "Waiting"))
         return text, gr.skip() if live else gr.Timer(active=False)
 

@@ -66,3 +66,21 @@ def test_inspect_and_a_resize_job_from_the_page(tmp_path, tiny_models):
     with safe_open(str(out), "pt") as f:
         downs = [f.get_tensor(k) for k in f.keys() if k.endswith("lora_down.weight")]
     assert downs and all(t.shape[0] == 2 for t in downs)
+
+
+def test_the_job_line_follows_the_folder_and_the_queue(tmp_path):
+    """What the page says of a job: its progress, its outputs, and a Stop or a crash the queue saw."""
+    import json as _json
+    from gui.lora_tools_page import job_text
+    job = tmp_path / "job"
+    job.mkdir()
+    assert job_text(str(job), "waiting") == "Waiting in the queue…"
+    events = job / "events.jsonl"
+    events.write_text(_json.dumps({"event": "start", "step": 0}) + "\n" +
+                      _json.dumps({"event": "step", "step": 3, "total_steps": 8}) + "\n")
+    assert job_text(str(job), "running") == "Running… 3/8"
+    assert job_text(str(job), "stopped") == "Stopped."
+    assert job_text(str(job), "error", "Traceback: MemoryError") == "⚠️ **Failed:** Traceback: MemoryError"
+    with open(events, "a") as f:
+        f.write(_json.dumps({"event": "done", "step": 8, "outputs": ["/x/out.safetensors"]}) + "\n")
+    assert job_text(str(job), "done") == "**Done.** Output:\n- `/x/out.safetensors`"

@@ -81,6 +81,7 @@ def test_resize_turns_a_loha_into_a_lora_and_mix_refuses_it(tiny_models, tmp_pat
     assert not (tmp_path / "x.safetensors").exists()
 
 
+@pytest.mark.slow   # a training run (~8 s); the averaging itself is test_lora_tools.py's EMA test
 def test_post_hoc_ema_of_a_lokr_run_averages_its_parameters_in_the_trainers_layout(tiny_models, tmp_path):
     from safetensors.torch import load_file
     from conftest import make_dataset
