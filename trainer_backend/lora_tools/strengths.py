@@ -97,7 +97,12 @@ def _draw(run_dir: Path, cfg, source: Path, strengths: list[float], base: str, p
     from ..families import load_model
     from ..run.contract import SAMPLES_DIR
     from .updates import open_updates
-    model = load_model(base or cfg.model.path)
+    if base:
+        model = load_model(base)
+    else:   # the run's own [model] section: its VAE, tokenizer, separate text-encoder files, hub ids (cached)
+        from ..families import load_configured
+        from ..model_sources import resolve_config_models
+        model = load_configured(resolve_config_models(cfg.model_copy(deep=True), show=False).model)
     family = model.family
     updates = open_updates(model, source)             # checked before anything is drawn
     controls = control_images(prompts, family, cfg)
