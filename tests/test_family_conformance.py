@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from conftest import ROOT, make_dataset
+from video_clips import make_clip_dataset
 from method_runs import train_run
 from trainer_backend.families import get_family, load_model
 from trainer_backend.families.registry import BUILTIN_TINY, FAMILY_NAMES, entry
@@ -42,8 +43,17 @@ def _family(arch: str):
 
 def _image(pipe, family=None) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
-    return torch.from_numpy(pipe(prompt="a red square", num_inference_steps=2, height=64, width=64, generator=g,
-                                 output_type="np", **_control_argument(family), **_guidance(pipe, family)).images[0])
+    frames = {"num_frames": 5} if family is not None and family.frame_step else {}  # a video family: a clip
+    out = pipe(prompt="a red square", num_inference_steps=2, height=64, width=64, generator=g, output_type="np",
+               **frames, **_control_argument(family), **_guidance(pipe, family))
+    return torch.from_numpy(out.images[0] if hasattr(out, "images") else out.frames[0])
+
+
+def _data(folder, family, n: int, size: int):
+    """The training data: images, or for a video family (Family.frame_step) generated 9-frame clips."""
+    if family.frame_step:
+        return make_clip_dataset(folder, n=n, size=size, frames=9)
+    return make_dataset(folder, n=n, size=size)
 
 
 def _guidance(pipe, family) -> dict:
@@ -78,7 +88,7 @@ LAUNCHED = ("sd1", "flux")
 def _run_settings(arch: str, model_dir, folder) -> list[str]:
     """The end-to-end run's settings, as `--set` values."""
     family = _family(arch)
-    data = make_dataset(folder / "data", n=3, size=64)
+    data = _data(folder / "data", family, n=3, size=64)
     return [f"model.path={model_dir}", f"dataset.path={data}", "dataset.resolution=64",
             f"output.dir={folder / 'runs'}", f"output.name={arch}-lora", "schedule.max_steps=3", "network.rank=4",
             "network.alpha=4", "precision.mixed=no", "optimizer.lr=1e-2", "hardware.cpu=true",
@@ -201,7 +211,7 @@ def test_gradient_accumulation_equals_bigger_batch(tmp_path, tiny_models, arch):
     """batch 4 × accum 1 vs batch 1 × accum 4 from the same seed: per-sample noise and timesteps
     are seeded by (seed, epoch, sample index), so both see identical noise; adapter dropout is 0.
     SGD, because Adam turns float summation-order noise on tiny gradients into full-size updates."""
-    data = make_dataset(tmp_path / "data", n=4, size=32)
+    data = _data(tmp_path / "data", get_family(arch), n=4, size=32)
     common = ["schedule.epochs=2", "optimizer.name=sgd", "optimizer.lr=0.5", "network.dropout=0"]
     common += _control_data(tmp_path, get_family(arch), 4, 32)
     run_a, _, _ = train_run(tmp_path, tiny_models(arch), data, "b4a1", "schedule.batch_size=4", *common)
@@ -220,7 +230,7 @@ def test_gradient_accumulation_equals_bigger_batch(tmp_path, tiny_models, arch):
 def test_resume_from_a_checkpoint_is_bitwise_exact(tmp_path, tiny_models, arch):
     """4 steps straight (checkpoint every 2), then a new run that starts from a copy of the step-2
     checkpoint: it trains steps 3 and 4 and writes the very same LoRA tensors."""
-    data = make_dataset(tmp_path / "data", n=4, size=32)
+    data = _data(tmp_path / "data", get_family(arch), n=4, size=32)
     common = ["schedule.max_steps=4", "checkpoints.every_n_steps=2", "optimizer.lr=1e-3", "schedule.seed=3"]
     common += _control_data(tmp_path, get_family(arch), 4, 32)
     straight, _, _ = train_run(tmp_path, tiny_models(arch), data, "straight", *common)

@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 from ..families.registry import (ARCH_CHOICES, BUILTIN_TINY, CLIP_SKIP_FAMILIES, CONTROL_FAMILIES, DDPM_FAMILIES,
                                  FLOW_FAMILIES, LORA_LAYOUT_CHOICE_FAMILIES, LORA_LAYOUTS)
 from .base import F, Section
+from .video_sections import VideoDatasetOptions, VideoModelOptions
 
 METADATA = {"dataset.source": ("metadata",)}  # options of the metadata (JSON) mode
 CONTROL = {"model.arch": CONTROL_FAMILIES}    # families that take paired control images (edit models)
@@ -43,7 +44,7 @@ class Output(Section):
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 
-class Model(Section):
+class Model(VideoModelOptions):
     """The base model."""
     TAB: ClassVar[str] = "Model"
     path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, a Hugging Face hub repo "
@@ -127,7 +128,7 @@ class Model(Section):
         advanced=True, resume="safe")
     t5_max_length: int = F(0, "Flow-matching families only: T5 tokens per caption (Z-Image and Flux.2 Klein: Qwen3 "
                               "tokens; Flux.2 dev: Mistral tokens; Qwen-Image: Qwen2.5-VL tokens); 0 = the model's "
-                              "own (Flux dev 512, schnell 256, Chroma 512, SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512).", ge=0, le=512,
+                              "own (Flux dev 512, schnell 256, Chroma 512, SD3 256, Z-Image 512, Flux.2 512, Qwen-Image 512, Wan 2.2 UMT5: 512).", ge=0, le=512,
                            advanced=True,
                            resume="safe",
                            when={"model.arch": FLOW_FAMILIES})
@@ -162,7 +163,7 @@ class DatasetSubset(Section):
                            "dataset.mask_path.", widget="path", resume="ignored")
 
 
-class Dataset(Section):
+class Dataset(VideoDatasetOptions):
     """Training images and captions."""
     TAB: ClassVar[str] = "Dataset"
     path: str = F("", "Folder of images with same-named caption files; kohya-style N_concept subfolders give repeats.",

@@ -18,7 +18,11 @@ HEADER_LIMIT = 100_000_000        # safetensors' own limit on a header (bytes)
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 
 
-def has_image(root: Path, limit: int = WALK_LIMIT) -> bool:
+# video clips a video family trains on (data/video.py reads them; model.arch auto or a video family)
+CLIP_EXTENSIONS = frozenset({".mp4", ".webm", ".mov", ".mkv", ".m4v"})
+
+
+def has_image(root: Path, limit: int = WALK_LIMIT, suffixes: frozenset = IMAGE_EXTENSIONS) -> bool:
     """Is there an image file anywhere under `root` (hidden entries skipped, as the scan skips them)?
     True as soon as one is found, or when `limit` entries were looked at without an answer (a huge
     folder is the scan's to judge, not a cheap check's)."""
@@ -44,7 +48,7 @@ def has_image(root: Path, limit: int = WALK_LIMIT) -> bool:
             try:
                 if entry.is_dir(follow_symlinks=True):
                     stack.append(Path(entry.path))
-                elif Path(entry.name).suffix.lower() in IMAGE_EXTENSIONS:
+                elif Path(entry.name).suffix.lower() in suffixes:
                     return True
             except OSError:
                 continue
@@ -59,11 +63,14 @@ def dataset_images(cfg) -> Iterator[Problem]:
     folders = [] if ds.source == "metadata" else [("dataset.path", ds.path)]
     folders += [(f"dataset.subsets[{i}].path", s.path) for i, s in enumerate(ds.subsets)
                 if (s.source if s.source != "inherit" else ds.source) != "metadata"]
+    from ..families.registry import VIDEO_FAMILIES  # pure
+    clips = cfg.model.arch in ("auto", *VIDEO_FAMILIES)
+    suffixes = IMAGE_EXTENSIONS | CLIP_EXTENSIONS if clips else IMAGE_EXTENSIONS
     for key, value in folders:
         if not value or str(value).startswith("builtin:"):
             continue
         folder = Path(value).expanduser()
-        if folder.is_dir() and not has_image(folder):
+        if folder.is_dir() and not has_image(folder, suffixes=suffixes):
             kinds = ", ".join(sorted(e.lstrip(".") for e in IMAGE_EXTENSIONS))
             yield Problem(key, f"no images found in {folder} (looked for {kinds} files, subfolders included)")
 

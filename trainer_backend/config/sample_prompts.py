@@ -1,7 +1,8 @@
 """Sample prompt lines (pure: the config's `samples.prompts` and `samples.prompt_file` hold them).
 
 A line is kohya's syntax: `a photo of sks dog --n blurry --w 512 --h 768 --d 7 --s 28 --l 6`
-(negative prompt, width, height, seed, steps, CFG scale), and `--control <image file>` for a family that
+(negative prompt, width, height, seed, steps, CFG scale), `--f 33` (a video family's frames, as musubi-tuner's
+prompt files write it; rounded down to the family's frame rule), and `--control <image file>` for a family that
 takes a control (reference) image (an edit model; repeated for each further reference image of a model that
 takes several: `--control a.png --control b.png`); empty lines and `#` comments are skipped.
 `config/rules.py` checks the inline lines, `config/checks.py` the file, `diffusion/sampling.py`
@@ -19,7 +20,7 @@ from .schema import TrainConfig
 
 _OPTION = re.compile(r"\s+--([a-z]+)(?=\s|$)")
 _OPTIONS = {"n": "negative", "w": "width", "h": "height", "d": "seed", "s": "steps", "l": "cfg_scale",
-            "control": "control"}
+            "f": "frames", "control": "control"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class SamplePrompt:
     cfg_scale: float = 7.0
     control: str = ""          # the control (reference) image file, as written (config/paths.py resolves it)
     extra_controls: tuple[str, ...] = ()  # further reference images (--control repeated), as written
+    frames: int = 0            # a video family's clip length (--f); 0 = the family's sample_frames
 
     @property
     def controls(self) -> tuple[str, ...]:
@@ -60,6 +62,8 @@ def parse_prompt_line(line: str, defaults: SamplePrompt) -> SamplePrompt:
                 values[field] = int(raw)
         except ValueError:
             raise ValueError(f"--{name} needs a number, got {raw!r}") from None
+    if values.get("frames", 1) < 1:
+        raise ValueError(f"--f must be at least 1, got {values['frames']}")
     for side in ("width", "height"):
         if side in values:
             if values[side] < 8:

@@ -67,8 +67,10 @@ class TrainDataset(torch.utils.data.Dataset):
                 samples += [idx] * repeats[item.group]
         samples += class_sample_items(self.items, counts.class_images)
         self.sample_items = samples                                   # dataset index -> item index
-        self.sample_buckets = [bucket_ids[self.items[k].bucket] for k in samples]
-        self.bucket_sizes = list(scan.buckets)                        # bucket id -> (w, h)
+        self.sample_buckets = [bucket_ids[self.items[k].batch_bucket] for k in samples]
+        self.bucket_sizes = list(scan.buckets)                        # bucket id -> (w, h[, clip frames])
+        self.video = scan.video                                       # clip options (video families)
+        self._clip_latents = None                                     # data/video_dataset.ClipLatents
         self._flip_allowed = True
         self._latents: dict[tuple[int, bool], torch.Tensor] | None = None
         self._latent_keys: dict[tuple[int, bool], str] = {}
@@ -122,7 +124,10 @@ class TrainDataset(torch.utils.data.Dataset):
         sample: dict = {"caption": caption, "is_class": item.is_class,
                         "original_size": (item.height, item.width),
                         "target_size": (item.bucket[1], item.bucket[0])}
-        if self._latents is not None or self._disk is not None:
+        if item.clip is not None:  # a clip window: (3, F, H, W) pixels or its cached latents
+            from .video_items import clip_sample
+            clip_sample(self, item, sample, flip, crop01)
+        elif self._latents is not None or self._disk is not None:
             top, left = self._crop_of(item_idx, item, crop01)
             sample["latents"] = self._cached_latents(item_idx, flip)
             std = self._cached_std(item_idx, flip)
@@ -237,6 +242,8 @@ class TrainDataset(torch.utils.data.Dataset):
         memory: dict[tuple[int, bool], torch.Tensor] = {}
         todo: dict[tuple[int, int], list[tuple[int, bool, str, str]]] = {}
         for idx, item in enumerate(self.items):
+            if item.clip is not None:  # clips: cached per window below (data/video_items.py)
+                continue
             crop_rng = random.Random(f"{self.seed}:crop:{idx}")
             crop = self._crop_of(idx, item, (crop_rng.random(), crop_rng.random()))
             self._fixed_crops[idx] = crop
@@ -286,6 +293,10 @@ class TrainDataset(torch.utils.data.Dataset):
                                 self._masks[(idx, flip)] = m
                 bar.update(len(chunk))
         bar.close()
+        if any(item.clip is not None for item in self.items):
+            from .video_items import cache_clip_latents
+            total += cache_clip_latents(self, encode, self._disk.folder if self._disk is not None else None,
+                                        progress, vae_id)
         self._latents = memory if self._disk is None else None
         self.cached_count, self.encoded_count = len(self._latent_keys), total
 

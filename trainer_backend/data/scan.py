@@ -40,6 +40,12 @@ class ImageItem:
     is_class: bool = False
     control: Path | None = None  # the paired control image (data/pairs.py); None when the folder has none
     extra_controls: tuple[Path, ...] = ()  # the further reference images (numbered names), in order
+    clip: object = None          # a clip's training window (data/video_scan.ClipWindow); None: an image
+
+    @property
+    def batch_bucket(self) -> tuple[int, ...]:
+        """What batches never mix: the (width, height) bucket, and a clip's frame count after it."""
+        return self.bucket if self.clip is None else (*self.bucket, self.clip.frames)
 
     @property
     def controls(self) -> tuple[Path, ...]:
@@ -58,6 +64,7 @@ class DatasetScan:
     bucket_spec: BucketSpec | None = None
     class_samples: int = 0                              # class samples per epoch
     validation: list[ImageItem] = field(default_factory=list)
+    video: object = None         # the clip options (data/video_scan.VideoOptions) of a video family's scan
 
 
 @dataclass
@@ -205,9 +212,11 @@ def _gather(cfg: TrainConfig, log: ScanLog, problems: list[tuple[Path, str]]) ->
     return groups, candidates
 
 
-def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
+def scan_dataset(cfg: TrainConfig, split: str = "train", video=None) -> DatasetScan:
     """Find, check and caption every image of the configured dataset. `split="validation"` returns
-    the images held out by dataset.validation_every_nth instead of the training ones."""
+    the images held out by dataset.validation_every_nth instead of the training ones. `video` (a video
+    family's data/video_scan.VideoOptions, data/video_items.video_options): the folders' clips train too,
+    one item per window."""
     ds = cfg.dataset
     spec = bucket_spec(ds.resolution, ds.bucketing, ds.bucket_min_side, ds.bucket_max_side, ds.bucket_step,
                        ds.bucket_no_upscale)
@@ -242,13 +251,16 @@ def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
                             extra_controls=c.extra_controls)
                   for c in held]
 
+    if video is not None and split == "train":
+        from .video_items import clip_items
+        items += clip_items(groups, video, spec, buckets, log, ImageItem)
     _require_usable(cfg, items, found, log)
     check_reference_counts(items, cfg.schedule.batch_size)
     # the plan counts class images that training will generate first, so it is right before they exist
     pending = _pending_class_images(cfg, spec, buckets) if split == "train" else []
     counted = pending + items
     class_samples = _class_samples(ds.class_samples, groups, counted)
-    used = sorted({item.bucket for item in counted}, key=lambda b: (b[0] / b[1], b[0]))
+    used = sorted({item.batch_bucket for item in counted}, key=lambda b: (b[0] / b[1], b[0], b[2:]))
     summary = build_summary(cfg, groups, counted, log, spec, class_samples, len(held))
     summary["class_images_to_generate"] = len(pending)
     if pending:
@@ -257,7 +269,10 @@ def scan_dataset(cfg: TrainConfig, split: str = "train") -> DatasetScan:
     counts = data_counts(groups, counted, class_samples, used)
     for note in log.notes:
         log.warn(note)
-    return DatasetScan(items, summary, counts, log.finish(), groups, used, spec, class_samples, validation)
+    if video is not None:
+        from .video_items import clip_summary
+        summary["video"] = clip_summary(items, video)
+    return DatasetScan(items, summary, counts, log.finish(), groups, used, spec, class_samples, validation, video)
 
 
 def _pending_class_images(cfg: TrainConfig, spec: BucketSpec, buckets: list[Size]) -> list[ImageItem]:

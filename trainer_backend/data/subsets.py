@@ -158,6 +158,8 @@ def walk_images(root: Path, problems: list[tuple[Path, str]]) -> list[Path]:
                 problems.append((path, f"unreadable ({e.strerror or e})"))
                 continue
             if is_dir:
+                if entry.name.lower().endswith(".frames"):  # an image-sequence clip (data/video.py), not images
+                    continue
                 visit(path)
             elif is_image_name(path):
                 try:  # a FIFO or device would block a read forever; a dangling link is reported when read

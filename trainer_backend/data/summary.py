@@ -159,9 +159,9 @@ def data_counts(groups: list["Group"], items: list["ImageItem"], class_samples: 
     per_bucket = Counter()
     for item in items:
         if not item.is_class:
-            per_bucket[item.bucket] += repeats[item.group]
+            per_bucket[item.batch_bucket] += repeats[item.group]
     for k in class_sample_items(items, class_samples):
-        per_bucket[items[k].bucket] += 1
+        per_bucket[items[k].batch_bucket] += 1
     bucket_sizes = tuple(per_bucket[b] for b in used) if len(used) > 1 else None
     return DataCounts(subsets=subsets, class_images=class_samples, bucket_sizes=bucket_sizes)
 

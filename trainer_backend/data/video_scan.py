@@ -34,6 +34,7 @@ class VideoOptions:
     sequence_fps: float = 16.0   # the frame rate of an image-sequence folder (<name>.frames/)
     caption_extension: str = ".txt"
     seed: int = 0                # random windows: drawn from (seed, epoch, clip)
+    frame_buckets: tuple[int, ...] = ()  # the frame counts windows may have (empty: any the rule allows)
 
     def __post_init__(self):
         if self.clip_mode not in CLIP_MODES:
@@ -91,6 +92,8 @@ def _windows_of(path: Path, info: ClipInfo, caption: str, opts: VideoOptions, sp
                 buckets: list[Size]) -> list[ClipWindow]:
     available = frames_at_fps(info.frames, info.fps, opts.fps)
     frames = frame_count_for(available, opts.frame_step, opts.max_frames)
+    if opts.frame_buckets:  # the largest frame bucket the clip is long enough for
+        frames = max((b for b in opts.frame_buckets if b <= available), default=0)
     if frames < max(1, opts.min_frames):
         return []
     bucket = assign_bucket(info.width, info.height, spec, buckets)

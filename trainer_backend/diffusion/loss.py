@@ -27,7 +27,9 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
             latents = draw_latents(latents, to_device(batch["latents_std"], device).float(), to_device(eps, device))
     else:
         pixels = to_device(batch["pixel_values"], device)
-        shape = family.latent_shape(model, pixels.shape[-2], pixels.shape[-1])
+        # clips (B, 3, F, H, W) of a video family (Family.frame_step): its latent_shape takes the frames too
+        frames = {"frames": pixels.shape[2]} if pixels.ndim == 5 else {}
+        shape = family.latent_shape(model, pixels.shape[-2], pixels.shape[-1], **frames)
         noise, timesteps, eps = objective.draw(indices, seed, epoch, shape, cfg.loss)
         with torch.no_grad():
             latents = family.encode_latents(model, pixels, to_device(eps, device))

@@ -65,7 +65,8 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
     the fp32 VAE outside it (an fp16 VAE overflows, SDXL's above all)."""
     pipe = run_on(pipe, device)  # on `device` even where the VAE or text encoders wait in CPU memory
     with autocast(device, weight_dtype):
-        latents = pipe(output_type="latent", **call).images
+        out = pipe(output_type="latent", **call)
+    latents = out.images if hasattr(out, "images") else out.frames  # a video pipeline's output has frames
     vae = pipe.vae
     cfg = vae.config
     latents = latents.to(vae.dtype)
@@ -85,9 +86,18 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
     else:
         latents = latents / getattr(cfg, "scaling_factor", 1.0) + (getattr(cfg, "shift_factor", None) or 0.0)
     images = vae.decode(latents, return_dict=False)[0]
+    if images.ndim == 5 and call.get("num_frames", 1) > 1:  # a clip: uint8 frames (F, H, W, 3) per sample
+        frames = ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return [clip.permute(1, 2, 3, 0).cpu().numpy() for clip in frames]
     if images.ndim == 5:  # a video autoencoder's one frame
         images = images[:, :, 0]
-    return pipe.image_processor.postprocess(images.float(), output_type="pil")
+    processor = getattr(pipe, "image_processor", None) or pipe.video_processor  # video pipelines have the latter
+    return processor.postprocess(images.float(), output_type="pil")
+
+
+def frame_count(frames: int, step: int) -> int:
+    """The nearest count at or below `frames` that follows a video family's rule k * step + 1 (at least 1)."""
+    return max(0, frames - 1) // step * step + 1 if step > 0 else frames
 
 
 def run_on(pipe, device: torch.device):
@@ -202,7 +212,12 @@ class SampleImages:
         model = self.model
         prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
         control = {model.family.control_image_argument: control} if control else {}
-        (image,) = generate(pipe, self.accelerator.device, self.weight_dtype, **prompts, **control, width=p.width,
+        family = model.family
+        # a video family's sample is a clip: `--f` frames, else the family's default (rounded to its rule)
+        frames = {"num_frames": frame_count(p.frames or family.sample_frames, family.frame_step)} \
+            if family.frame_step else {}
+        (image,) = generate(pipe, self.accelerator.device, self.weight_dtype, **prompts, **control, **frames,
+                            width=p.width,
                             height=p.height, num_inference_steps=p.steps,
                             **model.family.guidance_arguments(model, p.cfg_scale),
                             generator=torch.Generator("cpu").manual_seed(p.seed),
@@ -225,7 +240,13 @@ class SampleImages:
         with self.sampling(use_ema) as pipe:
             for i, p in enumerate(self.prompts):
                 image = images[i] = self.render(pipe, p, self.controls[i])
-                path = self.dir / f"step-{step:08d}_p{i:02d}.png"
+                stem = self.dir / f"step-{step:08d}_p{i:02d}"
+                if isinstance(image, np.ndarray) and image.ndim == 4:  # a clip: mp4 + its frame strip
+                    from ..data.video import frame_strip, write_sample
+                    paths += write_sample(stem, image, fps=round(self.model.family.default_fps))
+                    self.run.events.image(f"samples/p{i:02d}", np.asarray(frame_strip(image)), step)
+                    continue
+                path = stem.with_name(stem.name + ".png")
                 save_png(image, path)
                 self.run.events.image(f"samples/p{i:02d}", np.asarray(image), step)
                 paths.append(path)

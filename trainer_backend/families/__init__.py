@@ -75,7 +75,7 @@ def repo_files(probe_folder: Path, files: list[str]) -> tuple[list[str], str]:
 
 
 def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
-               text_encoder_files: dict[str, str] | None = None):
+               text_encoder_files: dict[str, str] | None = None, model_options: dict | None = None):
     """Detect the family, check it against `model.arch`, and let the family load the model (fp32).
     text_encoder_files: model.<option> -> path of separate text-encoder files (Flux single files)."""
     from ..errors import ConfigError
@@ -90,6 +90,7 @@ def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: st
     if extra:
         raise ConfigError(f"model.{extra[0]}: does not apply to a {family.label} model")
     options = {"text_encoder_files": files} if family.text_encoder_file_options else {}
+    options.update({k: v for k, v in (model_options or {}).items() if k in family.model_options})
     return family.load(resolve_model_path(path), vae=vae, prediction_type=prediction_type, tokenizer=tokenizer,
                        **options)
 
@@ -107,9 +108,12 @@ def load_configured(model_section):
     """load_model with a config's [model] section (its path, arch, vae, prediction_type, tokenizer and
     every family's text-encoder file options)."""
     m = model_section
-    options = {name for f in all_families() for name in f.text_encoder_file_options}
+    families = all_families()
+    options = {name for f in families for name in f.text_encoder_file_options}
+    own = {name for f in families for name in f.model_options}  # a family's own load options (Wan's expert)
     return load_model(m.path, arch=m.arch, vae=m.vae, prediction_type=m.prediction_type, tokenizer=m.tokenizer,
-                      text_encoder_files={name: getattr(m, name, "") for name in sorted(options)})
+                      text_encoder_files={name: getattr(m, name, "") for name in sorted(options)},
+                      model_options={name: getattr(m, name) for name in sorted(own) if hasattr(m, name)})
 
 
 def build_tiny_model(arch: str, out_dir, seed: int = 0, **options) -> Path:

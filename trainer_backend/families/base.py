@@ -36,6 +36,7 @@ class LoadedModel:
     text_max_length: int = 0  # model.t5_max_length: tokens per caption for T5-style encoders; 0 = the model's own
     clip_skip: int = 1        # model.clip_skip: the CLIP layer counted from the end (families that apply it)
     denoiser_placed: bool = False  # training/setup.place_denoiser ran (after the cache pass)
+    options: dict = field(default_factory=dict)  # the family's own load options (Family.model_options) and parts
 
     @property
     def arch(self) -> str:
@@ -106,6 +107,15 @@ class Family:
     # the text encoder reads the control image too (an edit model's vision-language encoder): text is
     # tokenized per batch with its control images (tokenize_batch) and never cached per caption
     text_reads_control: bool = False
+    # video families (docs/video.md): clip frame counts are k * frame_step + 1 and the VAE compresses time by
+    # frame_step (Wan 4, LTX-2 8); 0 = an image family. Equal to the registry entry's. A video family's
+    # latent_shape takes `frames=`, encode_latents takes (B, 3, H, W) images (1-frame clips) and (B, 3, F, H, W)
+    # clips and returns 5D latents; its pipeline takes `num_frames` (samples are mp4 + a frame strip)
+    frame_step: int = 0
+    default_fps: float = 16.0     # the sample clips' frame rate
+    sample_frames: int = 17       # a sample prompt's frames without `--f`
+    # [model] fields passed to `load` as keyword arguments (model.<name>) and kept on LoadedModel.options
+    model_options: tuple[str, ...] = ()
 
     def trainable_text_encoders(self) -> tuple[str, ...]:
         """The text encoders network.train_text_encoder trains (none when the family keeps them frozen)."""

@@ -36,7 +36,9 @@ class Objective:
             g = sample_generator(seed, epoch, index)
             noise = torch.randn(latent_shape, generator=g)
             if loss.noise_offset:
-                noise = noise + loss.noise_offset * torch.randn((latent_shape[0], 1, 1), generator=g)
+                # one offset per channel, over every frame and pixel (video latents are (C, F, h, w))
+                offset_shape = (latent_shape[0],) + (1,) * (len(latent_shape) - 1)
+                noise = noise + loss.noise_offset * torch.randn(offset_shape, generator=g)
             noises.append(noise)
             steps.append(self.timestep(g, latent_shape, loss))
             eps.append(torch.randn(latent_shape, generator=g))

@@ -35,6 +35,9 @@ class FamilyEntry:
     # reference (control) images per training image at most (data/pairs.py's numbered names); the same
     # value as the Family's `max_control_images`
     max_control_images: int = 1
+    # video families: clip frame counts are k * frame_step + 1 and the VAE compresses time by it (Wan 4,
+    # LTX-2 8); 0 = an image family. The same value as the Family's `frame_step`
+    frame_step: int = 0
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -66,6 +69,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("krea2", "Krea 2 (Raw, Turbo)", "trainer_backend.families.krea2", "KREA2", "flow",
                 ("diffusers", "original"),
                 text_encoder_training=False, tiny_variants=("turbo",)),
+    FamilyEntry("wan22_t2v", "Wan 2.2 text-to-video (A14B, two experts)", "trainer_backend.families.wan", "WAN22_T2V",
+                "flow", ("diffusers", "kohya"), text_encoder_training=False, frame_step=4),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
@@ -78,6 +83,7 @@ LORA_LAYOUTS: tuple[str, ...] = tuple(dict.fromkeys(layout for e in FAMILIES for
 LORA_LAYOUT_CHOICE_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if len(e.lora_layouts) > 1)
 # paired control images (families/base.py Family.control_images): the families that take them at all
 CONTROL_IMAGE_MODES: tuple[str, ...] = ("", "optional", "required")
+VIDEO_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.frame_step)
 CONTROL_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.control_images)
 # builtin:<name> tiny models: name -> (family, variant; "" = the family's default tiny model)
 BUILTIN_TINY: dict[str, tuple[str, str]] = {

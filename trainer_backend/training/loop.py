@@ -62,7 +62,7 @@ def train(cfg: TrainConfig) -> int:
     weight_dtype = place_encoders(model, cfg, accelerator)  # the denoiser waits for the cache pass
     cfg = prepare_class_images(cfg, model, accelerator, run, weight_dtype,  # DreamBooth: generate missing ones
                                place_denoiser=lambda: place_denoiser(model, cfg, accelerator))
-    scan = scan_data(cfg)
+    scan = scan_data(cfg, model.family)
     plan = plan_from_config(cfg, scan.counts, accelerator.num_processes)
     dataset = build_dataset(cfg, scan, plan.multi_counts, model, accelerator, run)  # the cache pass
     release_cache_memory(accelerator)

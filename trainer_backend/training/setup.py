@@ -171,9 +171,14 @@ def release_cache_memory(accelerator) -> None:
     empty_cache(accelerator.device)
 
 
-def scan_data(cfg: TrainConfig):
+def scan_data(cfg: TrainConfig, family=None):
+    """The dataset's scan; a video family's (Family.frame_step) counts the folders' clips too."""
     from ..data import scan_dataset
-    scan = scan_dataset(cfg)
+    video = None
+    if getattr(family, "frame_step", 0):
+        from ..data.video_items import video_options
+        video = video_options(cfg.dataset, family.frame_step, cfg.schedule.seed)
+    scan = scan_dataset(cfg, video=video)
     for warning in scan.warnings:
         LOG.warning(warning)
     return scan

@@ -1,1 +1,9 @@
-"""Wan 2.2 (building blocks; the family itself is not registered yet: docs/video.md)."""
+"""Wan 2.2 (families/base.py's contract: family.py; its building blocks beside it); heavy imports on first use."""
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    if name in ("WAN22_T2V", "Wan22Family"):
+        from . import family
+        return getattr(family, name)
+    raise AttributeError(name)

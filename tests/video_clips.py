@@ -1,0 +1,31 @@
+"""Generated clip datasets for the video tests: small mp4 clips of a coloured square moving over a plain
+background, with same-named .txt captions (the image datasets' make_dataset, for clips)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ["red", "green", "blue", "yellow", "purple", "orange", "white", "black"]
+
+
+def moving_square(frames: int, size: int, seed: int) -> np.ndarray:
+    """(frames, size, size, 3) uint8: a square of one colour sliding right over a flat background."""
+    rng = np.random.default_rng(seed)
+    background, colour = rng.integers(0, 255, size=3), rng.integers(0, 255, size=3)
+    out = np.tile(background, (frames, size, size, 1)).astype(np.uint8)
+    side, y = size // 3, int(rng.integers(0, size // 2))
+    for f in range(frames):
+        x = (f * size // max(frames, 1)) % (size - side)
+        out[f, y:y + side, x:x + side] = colour
+    return out
+
+
+def make_clip_dataset(folder: Path, n: int = 3, size: int = 32, frames: int = 9, fps: int = 16) -> Path:
+    """n mp4 clips (`clip000.mp4`, …) with captions 'a <colour> square on a plain background'."""
+    from trainer_backend.data.video import write_clip
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        write_clip(folder / f"clip{i:03d}.mp4", moving_square(frames, size, seed=i), fps=fps)
+        (folder / f"clip{i:03d}.txt").write_text(f"a {WORDS[i % len(WORDS)]} square on a plain background")
+    return folder

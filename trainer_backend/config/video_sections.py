@@ -1,0 +1,47 @@
+"""The video options of [dataset] and [model] (docs/video.md): defined here once and mixed into those
+sections (data_sections.py), shown only for the video families (families/registry.py VIDEO_FAMILIES)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from ..families.registry import VIDEO_FAMILIES
+from .base import F, Section
+
+VIDEO = {"model.arch": VIDEO_FAMILIES}
+# the Wan 2.2 models with two experts (high-noise `transformer`, low-noise `transformer_2`)
+TWO_EXPERT_FAMILIES = ("wan22_t2v",)
+
+
+class VideoDatasetOptions(Section):
+    """[dataset]'s clip options: how clips become training windows."""
+    video_frames: int = F(33, "Frames per training window at most, rounded down to the model's frame rule (Wan: "
+                              "4k+1, LTX-2: 8k+1). A clip shorter than this trains at the longest count it allows; "
+                              "images are 1-frame clips.", ge=1, le=1025, resume="unsafe:samples", when=VIDEO)
+    video_fps: float = F(16.0, "Frames are sampled from each clip at this rate (Wan 2.2 is trained at 16 fps); "
+                               "0 = each clip's own rate.", ge=0.0, le=240.0, resume="unsafe:samples", when=VIDEO)
+    video_clip_mode: Literal["head", "uniform", "random"] = F(
+        "head", "Which window of a clip longer than video_frames trains: head = its start; uniform = windows "
+                "spread evenly over the clip (each a sample; video_max_windows); random = a new start each epoch "
+                "(fixed at the first draw while latents are cached). As diffusion-pipe's video_clip_mode.",
+        resume="unsafe:samples", when=VIDEO)
+    video_max_windows: int = F(0, "uniform mode: windows per clip at most; 0 = about one per window length of the "
+                                  "clip.", ge=0, le=1000, advanced=True, resume="unsafe:samples", when=VIDEO)
+    video_frame_buckets: list[int] = F([], "Frame buckets: the frame counts windows may have, e.g. [1, 17, 33]; "
+                                           "each clip trains at the largest one it is long enough for (clips "
+                                           "shorter than the smallest are skipped with a warning). Every count "
+                                           "must follow the model's frame rule. Empty = any count the rule allows "
+                                           "up to video_frames.", advanced=True, resume="unsafe:samples",
+                                        when=VIDEO)
+    video_sequence_fps: float = F(16.0, "The frame rate of an image-sequence clip (a <name>.frames folder of "
+                                        "numbered images).", gt=0.0, le=240.0, advanced=True,
+                                  resume="unsafe:samples", when=VIDEO)
+
+
+class VideoModelOptions(Section):
+    """[model]'s options of the video families."""
+    expert: Literal["high", "low", "both"] = F(
+        "high", "Wan 2.2 A14B has two experts: high (`transformer`, the noisy first steps: layout and motion) and "
+                "low (`transformer_2`, the last steps: detail and likeness). Each trains only over its own "
+                "timestep range (boundary_ratio); both = each step's timestep picks the expert it trains, and "
+                "each expert's LoRA is written to its own file.", resume="unsafe:modules",
+        when={"model.arch": TWO_EXPERT_FAMILIES})

@@ -1,0 +1,128 @@
+"""Clips in a video family's dataset: the folders' clips as scan items (one per training window), their
+samples, and their latents cached per window.
+
+scan_dataset(cfg, video=video_options(cfg.dataset, family.frame_step)) adds, for every folder subset,
+the clips under it (.mp4/.webm/.mov/.mkv/.m4v files, `<name>.frames/` image sequences; data/video.py)
+as ImageItems with `clip` set to a data/video_scan.ClipWindow; images stay plain items (the family
+encodes them as 1-frame clips). A clip that cannot be read or is too short is skipped with one line.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+from .buckets import BucketSpec, Size
+from .captions import read_caption, split_tags
+from .subsets import CONCEPT_DIR, Group
+from .video import FRAMES_FOLDER_SUFFIX, VIDEO_EXTENSIONS, BadClip, probe_clip
+from .video_scan import VideoOptions, _windows_of
+
+LOG = logging.getLogger(__name__)
+
+
+def video_options(ds, frame_step: int, seed: int = 0) -> VideoOptions:
+    """The [dataset] section's video_* options with the family's frame rule."""
+    return VideoOptions(frame_step=frame_step, fps=ds.video_fps, max_frames=ds.video_frames,
+                        clip_mode=ds.video_clip_mode, max_windows=ds.video_max_windows,
+                        sequence_fps=ds.video_sequence_fps, caption_extension=ds.caption_extension, seed=seed,
+                        frame_buckets=tuple(sorted(set(ds.video_frame_buckets))))
+
+
+def is_clip_file(path: Path) -> bool:
+    """A video file or an image-sequence folder (images are not clips here: the image scan has them)."""
+    if path.is_dir():
+        return path.name.lower().endswith(FRAMES_FOLDER_SUFFIX)
+    return path.suffix.lower() in VIDEO_EXTENSIONS
+
+
+def group_clips(group: Group) -> list[Path]:
+    """The clips of a group's folder: the whole tree, except that a root with N_concept subfolders keeps
+    only its own top-level clips (the subfolders are groups of their own), as images are grouped."""
+    root = group.folder
+    try:
+        children = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    except OSError:
+        return []
+    if root == group.spec.root and any(p.is_dir() and CONCEPT_DIR.match(p.name) for p in children):
+        return [p for p in children if is_clip_file(p)]
+    return _tree_clips(root)
+
+
+def _tree_clips(folder: Path) -> list[Path]:
+    out: list[Path] = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if is_clip_file(entry):
+            out.append(entry)
+        elif entry.is_dir():
+            out.extend(_tree_clips(entry))
+    return out
+
+
+def clip_items(groups: list[Group], opts: VideoOptions, spec: BucketSpec, buckets: list[Size], log,
+               make_item) -> list:
+    """Items (`make_item`: data/scan.ImageItem) of every window of the groups' clips (folder subsets; class
+    folders hold images)."""
+    items = []
+    for index, group in enumerate(groups):
+        if group.spec.is_class or group.spec.source != "folders":
+            continue
+        sep = group.spec.captions.separator
+        for path in group_clips(group):
+            try:
+                info = probe_clip(path, opts.sequence_fps)
+            except BadClip as e:
+                log.skip(path, str(e), "bad_clip")
+                continue
+            caption = read_caption(path, group.spec.caption_extension).text or group.class_tokens
+            windows = _windows_of(path, info, caption, opts, spec, buckets)
+            if not windows:
+                need = min(opts.frame_buckets) if opts.frame_buckets else 1
+                log.skip(path, f"{info.frames} frames at {info.fps:g} fps give fewer than {need} at "
+                               f"{opts.fps:g} fps", "short_clip")
+                continue
+            tags = tuple(split_tags(caption, sep))
+            items += [make_item(path, caption, tags, sep, index, info.width, info.height, w.bucket, clip=w)
+                      for w in windows]
+    return items
+
+
+def clip_summary(items: list, opts: VideoOptions) -> dict:
+    """The clips in a scan: how many, their windows, seconds, audio tracks and frame buckets."""
+    clips = {item.path: item.clip.info for item in items if item.clip is not None}
+    windows = [item.clip for item in items if item.clip is not None]
+    return {"clips": len(clips), "windows": len(windows),
+            "duration_s": round(sum(info.duration for info in clips.values()), 2),
+            "with_audio": sum(info.has_audio for info in clips.values()),
+            "images_as_frames": sum(1 for item in items if item.clip is None and not item.is_class),
+            "clip_mode": opts.clip_mode, "fps": opts.fps, "frame_rule": f"{opts.frame_step}k+1",
+            "frame_buckets": dict(sorted(Counter(w.frame_bucket for w in windows).items()))}
+
+
+def clip_sample(dataset, item, sample: dict, flip: bool, crop01: tuple[float, float]) -> None:
+    """A clip window's pixels (3, F, H, W) in [-1, 1] (or its cached latents) into `sample`."""
+    window = item.clip
+    sample["crop_top_left"] = (0, 0)
+    if dataset._clip_latents is not None:  # fixed at the first draw (a random window) while cached
+        sample["latents"] = dataset._clip_latents.get(window, epoch=0)
+        return
+    from .video_dataset import window_pixels
+    spec = dataset._group(item)
+    indices = window.indices(dataset.video.fps, dataset.epoch, dataset.video.seed)
+    sample["pixel_values"] = window_pixels(window, indices, spec.center_crop, crop01, flip)
+
+
+def cache_clip_latents(dataset, encode, folder: Path | None, progress: bool, vae_id: str) -> int:
+    """Encode every clip window once (flips off for clips while cached); returns how many were encoded."""
+    from tqdm.auto import tqdm
+    from .video_dataset import ClipLatents
+    cache = ClipLatents(encode, vae_id, dataset.video, folder)
+    windows = list(dict.fromkeys(item.clip for item in dataset.items if item.clip is not None))
+    if any(dataset._group(item).flip for item in dataset.items if item.clip is not None):
+        LOG.warning("dataset: clips are not flipped while their latents are cached")
+    for window in tqdm(windows, desc="caching clip latents", disable=not progress, unit="clip"):
+        cache.get(window, epoch=0)
+    dataset._clip_latents = cache
+    return cache.encoded

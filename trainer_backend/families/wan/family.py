@@ -1,0 +1,210 @@
+"""Wan 2.2 text-to-video (A14B) behind the family contract: two WanTransformer3DModel experts split at
+`boundary_ratio` (families/wan/experts.py), flow matching on the normalised latents of the causal 3D
+AutoencoderKLWan (8x spatial, 4x temporal: a clip's frame counts are 4k+1), UMT5 text (frozen).
+
+`model.expert` picks what trains: "high" (`transformer`) or "low" (`transformer_2`), each only over
+its own timestep range; the other expert stays frozen and joins only the sampling pipeline. LoRA files are
+in diffusers' layout (`transformer.…`; a low-noise expert's file loads with
+`WanPipeline.load_lora_weights(file, load_into_transformer_2=True)`) or ComfyUI's (lora_keys.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import ConfigError
+from ..base import LoadedModel
+from ..flow_common import FlowFamily, device_of
+from ..objectives import FlowMatchObjective
+from .experts import boundary_timestep, timestep_range
+from .lora_keys import DEFAULT_TARGETS
+
+DEFAULT_TEXT_LENGTH = 512   # WanPipeline's max_sequence_length
+
+
+def latent_stats(vae, like):
+    """The VAE's per-channel latent mean and std shaped to broadcast over (B, C, F, h, w)."""
+    import torch
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean, device=like.device, dtype=like.dtype).view(shape)
+    std = torch.tensor(vae.config.latents_std, device=like.device, dtype=like.dtype).view(shape)
+    return mean, std
+
+
+class ExpertObjective(FlowMatchObjective):
+    """Rectified flow with each sample's timestep mapped into one expert's range [low, high) (within
+    loss.timestep_min/max), keeping the sampled distribution's shape inside it."""
+
+    def __init__(self, shift: float, low: float, high: float):
+        super().__init__(shift=shift)
+        self.low, self.high = low, high
+
+    def timestep(self, generator, latent_shape, loss):
+        t = super().timestep(generator, latent_shape, loss)  # in [timestep_min, timestep_max)
+        lo, hi = max(self.low, loss.timestep_min), min(self.high, loss.timestep_max)
+        if hi <= lo:
+            raise ConfigError(f"loss.timestep_min/timestep_max: [{loss.timestep_min}, {loss.timestep_max}) leaves "
+                              f"nothing of the expert's range [{self.low:g}, {self.high:g})")
+        span = max(loss.timestep_max - loss.timestep_min, 1e-6)
+        return lo + (t - loss.timestep_min) / span * (hi - lo)
+
+
+class Wan22Family(FlowFamily):
+    name = "wan22_t2v"
+    label = "Wan 2.2 T2V"
+    short_label = "Wan 2.2"
+    text_encoder_names = ("text_encoder",)
+    trained_text_encoders = ()        # UMT5-XXL stays frozen (diffusers' Wan LoRA loader reads the transformers)
+    text_cache_dtype = "bfloat16"
+    full_single_file = None           # a full fine-tune: the diffusers folder
+    default_targets = DEFAULT_TARGETS
+    keep_unquantized = ("condition_embedder", "patch_embedding", "norm_out", "proj_out", "scale_shift_table")
+    block_patterns = ((r"^blocks\.(\d+)\.", "block_{0:02d}"),
+                      (r"^(?:patch_embedding|condition_embedder|rope)\b", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
+    base_model_version = "wan_2.2_t2v_14b"
+    network_module = "networks.lora_wan"          # musubi-tuner's
+    modelspec_architecture = "wan-2.2-t2v-14b"
+    modelspec_implementation = "https://github.com/Wan-Video/Wan2.2"
+    frame_step = 4
+    default_fps = 16.0
+    sample_frames = 17
+    model_options = ("expert",)
+
+    # ---- detection and loading
+    def detect_folder(self, folder: Path, index: dict) -> bool:
+        return index.get("_class_name", "") == "WanPipeline"
+
+    def detect_file(self, shapes, metadata) -> bool:
+        return False  # diffusers folders only (ComfyUI's separate files: not yet)
+
+    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
+             text_encoder_files=None, expert: str = "high") -> LoadedModel:
+        import torch
+        from diffusers import WanPipeline
+        from ..sd.loader import _first_line
+        if prediction_type not in ("auto", "flow"):
+            raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
+        if not src.is_dir():
+            raise ConfigError(f"model.path: {src}: {self.label} loads from a diffusers folder (WanPipeline)")
+        if vae:
+            raise ConfigError(f"model.vae: does not apply to {self.label} (its folder's VAE is used)")
+        try:
+            pipe = WanPipeline.from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise ConfigError(f"model.path: cannot load {src} as a {self.label} model ({_first_line(e)})") from None
+        boundary = pipe.config.boundary_ratio
+        if pipe.transformer_2 is None or boundary is None:
+            if expert != "high":
+                raise ConfigError(f"model.expert: {src} has one transformer (no transformer_2): use \"high\"")
+        trained, other = ((pipe.transformer_2, pipe.transformer) if expert == "low"
+                          else (pipe.transformer, pipe.transformer_2))
+        if expert == "both":
+            raise ConfigError("model.expert: \"both\" is not available yet; train \"high\" and \"low\" as two runs")
+        return LoadedModel(family=self, denoiser=trained, vae=pipe.vae, text_encoders=[pipe.text_encoder],
+                           tokenizers=[pipe.tokenizer], noise_scheduler=pipe.scheduler, prediction_type="flow",
+                           source=str(src), vae_scale_factor=2 ** len(pipe.vae.config.temperal_downsample),
+                           scheduler_config=dict(pipe.scheduler.config),
+                           options={"expert": expert, "other_expert": other, "boundary_ratio": boundary})
+
+    def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
+        from .tiny import build_tiny_wan
+        return build_tiny_wan(out_dir, seed=seed)
+
+    def meta_denoiser(self):
+        from .configs import meta_transformer
+        return meta_transformer("t2v-a14b")
+
+    # ---- text
+    def t5_length(self, model) -> int:
+        """model.t5_max_length, else WanPipeline's 512 (or the tokenizer's own length when shorter: the tiny
+        model's 64); at most 1024."""
+        own = min(getattr(model.tokenizers[0], "model_max_length", DEFAULT_TEXT_LENGTH), DEFAULT_TEXT_LENGTH)
+        return min(model.text_max_length or own, 1024)
+
+    def tokenize(self, model, captions, max_token_length):
+        enc = model.tokenizers[0](list(captions), padding="max_length", max_length=self.t5_length(model),
+                                  truncation=True, add_special_tokens=True, return_attention_mask=True,
+                                  return_tensors="pt")
+        return [enc.input_ids, enc.attention_mask]
+
+    def encode_text(self, model, input_ids, encoders=None):
+        encoder = (encoders or model.text_encoders)[0]
+        ids, mask = (t.to(device_of(encoder)) for t in input_ids)
+        hidden = encoder(ids, attention_mask=mask).last_hidden_state
+        # as WanPipeline: each caption's states after its last token are zeros
+        return {"prompt_embeds": hidden * mask.unsqueeze(-1).to(hidden.dtype)}
+
+    # ---- latents
+    def latent_shape(self, model, height, width, frames: int = 1):
+        f = model.vae_scale_factor
+        return (model.vae.config.z_dim, (frames - 1) // self.frame_step + 1, height // f, width // f)
+
+    def encode_latents(self, model, pixels, eps):
+        vae = model.vae
+        video = pixels if pixels.ndim == 5 else pixels.unsqueeze(2)   # an image is a 1-frame clip
+        dist = vae.encode(video.to(vae.dtype)).latent_dist
+        latents = dist.mean if eps is None else dist.mean + dist.std * eps.to(dist.mean)
+        latents = latents.float()
+        mean, std = latent_stats(vae, latents)
+        return (latents - mean) / std
+
+    def decode_latents(self, model, latents):
+        vae = model.vae
+        mean, std = latent_stats(vae, latents.float())
+        return vae.decode((latents.float() * std + mean).to(vae.dtype), return_dict=False)[0].clamp(-1, 1)
+
+    # ---- objective and forward
+    def objective(self, model):
+        boundary = boundary_timestep(model.options.get("boundary_ratio"),
+                                     model.scheduler_config.get("num_train_timesteps", 1000))
+        low, high = timestep_range(model.options.get("expert", "high"), boundary)
+        return ExpertObjective(shift=model.scheduler_config.get("shift", 1.0) or 1.0, low=low, high=high)
+
+    def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
+        hidden = text["prompt_embeds"].to(noisy.device, dtype)
+        return denoiser(hidden_states=noisy.to(dtype), timestep=timesteps.to(dtype), encoder_hidden_states=hidden,
+                        return_dict=False)[0]
+
+    def use_plain_attention(self, model) -> None:
+        pass  # Wan's attention processor is its own (SDPA inside); diffusers' plain AttnProcessor does not fit it
+
+    # ---- sampling and outputs
+    def pipeline_class(self):
+        from diffusers import WanPipeline
+        return WanPipeline
+
+    def build_pipeline(self, model, scheduler: str = "euler"):
+        from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline
+        if scheduler not in ("default", "euler", "unipc"):
+            raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.short_name} "
+                              "(use euler, unipc or default)")
+        sched_cls = UniPCMultistepScheduler if scheduler == "unipc" else FlowMatchEulerDiscreteScheduler
+        trained, other = model.denoiser, model.options.get("other_expert")
+        if other is not None:  # the frozen expert joins where the trained one is, for the pipeline's steps
+            other.to(device_of(trained), dtype=next(trained.parameters()).dtype)
+        high, low = (other, trained) if model.options.get("expert") == "low" else (trained, other)
+        pipe = WanPipeline(tokenizer=model.tokenizers[0], text_encoder=model.text_encoders[0], vae=model.vae,
+                           scheduler=sched_cls.from_config(model.scheduler_config), transformer=high,
+                           transformer_2=low, boundary_ratio=model.options.get("boundary_ratio"))
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def pipeline_parts(self, model) -> dict:
+        return {"text_encoder": model.text_encoders[0], "tokenizer": model.tokenizers[0]}
+
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        if self.lora_layout(layout) == "kohya":
+            from .lora_keys import to_comfy_lora
+            return to_comfy_lora(adapter_states, alpha)
+        return super().lora_file_state(model, adapter_states, alpha, layout)
+
+    def save_pipeline_folder(self, model, folder: Path) -> None:
+        self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
+
+    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
+        if folder is None:
+            raise ConfigError(f"output: a {self.label} full fine-tune is written as a diffusers folder")
+        self.save_pipeline_folder(model, Path(folder))
+        return [Path(folder)]
+
+
+WAN22_T2V = Wan22Family()
