@@ -45,31 +45,38 @@ def _fingerprint(path: Path) -> str:
 
 class ClipLatents:
     """Window -> latents, encoded once and kept on disk (or in memory when `folder` is None).
-    `encode(pixels (1, 3, F, H, W)) -> latents (1, C, F', H', W')`; `vae_id` names the VAE in the key."""
+    `encode(pixels (1, 3, F, H, W)) -> latents (1, C, F', H', W')`, or (latents, the posterior's std in their
+    layout: diffusion/posterior.py); `vae_id` names the VAE in the key."""
 
     def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], vae_id: str, opts: VideoOptions,
                  folder: Path | None = None):
         self.encode, self.vae_id, self.opts = encode, vae_id, opts
         self.disk = DiskLatents(folder) if folder is not None else None
-        self.memory: dict[str, torch.Tensor] = {}
+        self.memory: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self.encoded = 0  # how many windows were encoded (not read back): the tests and the progress line use it
 
     def key(self, window: ClipWindow, indices: list[int]) -> str:
         return clip_latent_key(_fingerprint(window.path), window, self.opts.fps, indices, self.vae_id)
 
     def get(self, window: ClipWindow, epoch: int = 0) -> torch.Tensor:
+        return self.get_with_std(window, epoch)[0]
+
+    def get_with_std(self, window: ClipWindow, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(latents, the posterior's std or None) of the window's frames this epoch."""
         indices = window.indices(self.opts.fps, epoch, self.opts.seed)
         key = self.key(window, indices)
         if key in self.memory:
             return self.memory[key]
         if self.disk is not None and self.disk.has(key):
-            return self.disk.load(key)
+            return self.disk.load(key), self.disk.load_std(key)
         with torch.no_grad():
-            latents = self.encode(window_pixels(window, indices).unsqueeze(0))[0].detach().cpu()
+            encoded = self.encode(window_pixels(window, indices).unsqueeze(0))
+        mean, std = encoded if isinstance(encoded, tuple) else (encoded, None)
+        latents = mean[0].detach().float().cpu()
+        std = None if std is None else std[0].detach().float().cpu()
         self.encoded += 1
         if self.disk is not None:
-            self.disk.save(key, latents)
+            self.disk.save(key, latents, std=std)
         else:
-            self.memory[key] = latents
-        return latents
-
+            self.memory[key] = (latents, std)
+        return latents, std

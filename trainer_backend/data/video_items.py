@@ -106,7 +106,9 @@ def clip_sample(dataset, item, sample: dict, flip: bool, crop01: tuple[float, fl
     window = item.clip
     sample["crop_top_left"] = (0, 0)
     if dataset._clip_latents is not None:  # fixed at the first draw (a random window) while cached
-        sample["latents"] = dataset._clip_latents.get(window, epoch=0)
+        sample["latents"], std = dataset._clip_latents.get_with_std(window, epoch=0)
+        if std is not None:  # each step draws latents + std · eps, as the VAE would sample (diffusion/posterior.py)
+            sample["latents_std"] = std
         return
     from .video_dataset import window_pixels
     spec = dataset._group(item)
