@@ -137,3 +137,46 @@ def test_sample_prompts_take_a_frame_count():
     with pytest.raises(ValueError, match="--f must be at least 1"):
         parse_prompt_line("a cat --f 0", SamplePrompt(""))
     assert [frame_count(n, 4) for n in (1, 5, 20, 33)] == [1, 5, 17, 33] and frame_count(20, 8) == 17
+
+
+def test_both_experts_route_each_sample_to_the_expert_of_its_timestep(tiny_models):
+    from diffusers import WanPipeline
+    from trainer_backend.families.wan.both_experts import WanExperts
+    pipe = WanPipeline.from_pretrained(tiny_models("wan22_t2v"))
+    both = WanExperts(pipe.transformer, pipe.transformer_2, boundary=875.0)
+    torch.manual_seed(0)
+    x, text = torch.randn(4, 4, 3, 4, 4), torch.randn(4, 8, 32)
+    t = torch.tensor([900.0, 100.0, 875.0, 874.0])
+    with torch.no_grad():
+        alone = pipe.transformer_2(hidden_states=x[1:2], timestep=t[1:2], encoder_hidden_states=text[1:2])[0]
+    seen = {"transformer": [], "transformer_2": []}
+    for name in seen:
+        getattr(both, name).register_forward_pre_hook(
+            lambda m, args, kwargs, name=name: seen[name].extend(kwargs["timestep"].tolist()), with_kwargs=True)
+    with torch.no_grad():
+        out = both(hidden_states=x, timestep=t, encoder_hidden_states=text)[0]
+    assert seen == {"transformer": [900.0, 875.0], "transformer_2": [100.0, 874.0]}  # as WanPipeline splits
+    assert torch.allclose(out[1:2], alone, atol=1e-6)
+
+
+def test_both_experts_train_in_one_run_and_write_one_file_per_expert(tmp_path, tiny_models):
+    from diffusers import WanPipeline
+    model_dir = tiny_models("wan22_t2v")
+    data = make_clip_dataset(tmp_path / "data", n=4, size=32, frames=9)
+    run, events, _ = train_run(tmp_path, model_dir, data, "both", "model.expert=both", "schedule.max_steps=3",
+                               "schedule.batch_size=2", "optimizer.lr=1e-2")
+    high, low = run / "both.safetensors", run / "both_low_noise.safetensors"
+    assert [e["outputs"] for e in events if e["event"] == "done"] == [[str(high), str(low)]]
+
+    def frames(pipe):
+        return pipe(prompt="a red square", num_frames=5, height=32, width=32, num_inference_steps=4,
+                    output_type="np", generator=torch.Generator().manual_seed(0)).frames[0]
+
+    base = WanPipeline.from_pretrained(model_dir)
+    before = frames(base)
+    for file, into_2 in ((high, False), (low, True)):
+        pipe = WanPipeline.from_pretrained(model_dir)
+        pipe.load_lora_weights(str(file), load_into_transformer_2=into_2)
+        loaded = pipe.transformer_2 if into_2 else pipe.transformer
+        assert any("lora" in n for n, _ in loaded.named_parameters()), file.name
+        assert np.abs(frames(pipe) - before).max() > 1e-3, f"{file.name} did not change the clip"

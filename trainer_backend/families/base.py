@@ -280,6 +280,16 @@ class Family:
         layout ComfyUI/A1111/kohya/diffusers load."""
         raise NotImplementedError
 
+    def lora_file_suffixes(self, model: LoadedModel) -> tuple[str, ...]:
+        """The file-name suffixes of a LoRA output written as several files ('' = the run's own file, first):
+        one file by default; Wan 2.2 training both experts adds `_low_noise`."""
+        return ("",)
+
+    def lora_file_parts(self, model: LoadedModel, adapter_states: dict[str, dict[str, "torch.Tensor"]]
+                        ) -> dict[str, dict[str, dict[str, "torch.Tensor"]]]:
+        """Suffix (lora_file_suffixes) -> the adapter states that file holds (each through lora_file_state)."""
+        return {"": adapter_states}
+
     def read_lora_file(self, model: LoadedModel, state: dict[str, "torch.Tensor"], modules: dict):
         """A LoRA file's weights (network.network_weights) in peft's layout, as families/lora_files.py's
         LoraWeights; `modules`: component -> the module its adapters go on. Default: diffusers' layout,

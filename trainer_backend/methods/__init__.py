@@ -177,7 +177,8 @@ def save_outputs(cfg: TrainConfig, accelerator, run, model, trainable: Trainable
             else:
                 from .variants import save_adapter_output
                 path = run.dir / (file_name or f"{cfg.output.name}.safetensors")
-                paths = [save_adapter_output(cfg, path, model, trainable, meta)]
+                from .kohya_format import lora_output_paths
+                paths = lora_output_paths(save_adapter_output(cfg, path, model, trainable, meta), model)
         outputs = [str(p) for p in paths]
         for p in outputs:
             LOG.info("saved %s", p)

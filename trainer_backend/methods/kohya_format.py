@@ -101,7 +101,20 @@ def save_lora_file(path: Path, model, state_dicts: dict[str, dict[str, torch.Ten
     atomically (temp file + rename) so a crash never leaves a half file under the final name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file(model.family.lora_file_state(model, state_dicts, alpha, layout), str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    family = model.family
+    for suffix, states in family.lora_file_parts(model, state_dicts).items():  # one file, unless the family
+        target = part_path(path, suffix)                                     # splits it (Wan 2.2's experts)
+        tmp = target.with_suffix(".tmp")
+        save_file(family.lora_file_state(model, states, alpha, layout), str(tmp), metadata=metadata)
+        os.replace(tmp, target)
     return path
+
+
+def part_path(path: Path, suffix: str) -> Path:
+    """A LoRA output's file for one part (Family.lora_file_suffixes): `<stem><suffix>.safetensors`."""
+    return path if not suffix else path.with_name(path.stem + suffix + path.suffix)
+
+
+def lora_output_paths(path: Path, model) -> list[Path]:
+    """Every file a LoRA output at `path` is written as (the run's own first)."""
+    return [part_path(Path(path), s) for s in model.family.lora_file_suffixes(model)]

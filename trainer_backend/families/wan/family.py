@@ -3,7 +3,8 @@
 AutoencoderKLWan (8x spatial, 4x temporal: a clip's frame counts are 4k+1), UMT5 text (frozen).
 
 `model.expert` picks what trains: "high" (`transformer`) or "low" (`transformer_2`), each only over
-its own timestep range; the other expert stays frozen and joins only the sampling pipeline. LoRA files are
+its own timestep range (the other expert stays frozen and joins only the sampling pipeline), or "both"
+(both_experts.py: each sample trains the expert of its timestep; one LoRA file per expert). LoRA files are
 in diffusers' layout (`transformer.…`; a low-noise expert's file loads with
 `WanPipeline.load_lora_weights(file, load_into_transformer_2=True)`) or ComfyUI's (lora_keys.py).
 """
@@ -58,7 +59,7 @@ class Wan22Family(FlowFamily):
     full_single_file = None           # a full fine-tune: the diffusers folder
     default_targets = DEFAULT_TARGETS
     keep_unquantized = ("condition_embedder", "patch_embedding", "norm_out", "proj_out", "scale_shift_table")
-    block_patterns = ((r"^blocks\.(\d+)\.", "block_{0:02d}"),
+    block_patterns = ((r"^(?:transformer(?:_2)?\.)?blocks\.(\d+)\.", "block_{0:02d}"),
                       (r"^(?:patch_embedding|condition_embedder|rope)\b", "BASE"), (r"^(?:norm_out|proj_out)\b", "END"))
     base_model_version = "wan_2.2_t2v_14b"
     network_module = "networks.lora_wan"          # musubi-tuner's
@@ -98,7 +99,10 @@ class Wan22Family(FlowFamily):
         trained, other = ((pipe.transformer_2, pipe.transformer) if expert == "low"
                           else (pipe.transformer, pipe.transformer_2))
         if expert == "both":
-            raise ConfigError("model.expert: \"both\" is not available yet; train \"high\" and \"low\" as two runs")
+            from .both_experts import WanExperts
+            trained = WanExperts(pipe.transformer, pipe.transformer_2,
+                                 boundary_timestep(boundary, pipe.scheduler.config.num_train_timesteps))
+            other = None
         return LoadedModel(family=self, denoiser=trained, vae=pipe.vae, text_encoders=[pipe.text_encoder],
                            tokenizers=[pipe.tokenizer], noise_scheduler=pipe.scheduler, prediction_type="flow",
                            source=str(src), vae_scale_factor=2 ** len(pipe.vae.config.temperal_downsample),
@@ -178,15 +182,44 @@ class Wan22Family(FlowFamily):
             raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.short_name} "
                               "(use euler, unipc or default)")
         sched_cls = UniPCMultistepScheduler if scheduler == "unipc" else FlowMatchEulerDiscreteScheduler
-        trained, other = model.denoiser, model.options.get("other_expert")
-        if other is not None:  # the frozen expert joins where the trained one is, for the pipeline's steps
-            other.to(device_of(trained), dtype=next(trained.parameters()).dtype)
-        high, low = (other, trained) if model.options.get("expert") == "low" else (trained, other)
+        high, low = self.experts(model)
         pipe = WanPipeline(tokenizer=model.tokenizers[0], text_encoder=model.text_encoders[0], vae=model.vae,
                            scheduler=sched_cls.from_config(model.scheduler_config), transformer=high,
                            transformer_2=low, boundary_ratio=model.options.get("boundary_ratio"))
         pipe.set_progress_bar_config(disable=True)
         return pipe
+
+    def experts(self, model) -> tuple:
+        """(high-noise, low-noise) transformers: the trained one(s) with their adapters; a frozen other expert
+        first joins the trained one's device and dtype (it runs only in the sampling pipeline)."""
+        trained, other, expert = model.denoiser, model.options.get("other_expert"), model.options.get("expert")
+        if expert == "both":
+            trained = getattr(trained, "module", trained)  # DDP
+            return trained.transformer, trained.transformer_2
+        if other is not None:
+            other.to(device_of(trained), dtype=next(trained.parameters()).dtype)
+        return (other, trained) if expert == "low" else (trained, other)
+
+    def blocks(self, model) -> list:
+        """The trained expert's blocks (memory.block_swap); both experts': the high-noise one's, then the other's."""
+        denoiser = getattr(model.denoiser, "module", model.denoiser)
+        if model.options.get("expert") == "both":
+            return [*denoiser.transformer.blocks, *denoiser.transformer_2.blocks]
+        return list(denoiser.blocks)
+
+    def lora_file_suffixes(self, model) -> tuple[str, ...]:
+        from .both_experts import LOW_NOISE_SUFFIX
+        return ("", LOW_NOISE_SUFFIX) if model.options.get("expert") == "both" else ("",)
+
+    def lora_file_parts(self, model, adapter_states):
+        """Training both experts: the high-noise expert's adapters in the run's file, the low-noise expert's in
+        `<name>_low_noise.safetensors` (it loads with load_into_transformer_2=True); each file as one expert's."""
+        if model.options.get("expert") != "both":
+            return {"": adapter_states}
+        from .both_experts import LOW_NOISE_SUFFIX, split_expert_states
+        experts = split_expert_states(adapter_states[self.denoiser_name])
+        return {"": {self.denoiser_name: experts["transformer"]},
+                LOW_NOISE_SUFFIX: {self.denoiser_name: experts["transformer_2"]}}
 
     def pipeline_parts(self, model) -> dict:
         return {"text_encoder": model.text_encoders[0], "tokenizer": model.tokenizers[0]}
