@@ -59,6 +59,9 @@ def dequantize(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -
 def lowbit_matmul(x2: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
     """(rows x k) activations times the stored (n x k) weight, in 8 bits; the result in x2's dtype."""
     xq, xs = quantize_rows(x2, kind)
+    # row-major, as both kernels require: inductor may otherwise lay a fused producer's output out column-major
+    # (speed.compile with float8_compute on SDXL's proj_in after GroupNorm + permute: "mat_a must be row_major")
+    xq = xq.contiguous()
     if kind == "int8_compute":
         acc = torch._int_mm(xq, qweight.t())
         return (acc.float() * xs * scale.t()).to(x2.dtype)
