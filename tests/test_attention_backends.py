@@ -87,3 +87,15 @@ def test_training_logs_the_choice_and_a_fallback_trains_as_sdpa(tmp_path, tiny_m
     log = (run / "train.log").read_text()
     assert "precision.attention = sdpa_efficient: not used at" in log and "No viable backend" in log
     assert losses(events) == losses(base_events)
+
+
+def test_a_kernel_checked_inside_a_checkpointed_block_trains(tmp_path, tiny_models):
+    """With gradient checkpointing the first forward of a shape runs the check inside the checkpointed block
+    and the recomputation does not: the check's own saved tensors must not count as the block's ("A different
+    number of tensors was saved", found by bench/gpu.py's CPU check of flux-options/ours/sdpa-flash)."""
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    steps = ["schedule.max_steps=2", "precision.gradient_checkpointing=true"]
+    _, base_events, _ = train_run(tmp_path / "a", tiny_models("flux"), data, "a", *steps)
+    run, events, _ = train_run(tmp_path / "b", tiny_models("flux"), data, "a", *steps, "precision.attention=sdpa_flash")
+    assert "precision.attention = sdpa_flash: checked at" in (run / "train.log").read_text()
+    assert losses(events) == pytest.approx(losses(base_events), rel=1e-4)

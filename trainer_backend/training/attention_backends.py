@@ -97,12 +97,19 @@ def check(choice: str, q, k, v, attn_mask=None, is_causal=False, scale=None, **k
     return ok, f"largest relative error {worst:.1e} (forward and backward){'' if finite else ', not finite'}"
 
 
+def _keep(t):
+    return t
+
+
 @torch.compiler.disable  # the check and its log line run eagerly, once per key, outside a compiled block
 def _judge(choice: str, key: tuple, query, k, v, attn_mask, dropout_p, is_causal, scale, kw) -> bool:
     if dropout_p:
         verdict, why = False, "attention dropout is not checked"
     else:
-        verdict, why = check(choice, query, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
+        # the check's own autograd keeps its tensors itself: inside a checkpointed block (gradient
+        # checkpointing) the block's hooks would count them, and its recomputation runs no check
+        with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            verdict, why = check(choice, query, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, **kw)
     _state["verdicts"][key] = verdict
     shape, dtype = "x".join(map(str, query.shape)), str(query.dtype).removeprefix("torch.")
     if verdict:
