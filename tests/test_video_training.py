@@ -180,3 +180,16 @@ def test_both_experts_train_in_one_run_and_write_one_file_per_expert(tmp_path, t
         loaded = pipe.transformer_2 if into_2 else pipe.transformer
         assert any("lora" in n for n, _ in loaded.named_parameters()), file.name
         assert np.abs(frames(pipe) - before).max() > 1e-3, f"{file.name} did not change the clip"
+
+
+def test_frame_buckets_and_both_experts_on_several_processes_are_checked_naming_the_key():
+    from trainer_backend.config import rules
+    found = [str(p) for p in rules.problems(load_config(None, [
+        "model.arch=wan22_t2v", "dataset.video_frame_buckets=[1, 8, 17]", "model.expert=both",
+        "hardware.num_processes=2"]))]
+    assert "dataset.video_frame_buckets: 8: Wan 2.2 text-to-video (A14B, two experts) takes 4k+1 frames " \
+           "(1, 5, 9, …)" in found
+    assert any(p.startswith("hardware.ddp_find_unused_parameters: must be true") for p in found)
+    assert not [p for p in rules.problems(load_config(None, [
+        "model.arch=wan22_t2v", "dataset.video_frame_buckets=[1, 9, 17]", "model.expert=both"]))
+        if p.key.startswith(("dataset.video", "model.expert", "hardware.ddp"))]

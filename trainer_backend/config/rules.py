@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Callable, Iterator
 
-from . import control_rules, hardware_rules, memory_rules, quantize_rules
+from . import control_rules, hardware_rules, memory_rules, quantize_rules, video_rules
 from .base import Problem
 from .schema import TrainConfig
 
@@ -38,7 +38,8 @@ def rule(group: str) -> Callable[[Rule], Rule]:
 
 def problems(cfg: TrainConfig, *groups: str) -> list[Problem]:
     """Every cross-field problem of `cfg` (of the given groups only, when named); [] when there is none."""
-    every = [*RULES, *hardware_rules.RULES, *control_rules.RULES, *memory_rules.RULES, *quantize_rules.RULES]
+    every = [*RULES, *hardware_rules.RULES, *control_rules.RULES, *memory_rules.RULES, *quantize_rules.RULES,
+             *video_rules.RULES]
     unknown = set(groups) - {g for g, _ in every}
     if unknown:
         raise ValueError(f"no rule group {sorted(unknown)}")

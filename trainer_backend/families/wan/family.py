@@ -72,7 +72,8 @@ class Wan22Family(FlowFamily):
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
-        return index.get("_class_name", "") == "WanPipeline"
+        # TI2V-5B is a WanPipeline too, with expand_timesteps (a clean first frame): not this family
+        return index.get("_class_name", "") == "WanPipeline" and not index.get("expand_timesteps")
 
     def detect_file(self, shapes, metadata) -> bool:
         return False  # diffusers folders only (ComfyUI's separate files: not yet)
@@ -177,11 +178,11 @@ class Wan22Family(FlowFamily):
         return WanPipeline
 
     def build_pipeline(self, model, scheduler: str = "euler"):
-        from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline
-        if scheduler not in ("default", "euler", "unipc"):
+        from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+        if scheduler not in ("default", "euler"):
             raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.short_name} "
-                              "(use euler, unipc or default)")
-        sched_cls = UniPCMultistepScheduler if scheduler == "unipc" else FlowMatchEulerDiscreteScheduler
+                              "(use euler or default)")
+        sched_cls = FlowMatchEulerDiscreteScheduler
         high, low = self.experts(model)
         pipe = WanPipeline(tokenizer=model.tokenizers[0], text_encoder=model.text_encoders[0], vae=model.vae,
                            scheduler=sched_cls.from_config(model.scheduler_config), transformer=high,
