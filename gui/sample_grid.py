@@ -49,6 +49,9 @@ def grid_of(run_dir: Path, samples: list[dict]) -> Grid:
             if i < len(prompts) and prompts[i] and not grid.prompts[row]:
                 grid.prompts[row] = str(prompts[i])
             path = Path(p) if Path(p).is_absolute() else Path(run_dir) / p
+            held = grid.cells.get((row, col))
+            if held and Path(held).suffix.lower() in VIDEO_SUFFIXES and path.suffix.lower() not in VIDEO_SUFFIXES:
+                continue  # a clip's cell plays the clip; its frame strip is in the gallery
             grid.cells[(row, col)] = str(path)
     return grid
 

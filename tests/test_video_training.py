@@ -100,6 +100,9 @@ def test_low_noise_expert_trains_on_clips_samples_mp4_and_loads_into_transformer
     info = probe_clip(run / "samples" / clip.rsplit("/", 1)[-1])
     assert (info.frames, info.width, info.height) == (5, 32, 32)
     assert Image.open(strip).size[1] == 96
+    from gui.sample_grid import grid_of  # the Run page's grid: the prompt's cell plays the clip
+    grid = grid_of(run, [sample])
+    assert grid.prompts == ["a red square"] and grid.cells == {(0, 0): clip}
     lora = run / "low.safetensors"
 
     def frames(pipe):

@@ -236,6 +236,7 @@ class SampleImages:
         use_ema = bool(self.ema is not None and self.ema.active and self.cfg.ema.use_for_samples)
         self.dir.mkdir(parents=True, exist_ok=True)
         paths: list[Path] = []
+        rows: list[int] = []  # the prompt of each path (a clip has two: its mp4 and its frame strip)
         images: dict[int, object] = {}
         with self.sampling(use_ema) as pipe:
             for i, p in enumerate(self.prompts):
@@ -243,16 +244,19 @@ class SampleImages:
                 stem = self.dir / f"step-{step:08d}_p{i:02d}"
                 if isinstance(image, np.ndarray) and image.ndim == 4:  # a clip: mp4 + its frame strip
                     from ..data.video import frame_strip, write_sample
-                    paths += write_sample(stem, image, fps=round(self.model.family.default_fps))
+                    written = write_sample(stem, image, fps=round(self.model.family.default_fps))
+                    paths, rows = paths + written, rows + [i] * len(written)
                     self.run.events.image(f"samples/p{i:02d}", np.asarray(frame_strip(image)), step)
                     continue
                 path = stem.with_name(stem.name + ".png")
                 save_png(image, path)
                 self.run.events.image(f"samples/p{i:02d}", np.asarray(image), step)
                 paths.append(path)
+                rows.append(i)
             measured = self.measure(pipe, step, images, self.prompts, self.controls, final=False)
         self.last_step = step
         self.run.events.emit(Event.SAMPLE, step=step, epoch=epoch, paths=[str(p) for p in paths],
+                             **({"rows": rows} if len(rows) != len(self.prompts) else {}),
                              prompts=[p.prompt for p in self.prompts], ema=use_ema, **measured)
         LOG.info("samples at step %d%s: %s", step, " (EMA weights)" if use_ema else "", self.dir)
         return paths
