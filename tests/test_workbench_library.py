@@ -106,15 +106,18 @@ def test_delete_only_what_the_studio_made(tmp_path):
     assert not mine.exists() and theirs.exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_read_only_dataset(tmp_path):
-    ds = create_dataset(tmp_path, "ds")
-    ds.chmod(0o555)
-    try:
-        with pytest.raises(LibraryError, match="read-only"):
-            add_files(ds, [("a.png", write_dataset(tmp_path / "u", 1)[0])])
-    finally:
-        ds.chmod(0o755)
+    """As a user who may not write the folder (a forked child as uid 65534 when the suite runs as root)."""
+    from unprivileged import as_writer_without_rights, read_only_place
+    upload = write_dataset(tmp_path / "u", 1)[0]
+    with read_only_place() as place:
+        ds = create_dataset(place, "ds")
+        before = sorted(p.name for p in ds.rglob("*"))
+        upload_copy = place / "upload.png"
+        upload_copy.write_bytes(upload.read_bytes())
+        kind, message = as_writer_without_rights(ds, lambda: add_files(ds, [("a.png", upload_copy)]))
+        assert kind == "LibraryError" and "read-only" in message and str(ds) in message, (kind, message)
+        assert sorted(p.name for p in ds.rglob("*")) == before
 
 
 def test_exclude_moves_a_duplicate_out_of_training_and_restore_brings_it_back(tmp_path):
