@@ -115,7 +115,45 @@ def test_a_metadata_json_dataset_keeps_its_captions_there(tmp_path):
     assert not (tmp_path / "a.txt").exists()
     with pytest.raises(EditError, match="metadata caption changed since it was loaded"):
         save_caption(tmp_path, "a.png", "tab two", loaded="dog, grass")
-    with pytest.raises(EditError, match="captions are in metadata JSON"):
-        plan_edit(tmp_path, ["a.png"], Operation("prepend", "x"))
     undo(tmp_path)
     assert json.loads((tmp_path / "meta.json").read_text()) == meta
+
+
+def test_bulk_edits_on_a_metadata_json_dataset_rewrite_its_records_and_undo_restores_the_file(tmp_path):
+    """Trigger word and tag rename over a metadata-JSON dataset: each JSON file rewritten once, other keys and
+    records kept; Undo gives back the file byte for byte (its own formatting included)."""
+    import json
+    for name in ("a.png", "b.png", "c.png"):
+        (tmp_path / name).write_bytes(b"")
+    original = json.dumps([{"path": "a.png", "tags": ["dog", "grass"], "score": 7},
+                           {"path": "b.png", "tags": "cat, grass"}, {"note": "not a record"}], indent=4)
+    (tmp_path / "meta.json").write_text(original)
+    (tmp_path / "c.txt").write_text("grass")   # an image with its own caption file keeps it
+    changes = plan_edit(tmp_path, ["a.png", "b.png", "c.png"], Operation("rename_tag", "grass", "lawn"))
+    text = preview(changes)
+    assert text.splitlines()[0] == "3 captions would change (2 in metadata JSON)"
+    assert "a.png: dog, grass -> dog, lawn" in text and "c.txt: grass -> lawn" in text
+    apply_plan(tmp_path, changes, "rename grass")
+    saved = json.loads((tmp_path / "meta.json").read_text())
+    assert saved == [{"path": "a.png", "tags": ["dog", "lawn"], "score": 7}, {"path": "b.png", "tags": ["cat", "lawn"]},
+                     {"note": "not a record"}]
+    assert (tmp_path / "c.txt").read_text() == "lawn"
+    prepend = plan_edit(tmp_path, ["a.png", "b.png"], Operation("prepend", "ohwx"))
+    apply_plan(tmp_path, prepend, "prepend ohwx")
+    assert [r.get("tags") for r in json.loads((tmp_path / "meta.json").read_text())[:2]] == \
+        [["ohwx", "dog", "lawn"], ["ohwx", "cat", "lawn"]]
+    assert plan_edit(tmp_path, ["a.png", "b.png"], Operation("prepend", "ohwx")) == []   # no duplicate trigger
+    undo(tmp_path)
+    undo(tmp_path)
+    assert (tmp_path / "meta.json").read_text() == original and (tmp_path / "c.txt").read_text() == "grass"
+
+
+def test_a_metadata_bulk_edit_is_refused_when_the_file_changed_after_the_preview(tmp_path):
+    import json
+    (tmp_path / "a.png").write_bytes(b"")
+    (tmp_path / "meta.json").write_text(json.dumps([{"path": "a.png", "tags": ["dog"]}]))
+    changes = plan_edit(tmp_path, ["a.png"], Operation("append", "ohwx"))
+    (tmp_path / "meta.json").write_text(json.dumps([{"path": "a.png", "tags": ["another program"]}]))
+    with pytest.raises(EditError, match="meta.json"):
+        apply_plan(tmp_path, changes, "append")
+    assert json.loads((tmp_path / "meta.json").read_text()) == [{"path": "a.png", "tags": ["another program"]}]

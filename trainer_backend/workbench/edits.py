@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..data.captions import join_tags, split_tags
 from .journal import JournalError, apply
-from .metadata_captions import metadata_index, save_metadata_caption
+from .metadata_captions import metadata_index, rewrite_metadata_captions, save_metadata_caption
 
 
 class EditError(ValueError):
@@ -99,34 +99,59 @@ def read_caption_text(path: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Change:
-    path: Path          # the caption file
-    before: str | None
+    path: Path          # the caption file, or the metadata JSON file holding the changed records
+    before: str | None  # the file's whole text (None: no file)
     after: str | None
+    # what a person reads in the preview: (image or file name, caption before, caption after) per caption
+    shown: tuple[tuple[str, str | None, str], ...] = ()
+
+    def captions(self) -> tuple[tuple[str, str | None, str], ...]:
+        return self.shown or ((self.path.name, self.before, self.after or ""),)
 
 
 def plan_edit(folder: Path, images: list[str], op: Operation, extension: str = ".txt") -> list[Change]:
-    """The caption files the operation would change (unchanged ones left out), in image order."""
+    """The files the operation would change (unchanged ones left out), in image order. An image's
+    caption is its caption file when it has one, else its metadata JSON record (the per-image editor's
+    rule); each metadata file becomes one Change holding all its changed records."""
     check_operation(op)
-    if metadata_index(folder):
-        raise EditError(f"{Path(folder).name}: its captions are in metadata JSON; bulk edits write caption files "
-                        f"(edit the captions one at a time); nothing was changed")
-    out = []
+    in_metadata = metadata_index(folder)
+    out: list[Change] = []
+    by_json: dict[Path, dict[int | None, tuple[str, str, str]]] = {}
     for rel in images:
         path = caption_path(folder, rel, extension)
+        if rel in in_metadata and not path.exists():
+            json_path, position, caption = in_metadata[rel]
+            after = edit_caption(caption, op)
+            if after is not None and after != caption:
+                by_json.setdefault(json_path, {})[position] = (Path(rel).name, caption, after)
+            continue
         before = read_caption_text(path)
         after = edit_caption(before if before is None else before.strip(), op)
         if after is not None and after != (before or "").strip():
             out.append(Change(path, before, after))
+    for json_path, records in by_json.items():
+        try:
+            before, after = rewrite_metadata_captions(json_path, {pos: new for pos, (_, _, new) in records.items()})
+        except (OSError, ValueError) as e:
+            raise EditError(f"{json_path.name}: cannot be rewritten ({e}); nothing was changed") from None
+        out.append(Change(json_path, before, after, tuple(records.values())))
     return out
 
 
 def preview(changes: list[Change], first: int = 5) -> str:
-    """The count and the first changes, before -> after, one per line."""
-    lines = [f"{len(changes)} caption file{'s' if len(changes) != 1 else ''} would change"]
-    for c in changes[:first]:
-        lines.append(f"{c.path.name}: {c.before if c.before is not None else '(none)'!s} -> {c.after}")
-    if len(changes) > first:
-        lines.append(f"… and {len(changes) - first} more")
+    """The count of captions and the first changes, before -> after, one per line."""
+    captions = [c for change in changes for c in change.captions()]
+    n = len(captions)
+    in_metadata = sum(len(change.shown) for change in changes)
+    if in_metadata:
+        head = f"{n} caption{'s' if n != 1 else ''} would change ({in_metadata} in metadata JSON)"
+    else:
+        head = f"{n} caption file{'s' if n != 1 else ''} would change"
+    lines = [head]
+    for name, before, after in captions[:first]:
+        lines.append(f"{name}: {before if before is not None else '(none)'!s} -> {after}")
+    if n > first:
+        lines.append(f"… and {n - first} more")
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """Captions kept in metadata JSON (data/metadata.py's records `{"tags": [...], "path": ...}`): a
 dataset whose folder holds such records has its captions there, not in caption files. The
 workbench reads an image's caption as its record's tags joined with ", ", and saves an edit by
-rewriting that record's `tags` in its JSON file through the journal (the whole file's previous
+rewriting that record's `tags` in its JSON file through the journal (bulk edits rewrite each
+JSON file once for all its changed records) (the whole file's previous
 text is kept, so Undo restores it exactly; other keys and records are kept)."""
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ def metadata_index(folder: Path) -> dict[str, tuple[Path, int | None, str]]:
     return out
 
 
+def rewrite_metadata_captions(path: Path, new_captions: dict[int | None, str]) -> tuple[str, str]:
+    """(the JSON file's text now, its text with the records at those positions given these captions as
+    tags); other keys and records are kept as they are."""
+    before = path.read_text(encoding="utf-8")
+    data = json.loads(before)
+    for position, text in new_captions.items():
+        record = data[position] if position is not None else data
+        record["tags"] = split_tags(text, ",")
+    return before, json.dumps(data, ensure_ascii=False, indent=1) + "\n"
+
+
 def save_metadata_caption(folder: Path, image_rel: str, text: str, loaded: str | None) -> str:
     """Write `text` (split into tags at commas) as the image's record's tags; refused (JournalError,
     nothing changed) when the record's caption is no longer `loaded`. Returns the journal entry id."""
@@ -58,9 +70,5 @@ def save_metadata_caption(folder: Path, image_rel: str, text: str, loaded: str |
     if loaded is not None and caption != loaded:
         raise JournalError(f"{image_rel}: its metadata caption changed since it was loaded (another tab or program); "
                            f"reload it; nothing was changed")
-    before = path.read_text(encoding="utf-8")
-    data = json.loads(before)
-    record = data[position] if position is not None else data
-    record["tags"] = split_tags(text, ",")
-    return apply(folder, {path: json.dumps(data, ensure_ascii=False, indent=1) + "\n"},
-                 f"caption {Path(image_rel).name} (metadata)", expected={path: before})
+    before, after = rewrite_metadata_captions(path, {position: text})
+    return apply(folder, {path: after}, f"caption {Path(image_rel).name} (metadata)", expected={path: before})
