@@ -196,3 +196,13 @@ def test_frame_buckets_and_both_experts_on_several_processes_are_checked_naming_
     assert not [p for p in rules.problems(load_config(None, [
         "model.arch=wan22_t2v", "dataset.video_frame_buckets=[1, 9, 17]", "model.expert=both"]))
         if p.key.startswith(("dataset.video", "model.expert", "hardware.ddp"))]
+
+
+def test_the_plan_counts_a_video_familys_clips_without_loading_the_model(tmp_path):
+    from trainer_backend.data.video_items import planned_video_options
+    root = make_clip_dataset(tmp_path / "data", n=3, size=32, frames=9)
+    cfg = _cfg(root, "model.path=builtin:tiny-wan22_t2v", "dataset.repeats=2")
+    opts = planned_video_options(cfg)
+    assert opts is not None and opts.frame_step == 4
+    assert scan_dataset(cfg, video=opts).counts.samples_per_epoch == 6
+    assert planned_video_options(_cfg(root, "model.path=builtin:tiny-sd1")) is None

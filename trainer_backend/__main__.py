@@ -141,7 +141,8 @@ def _dispatch(args) -> int:
         return exitcodes.OK
     if args.command in ("plan", "inspect"):
         from .data import scan_dataset
-        scan = scan_dataset(cfg)
+        from .data.video_items import planned_video_options
+        scan = scan_dataset(cfg, video=planned_video_options(cfg))  # a video family's clips count too
         if args.command == "inspect":
             from dataclasses import asdict
             print(json.dumps({"summary": scan.summary, "counts": asdict(scan.counts)}, default=str))

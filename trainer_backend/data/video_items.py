@@ -29,6 +29,17 @@ def video_options(ds, frame_step: int, seed: int = 0) -> VideoOptions:
                         frame_buckets=tuple(sorted(set(ds.video_frame_buckets))))
 
 
+def planned_video_options(cfg) -> VideoOptions | None:
+    """The scan's clip options for a config without loading its model (the plan, inspect, the studio): the
+    family model.arch names, or the model given names (launch/model_size.planning_arch); None for an image
+    family or one not known yet."""
+    from ..families.registry import FAMILY_NAMES, entry
+    from ..launch.model_size import planning_arch
+    arch = planning_arch(cfg)
+    step = entry(arch).frame_step if arch in FAMILY_NAMES else 0
+    return video_options(cfg.dataset, step, cfg.schedule.seed) if step else None
+
+
 def is_clip_file(path: Path) -> bool:
     """A video file or an image-sequence folder (images are not clips here: the image scan has them)."""
     if path.is_dir():
