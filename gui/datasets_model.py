@@ -29,7 +29,7 @@ FLAG_LABELS = {"unreadable": "unreadable", "too_small": "too small", "extreme_as
                "crop_cuts": "crop cuts > 1/3", "exif_rotated": "EXIF-rotated", "cmyk": "CMYK", "alpha": "alpha",
                "sixteen_bit": "16-bit", "palette": "palette", "animated": "animated", "duplicate": "exact duplicate",
                "near_duplicate": "near duplicate", "uncaptioned": "uncaptioned", "caption": "caption problem",
-               "control_missing": "control image missing", "control_size": "control size differs"}
+               "control_missing": "no control image (caption only)", "control_size": "control size differs"}
 assert set(FLAG_LABELS) == set(FLAG_KINDS)
 
 

@@ -1,7 +1,9 @@
 """The rules of paired control images (dataset.control_path and each subset's control_path; config/rules.py
 runs them with the others): a family that takes no control image refuses a control folder, an edit model
 (control_images = "required") refuses a dataset without one, and a batch never mixes paired and unpaired
-images. Pure (no file system: config/checks.py checks that the folders exist). `control_problems` is also
+images (a folder without control images beside paired ones is refused, except for a model that generates
+and edits, control_images = "optional": its unpaired images train on their captions, in batches of their
+own). Pure (no file system: config/checks.py checks that the folders exist). `control_problems` is also
 what the trainer runs once an `auto` model has loaded and its family is known (methods/__init__.py)."""
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def control_problems(cfg: TrainConfig, mode: str | None, arch: str) -> Iterator[
         if mode == "required":
             yield Problem(key, f"{arch} (model.arch) is an edit model and trains on pairs: set the folder of control "
                                f"images (one per training image, matched by file name)")
-        elif used:
+        elif used and mode != "optional":
             yield Problem(key, "the other image folders are paired with control images; set this folder's too "
                                "(a batch cannot mix paired and unpaired images)")
     if not (used or mode == "required"):

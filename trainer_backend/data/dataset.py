@@ -80,6 +80,7 @@ class TrainDataset(torch.utils.data.Dataset):
         self._disk: DiskLatents | None = None
         self._fixed_crops: dict[int, tuple[int, int]] = {}
         self._text: dict[str, object] | None = None
+        self._text_pairs = True   # the text cache covers edit pairs too (cache_text(pairs=False): caption-only items)
         self._failed: set[int] = set()
         # loss.masked: per item, where its mask comes from (data/masks.py); masks cached with latents
         self._mask_sources = mask_sources(scan) if cfg.loss.masked else None
@@ -145,7 +146,7 @@ class TrainDataset(torch.utils.data.Dataset):
                 sample["mask"] = self.mask(item_idx, self._crop_of(item_idx, item, crop01), flip)
             if control is not None:  # the same resize, crop and flip as pixel_values (data/pairs.py)
                 sample["control_pixel_values"] = control
-        if self._text is not None:
+        if self._text is not None and (item.control is None or self._text_pairs):
             sample["text"] = self._text[caption]
         return sample
 
@@ -341,25 +342,28 @@ class TrainDataset(torch.utils.data.Dataset):
     def captions_are_static(self) -> bool:
         return all(self._group(item).captions.is_static for item in self.items)
 
-    def cache_text(self, encode_fn: Callable[[list[str]], object], key: str = "", batch_size: int = 16) -> bool:
+    def cache_text(self, encode_fn: Callable[[list[str]], object], key: str = "", batch_size: int = 16,
+                   pairs: bool = True) -> bool:
         """Encode each distinct caption once (plus "" when caption dropout is on) and attach the
         outputs to samples as sample["text"]. encode_fn maps a list of captions to a tensor, tuple or
         dict of tensors with the batch first. Returns False (and caches nothing) when captions
-        change per epoch (tag shuffle or tag dropout)."""
+        change per epoch (tag shuffle or tag dropout). `pairs=False`: only the images without a control
+        image (an edit pair's text depends on its control image: its batches encode it each step)."""
         if not self.captions_are_static():
             LOG.warning("dataset: text-encoder outputs are not cached because captions change every epoch "
                         "(shuffle_tags or tag_dropout is on)")
             self._text = None
             return False
-        captions = sorted({item.caption for item in self.items} |
-                          ({""} if any(self._group(i).captions.dropout for i in self.items) else set()))
+        cached = [item for item in self.items if pairs or item.control is None]
+        captions = sorted({item.caption for item in cached} |
+                          ({""} if any(self._group(i).captions.dropout for i in cached) else set()))
         store: dict[str, object] = {}
         for start in range(0, len(captions), batch_size):
             chunk = captions[start:start + batch_size]
             with torch.no_grad():
                 outputs = encode_fn(chunk)
             store.update(zip(chunk, split_text_outputs(outputs, len(chunk))))
-        self._text, self.text_cache_key = store, key
+        self._text, self.text_cache_key, self._text_pairs = store, key, pairs
         return True
 
 

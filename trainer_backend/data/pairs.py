@@ -5,8 +5,11 @@ Matching: the control image of `<root>/<sub/folder>/<stem>.<ext>` is `<control_r
 image ext>` (the first in name order when several share the stem). Several reference images (a model that
 takes more than one, Family.max_control_images): `<stem>_0.<ext>`, `<stem>_1.<ext>`, … in the same place,
 numbered from 0 without gaps (the first gap ends them); a plain `<stem>.<ext>` wins and means one
-reference. A training image without its control image is skipped, never trained without it: one warning
-per folder (the count and the first few names), every file in the summary. Pixels (control_in_bucket):
+reference. A training image without its control image is skipped, never trained without it: one
+warning per folder (the count and the first few names), every file in the summary; except for a
+model that generates and edits (Family.control_images = "optional", e.g. Qwen-Image 2.1): there it
+trains on its caption alone (a caption-only item), and batches never mix the two kinds
+(ImageItem.batch_bucket). Pixels (control_in_bucket):
 each control image is centre-cropped to its training image's aspect (when it differs), resized to the size
 the training image is resized to, then cropped and flipped exactly as the training image
 (data/dataset.py): a control image of the same size goes through the very same operations, one of the same
@@ -75,10 +78,12 @@ def controls_of(image: Path, spec: SubsetSpec, index: dict[tuple[str, str], Path
     return tuple(found) if len(found) > top else ()  # a gap: a reference is missing, never trained without it
 
 
-def pair_images(groups: list[Group], candidates: list, log: "ScanLog", problems: list[tuple[Path, str]]) -> list:
+def pair_images(groups: list[Group], candidates: list, log: "ScanLog", problems: list[tuple[Path, str]],
+                keep_unpaired: bool = False) -> list:
     """Set `control` (and `extra_controls`) on every candidate (with .path, .group, .control, .extra_controls)
-    of a paired folder; drop the ones without their control images, with one warning per folder. Unpaired
-    folders and class images pass unchanged."""
+    of a paired folder; drop the ones without their control images, with one warning per folder
+    (`keep_unpaired`: keep them as caption-only items, with one note per folder). Unpaired folders and
+    class images pass unchanged."""
     indexes: dict[Path, dict[tuple[str, str], Path]] = {}
     numbers: dict[Path, dict[tuple[str, str], int]] = {}
     for group in groups:
@@ -98,10 +103,14 @@ def pair_images(groups: list[Group], candidates: list, log: "ScanLog", problems:
         c.control, c.extra_controls = (controls[0], controls[1:]) if controls else (None, ())
         if c.control is None:
             missing.setdefault(spec.key, (spec, []))[1].append(c.path)
-        else:
+        if c.control is not None or keep_unpaired:
             kept.append(c)
     for key, (spec, paths) in missing.items():
         names = ", ".join(p.name for p in paths[:NAMES_SHOWN]) + (", …" if len(paths) > NAMES_SHOWN else "")
+        if keep_unpaired:
+            log.notes.append(f"{spec.control_key}: {len(paths)} of {totals[key]} images in {spec.root} have no control "
+                             f"image and train on their captions alone (the model generates and edits): {names}")
+            continue
         log.unpaired(spec.control_key, paths, f"no control image in {spec.control_root}")
         log.warn(f"{spec.control_key}: {len(paths)} of {totals[key]} images in {spec.root} have no control image "
                  f"(same file name; or <name>_0, <name>_1, … without a gap) in {spec.control_root}; they are "

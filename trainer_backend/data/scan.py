@@ -44,8 +44,12 @@ class ImageItem:
 
     @property
     def batch_bucket(self) -> tuple[int, ...]:
-        """What batches never mix: the (width, height) bucket, and a clip's frame count after it."""
-        return self.bucket if self.clip is None else (*self.bucket, self.clip.frames)
+        """What batches never mix: the (width, height) bucket, and a clip's frame count after it; an edit pair
+        carries (0, its number of reference images) after its size, so a dataset of pairs and caption-only
+        images (Family.control_images = "optional") never stacks the two kinds in one batch."""
+        if self.clip is not None:
+            return (*self.bucket, self.clip.frames)
+        return self.bucket if self.control is None else (*self.bucket, 0, 1 + len(self.extra_controls))
 
     @property
     def controls(self) -> tuple[Path, ...]:
@@ -212,19 +216,24 @@ def _gather(cfg: TrainConfig, log: ScanLog, problems: list[tuple[Path, str]]) ->
     return groups, candidates
 
 
-def scan_dataset(cfg: TrainConfig, split: str = "train", video=None) -> DatasetScan:
+def scan_dataset(cfg: TrainConfig, split: str = "train", video=None, captions_only: bool | None = None) -> DatasetScan:
     """Find, check and caption every image of the configured dataset. `split="validation"` returns
     the images held out by dataset.validation_every_nth instead of the training ones. `video` (a video
     family's data/video_scan.VideoOptions, data/video_items.video_options): the folders' clips train too,
-    one item per window."""
+    one item per window. `captions_only`: an image of a paired folder without its control image trains on its
+    caption alone instead of being skipped (a model that generates and edits: Family.control_images =
+    "optional"); None: as model.arch's registered family says (no: model.arch = auto)."""
     ds = cfg.dataset
+    if captions_only is None:
+        from ..config.control_rules import family_control_mode
+        captions_only = family_control_mode(cfg.model.arch) == "optional"
     spec = bucket_spec(ds.resolution, ds.bucketing, ds.bucket_min_side, ds.bucket_max_side, ds.bucket_step,
                        ds.bucket_no_upscale)
     buckets = make_buckets(spec)
     log = ScanLog(MAX_WARNINGS_PER_KIND)
     problems: list[tuple[Path, str]] = []
     groups, found = _gather(cfg, log, problems)
-    candidates = pair_images(groups, found, log, problems)
+    candidates = pair_images(groups, found, log, problems, keep_unpaired=captions_only)
     for path, reason in problems:
         kind = "symlink_loop" if "symlink loop" in reason else "unreadable" if "unreadable" in reason else "metadata"
         log.skip(path, reason, kind)
@@ -263,6 +272,8 @@ def scan_dataset(cfg: TrainConfig, split: str = "train", video=None) -> DatasetS
     used = sorted({item.batch_bucket for item in counted}, key=lambda b: (b[0] / b[1], b[0], b[2:]))
     summary = build_summary(cfg, groups, counted, log, spec, class_samples, len(held))
     summary["class_images_to_generate"] = len(pending)
+    if captions_only and summary["control_images"]:  # a dataset of edit pairs and plain captions
+        summary["caption_only_images"] = summary["images"] - summary["control_images"]
     if pending:
         log.notes.append(f"{len(pending)} class images will be generated before training (dataset.num_class_images "
                          f"= {ds.num_class_images}); the plan counts them")

@@ -178,7 +178,9 @@ def scan_data(cfg: TrainConfig, family=None):
     if getattr(family, "frame_step", 0):
         from ..data.video_items import video_options
         video = video_options(cfg.dataset, family.frame_step, cfg.schedule.seed)
-    scan = scan_dataset(cfg, video=video)
+    # a model that generates and edits trains a paired folder's images without a control image on their captions
+    captions_only = None if family is None else family.control_images == "optional"
+    scan = scan_dataset(cfg, video=video, captions_only=captions_only)
     for warning in scan.warnings:
         LOG.warning(warning)
     return scan
@@ -218,7 +220,10 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
         LOG.warning("dataset.cache_text_encoder_outputs is ignored: the text encoders are being trained")
         return
     family = model.family
-    if family.text_reads_control:
+    # an edit pair's caption is read with its control image's pixels (cropped and flipped per step): only the
+    # caption-only images' text is cached; the pairs' batches (never mixed with them) encode theirs each step
+    pairs_too = not family.text_reads_control
+    if not pairs_too and all(item.control is not None for item in dataset.items):
         (LOG.info if cfg.dataset.cache_auto else LOG.warning)(  # cache_auto asked for it without knowing the family
             "dataset.cache_text_encoder_outputs is ignored: %s's text encoder reads each caption with its "
                     "control image", family.label)
@@ -232,8 +237,10 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
     key = f"{model.source}|{cfg.dataset.max_token_length}|{model.text_max_length}|{family.text_cache_dtype}"
     if model.clip_skip > 1:
         key += f"|clip_skip={model.clip_skip}"
-    if dataset.cache_text(encode, key=key, batch_size=cfg.dataset.text_cache_batch_size):
-        LOG.info("cached text-encoder outputs for the dataset's captions")
+    if dataset.cache_text(encode, key=key, batch_size=cfg.dataset.text_cache_batch_size, pairs=pairs_too):
+        LOG.info("cached text-encoder outputs for the dataset's captions" if pairs_too else
+                 "cached text-encoder outputs for the captions of the images without a control image (the edit "
+                 "pairs' text is encoded with their control images each step)")
 
 
 def register_adapter_hooks(accelerator, trainable) -> None:

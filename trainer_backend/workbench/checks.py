@@ -206,7 +206,8 @@ def pair_flags(folder: Path, control_root: Path, records: list[dict]) -> dict[st
         controls = controls_of(Path(folder) / r["path"], SimpleNamespace(root=Path(folder)), index, highest)
         entry: dict = {"controls": [str(c) for c in controls]}
         if not controls:
-            entry["control_missing"] = "no control image (the trainer skips this image)"
+            entry["control_missing"] = ("no control image: an edit model skips this image; one that generates "
+                                        "and edits (Qwen-Image 2.1, Flux.2) trains it on its caption alone")
         elif "width" in r:
             for c in controls:
                 try:
