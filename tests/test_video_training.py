@@ -50,6 +50,11 @@ def test_clips_are_windows_beside_images_and_batches_never_mix_them(tmp_path, ca
     shapes = {dataset.items[dataset.sample_items[i]].path.name: tuple(dataset[i]["pixel_values"].shape)
               for i in range(len(dataset))}
     assert shapes["clip000.mp4"] == (3, 9, 32, 32) and shapes["img000.png"] == (3, 32, 32)
+    # a clip deleted after the scan: its samples train on another clip of the same frame bucket, one warning
+    (root / "clip001.mp4").unlink()
+    broken = next(i for i in range(len(dataset)) if dataset.items[dataset.sample_items[i]].path.name == "clip001.mp4")
+    assert tuple(dataset[broken]["pixel_values"].shape) == (3, 9, 32, 32)
+    assert any("clip001.mp4: skipped during training" in r.message for r in caplog.records)
     # an image family's scan of the same folder: the image only
     assert [item.path.name for item in scan_dataset(cfg).items] == ["img000.png"]
 

@@ -123,8 +123,24 @@ def clip_sample(dataset, item, sample: dict, flip: bool, crop01: tuple[float, fl
         return
     from .video_dataset import window_pixels
     spec = dataset._group(item)
-    indices = window.indices(dataset.video.fps, dataset.epoch, dataset.video.seed)
-    sample["pixel_values"] = window_pixels(window, indices, spec.center_crop, crop01, flip)
+    # a clip that breaks after the scan (deleted, rewritten) never stops the run: warn once and train this
+    # sample on the next good clip of the same frame bucket, as images fall back
+    same = [k for k, other in enumerate(dataset.items) if other.clip is not None
+            and other.batch_bucket == item.batch_bucket]
+    start = next(n for n, k in enumerate(same) if dataset.items[k] is item)
+    for k in same[start:] + same[:start]:
+        if k in dataset._failed:
+            continue
+        source = dataset.items[k].clip
+        try:
+            indices = source.indices(dataset.video.fps, dataset.epoch, dataset.video.seed)
+            sample["pixel_values"] = window_pixels(source, indices, spec.center_crop, crop01, flip)
+            return
+        except (BadClip, OSError) as e:
+            dataset._failed.add(k)
+            LOG.warning("%s: skipped during training: %s (another clip of its frame bucket is used in its place)",
+                        source.path, e)
+    raise RuntimeError(f"dataset: every clip of frame bucket {window.frame_bucket} failed to load during training")
 
 
 def cache_clip_latents(dataset, encode, folder: Path | None, progress: bool, vae_id: str) -> int:

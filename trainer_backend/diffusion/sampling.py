@@ -230,7 +230,10 @@ class SampleImages:
         model = self.model
         with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), \
                 (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
-            yield model.family.build_pipeline(model, self.cfg.samples.scheduler)
+            try:
+                yield model.family.build_pipeline(model, self.cfg.samples.scheduler)
+            finally:  # parts that joined the device for sampling only go home (Wan's frozen expert)
+                model.family.after_sampling(model)
 
     def sample(self, step: int, epoch: int) -> list[Path]:
         use_ema = bool(self.ema is not None and self.ema.active and self.cfg.ema.use_for_samples)

@@ -257,6 +257,10 @@ class Family:
         """A diffusers pipeline over the model's own module objects (adapters included)."""
         raise NotImplementedError
 
+    def after_sampling(self, model: LoadedModel) -> None:
+        """After the trainer's samples: move back what build_pipeline brought to the device for sampling only
+        (Wan 2.2's frozen expert); nothing by default."""
+
     def lora_layouts(self) -> tuple[str, ...]:
         """The LoRA key layouts this family writes (registry.py; the first is its default)."""
         from .registry import entry

@@ -201,6 +201,11 @@ class Wan22Family(FlowFamily):
             other.to(device_of(trained), dtype=next(trained.parameters()).dtype)
         return (other, trained) if expert == "low" else (trained, other)
 
+    def after_sampling(self, model) -> None:
+        other = model.options.get("other_expert")
+        if other is not None:  # the frozen expert waits in CPU memory until the next samples
+            other.to("cpu")
+
     def blocks(self, model) -> list:
         """The trained expert's blocks (memory.block_swap); both experts': the high-noise one's, then the other's."""
         denoiser = getattr(model.denoiser, "module", model.denoiser)
