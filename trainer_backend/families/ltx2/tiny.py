@@ -1,6 +1,6 @@
 """A tiny random LTX-2 pipeline (video + audio), built offline in seconds for tests: a two-layer Gemma 3
 (a one-layer vision tower it does not use) with the local T5-style tokenizer (families/tiny_t5.py),
-one-layer text connectors, a one-block LTX-2 video VAE and audio VAE, a small vocoder, and a two-block
+one-layer text connectors, a three-block LTX-2 video VAE (8x spatial, 8x temporal) and a one-block audio VAE, a small vocoder, and a two-block
 LTX2VideoTransformer3DModel with its audio stream. 9 frames of 32x32 run in a few seconds on CPU."""
 from __future__ import annotations
 
@@ -35,17 +35,23 @@ def tiny_components(seed: int = 0) -> dict:
         video_connector_num_learnable_registers=None, audio_connector_num_attention_heads=4,
         audio_connector_attention_head_dim=8, audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
         connector_rope_base_seq_len=32, rope_double_precision=False, rope_type="split")
+    # LTX-2's frame rule (8x temporal compression: 9 frames -> 2 latent frames) at 8x spatial: 32 px -> 4x4
     vae = AutoencoderKLLTX2Video(
-        latent_channels=4, block_out_channels=(8,), decoder_block_out_channels=(8,), layers_per_block=(1,),
-        decoder_layers_per_block=(1, 1), spatio_temporal_scaling=(True,), decoder_spatio_temporal_scaling=(True,),
-        decoder_inject_noise=(False, False), downsample_type=("spatial",), upsample_residual=(False,),
-        upsample_factor=(1,), patch_size=1, patch_size_t=1, decoder_causal=False)
+        latent_channels=4, block_out_channels=(8, 8, 8), decoder_block_out_channels=(8, 8, 8),
+        layers_per_block=(1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, True), decoder_spatio_temporal_scaling=(True, True, True),
+        decoder_inject_noise=(False,) * 4, downsample_type=("spatiotemporal",) * 3,
+        upsample_type=("spatiotemporal",) * 3, upsample_residual=(False,) * 3, upsample_factor=(1, 1, 1),
+        patch_size=1, patch_size_t=1, decoder_causal=False)
     audio_vae = AutoencoderKLLTX2Audio(base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1,
                                        resolution=32, latent_channels=2, mel_bins=8)
     vocoder = LTX2Vocoder(in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
                           upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
                           output_sampling_rate=16000)
-    return dict(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, audio_vae=audio_vae, text_encoder=encoder,
+    # LTX-2's resolution-dependent shift (its scheduler config; LTX2Pipeline computes mu from the video tokens)
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
+                                                base_image_seq_len=1024, max_image_seq_len=4096)
+    return dict(scheduler=scheduler, vae=vae, audio_vae=audio_vae, text_encoder=encoder,
                 connectors=connectors, transformer=transformer, vocoder=vocoder)
 
 
