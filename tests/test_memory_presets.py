@@ -38,8 +38,8 @@ def test_every_family_with_presets_has_its_tiers():
     # every registered family but the old SD2 has a tiered preset
     from trainer_backend.families.registry import FAMILY_NAMES
     tiered_archs = {STORE.load(p.label).model.arch for p in TIERED}
-    # (Wan 2.2's tiers come with its memory tables: issue 36's memory part)
-    assert set(FAMILY_NAMES) - tiered_archs - {"wan22_t2v"} == {"sd2"}
+    # (Wan 2.2's and LTX-2's tiers come with their memory tables: issue 36's memory part)
+    assert set(FAMILY_NAMES) - tiered_archs - {"wan22_t2v", "ltx2"} == {"sd2"}
 
 
 @pytest.mark.parametrize("preset", TIERED, ids=[p.name for p in TIERED])

@@ -1,0 +1,104 @@
+"""The LTX-2 family computes what LTX2Pipeline computes, on fixed inputs and the tiny model: the text
+conditioning (Gemma hidden states through the connectors), the latents (normalised, packed into tokens and
+back), the sigma shift of its scheduler for a clip's token count, and the transformer call; a video-only
+prediction does not depend on the audio stream."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from trainer_backend.families import get_family, load_model
+from trainer_backend.families.ltx2 import latents as lat
+from trainer_backend.families.objectives import shift_sigma
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    return load_model(str(tiny_models("ltx2")))
+
+
+@pytest.fixture(scope="module")
+def pipe(model):
+    return model.family.build_pipeline(model)
+
+
+def test_registered_with_the_ltx2_frame_rule(model):
+    family = get_family("ltx2")
+    assert model.family is family and family.frame_step == 8
+    assert family.latent_shape(model, 32, 32, frames=9) == (4, 2, 4, 4)
+    clip = torch.rand(1, 3, 9, 32, 32) * 2 - 1
+    assert family.encode_latents(model, clip, None).shape == (1, 4, 2, 4, 4)
+    assert family.encode_latents(model, clip[:, :, 0], None).shape == (1, 4, 1, 4, 4)  # an image: 1 frame
+
+
+def test_text_conditioning_is_the_pipelines(model, pipe):
+    family = model.family
+    captions = ["a red square", "  a much longer caption about a blue circle moving left  "]
+    ours = family.encode_text(model, family.tokenize(model, captions, 0))
+    embeds, mask, _, _ = pipe.encode_prompt(captions, do_classifier_free_guidance=False,
+                                            max_sequence_length=family.t5_length(model), device="cpu")
+    video, audio, conn_mask = pipe.connectors(embeds, mask, padding_side="left")
+    assert torch.equal(ours["prompt_embeds"], video) and torch.equal(ours["audio_prompt_embeds"], audio)
+    assert torch.equal(ours["prompt_attention_mask"], conn_mask)
+
+
+def test_latents_are_normalised_and_packed_as_the_pipeline_does(model, pipe):
+    vae = model.vae
+    vae.latents_mean.copy_(torch.tensor([0.1, -0.2, 0.3, 0.0]))
+    vae.latents_std.copy_(torch.tensor([0.5, 2.0, 1.0, 1.5]))
+    try:
+        clip = torch.rand(2, 3, 9, 32, 32) * 2 - 1
+        raw = vae.encode(clip).latent_dist.mean
+        ours = model.family.encode_latents(model, clip, None)
+        theirs = pipe._normalize_latents(raw, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+        torch.testing.assert_close(ours, theirs)
+    finally:
+        vae.latents_mean.zero_()
+        vae.latents_std.fill_(1.0)
+    for p, pt in ((1, 1), (2, 1), (2, 2)):
+        x = torch.randn(2, 3, 4, 8, 6)
+        packed = lat.pack(x, p, pt)
+        assert torch.equal(packed, pipe._pack_latents(x, p, pt))
+        grid = (4 // pt, 8 // p, 6 // p)
+        assert torch.equal(lat.unpack(packed, *grid, p, pt), pipe._unpack_latents(packed, *grid, p, pt))
+        assert torch.equal(lat.unpack(packed, *grid, p, pt), x)
+
+
+@settings(max_examples=25, deadline=None)
+@given(frames=st.integers(1, 20), h=st.integers(1, 40), w=st.integers(1, 40))
+def test_sigma_shift_is_the_schedulers_for_the_token_count(model, frames, h, w):
+    """Our shifted sigmas equal what the pipeline's scheduler sets for a clip of that many tokens (mu from
+    calculate_shift on the packed sequence length)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
+    config = model.scheduler_config
+    tokens = lat.token_count((4, frames, h, w))
+    sched = FlowMatchEulerDiscreteScheduler.from_config(config)
+    sigmas = np.linspace(1.0, 0.1, 7)
+    mu = calculate_shift(tokens, config["base_image_seq_len"], config["max_image_seq_len"], config["base_shift"],
+                         config["max_shift"])
+    sched.set_timesteps(sigmas=sigmas, mu=mu)
+    ours = shift_sigma(torch.tensor(sigmas), lat.sigma_shift(tokens, config))
+    torch.testing.assert_close(ours.float(), sched.sigmas[:-1].float())
+
+
+def test_predict_is_the_transformer_call_with_the_audio_stream_isolated(model, pipe):
+    family, transformer = model.family, model.denoiser
+    text = family.encode_text(model, family.tokenize(model, ["a red square"], 0))
+    noisy = torch.randn(1, 4, 2, 4, 4)
+    t = torch.tensor([700.0])
+    with torch.no_grad():
+        ours = family.predict(model, transformer, noisy, t, text, {}, torch.float32)
+        kwargs = dict(hidden_states=pipe._pack_latents(noisy), encoder_hidden_states=text["prompt_embeds"],
+                      audio_encoder_hidden_states=text["audio_prompt_embeds"], timestep=t, sigma=t,
+                      encoder_attention_mask=text["prompt_attention_mask"],
+                      audio_encoder_attention_mask=text["prompt_attention_mask"], num_frames=2, height=4, width=4,
+                      fps=24.0, isolate_modalities=True, return_dict=False)
+        # any audio (length and content): the video stream does not read it
+        for audio in (torch.zeros(1, 1, 4), torch.randn(1, 5, 4)):
+            video, _ = transformer(audio_hidden_states=audio, audio_num_frames=audio.shape[1], **kwargs)
+            torch.testing.assert_close(ours, pipe._unpack_latents(video, 2, 4, 4))
+    assert not torch.equal(ours, family.predict(model, transformer, noisy, torch.tensor([100.0]), text, {},
+                                                torch.float32).detach())
