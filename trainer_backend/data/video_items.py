@@ -125,8 +125,7 @@ def clip_sample(dataset, item, sample: dict, flip: bool, crop01: tuple[float, fl
     spec = dataset._group(item)
     # a clip that breaks after the scan (deleted, rewritten) never stops the run: warn once and train this
     # sample on the next good clip of the same frame bucket, as images fall back
-    same = [k for k, other in enumerate(dataset.items) if other.clip is not None
-            and other.batch_bucket == item.batch_bucket]
+    same = _bucket_clips(dataset)[item.batch_bucket]
     start = next(n for n, k in enumerate(same) if dataset.items[k] is item)
     for k in same[start:] + same[:start]:
         if k in dataset._failed:
@@ -141,6 +140,18 @@ def clip_sample(dataset, item, sample: dict, flip: bool, crop01: tuple[float, fl
             LOG.warning("%s: skipped during training: %s (another clip of its frame bucket is used in its place)",
                         source.path, e)
     raise RuntimeError(f"dataset: every clip of frame bucket {window.frame_bucket} failed to load during training")
+
+
+def _bucket_clips(dataset) -> dict[tuple, list[int]]:
+    """Frame bucket -> the indices of its clip items (made once per dataset)."""
+    found = getattr(dataset, "_clips_by_bucket", None)
+    if found is None:
+        found = {}
+        for k, other in enumerate(dataset.items):
+            if other.clip is not None:
+                found.setdefault(other.batch_bucket, []).append(k)
+        dataset._clips_by_bucket = found
+    return found
 
 
 def cache_clip_latents(dataset, encode, folder: Path | None, progress: bool, vae_id: str) -> int:
