@@ -110,3 +110,33 @@ def test_the_full_size_transformer_file_layout_converts_back_through_diffusers()
     assert "blocks.0.attn.wq.weight" in original and original["blocks.0.mod.lin"].dim() == 1
     back = convert_krea2_transformer_checkpoint_to_diffusers(dict(original))
     assert back.keys() == state.keys() and all(back[k].shape == state[k].shape for k in state)
+
+
+def test_a_batch_gradient_is_the_mean_of_its_samples_gradients_in_float64(raw):
+    """Why the conformance suite's accumulation check (batch 4 vs 1 × accum 4, relative 1e-5) sits close to
+    its tolerance for Krea 2: in float32 one batch's gradient already differs from the mean of its samples'
+    gradients by a few 1e-6 (a 4-caption batch runs other matmul shapes over the 512-token caption block, so
+    sums round in another order), and SGD at lr 0.5 carries that through 8 steps. In float64 the two agree to
+    rounding (1e-12): the batch conditions each sample exactly as it would alone; the gap is float order."""
+    import copy
+
+    from trainer_backend.diffusion.loss import diffusion_loss
+    model, _ = raw
+    cfg = load_config(None, [])
+    captions = ["a red square", "a small blue circle on a plain white background", "green", "a yellow triangle"]
+    latents = torch.randn(4, 4, 4, 4, generator=torch.Generator().manual_seed(0))
+
+    def gradients(indices, dtype):
+        denoiser = copy.deepcopy(model.denoiser).to(dtype)
+        encoders = [copy.deepcopy(model.text_encoders[0]).to(dtype)]
+        batch = {"latents": latents[indices], "caption": [captions[i] for i in indices], "index": indices}
+        diffusion_loss(model, denoiser, batch, cfg=cfg, epoch=0, device=torch.device("cpu"), weight_dtype=dtype,
+                       text_encoders=encoders).backward()
+        return {n: p.grad for n, p in denoiser.named_parameters() if p.grad is not None}
+
+    def worst(dtype):
+        batch, alone = gradients([0, 1, 2, 3], dtype), [gradients([i], dtype) for i in range(4)]
+        return max(((batch[n] - sum(a[n] for a in alone) / 4).abs().max() / batch[n].abs().max()).item()
+                   for n in batch)
+    assert worst(torch.float64) < 1e-12
+    assert worst(torch.float32) < 1e-4  # float order only: the size the accumulation check's margin reflects
