@@ -73,6 +73,7 @@ def test_clip_latents_are_cached_per_window_and_a_second_run_encodes_none(tmp_pa
     from trainer_backend.families import load_model
     model = load_model(str(tiny_models("wan22_t2v")))
     root = make_clip_dataset(tmp_path / "data", n=2, size=32, frames=9)
+    make_dataset(root / "still", n=1, size=32)  # an image: a 1-frame clip's latents
     cfg = _cfg(root, "dataset.cache_latents=true")
     scan = scan_dataset(cfg, video=video_options(cfg.dataset, model.family.frame_step))
 
@@ -81,13 +82,17 @@ def test_clip_latents_are_cached_per_window_and_a_second_run_encodes_none(tmp_pa
 
     first = TrainDataset(scan, cfg)
     first.cache_latents(encode, tmp_path / "cache", progress=False, vae_id="tiny")
-    latents = first[0]["latents"]
-    assert tuple(latents.shape) == (4, 3, 4, 4) and first.encoded_count == 2  # 9 frames -> 3 latent frames
+    shapes = {first.items[first.sample_items[i]].path.name: tuple(first[i]["latents"].shape)
+              for i in range(len(first))}
+    assert shapes == {"clip000.mp4": (4, 3, 4, 4), "clip001.mp4": (4, 3, 4, 4), "img000.png": (4, 1, 4, 4)}
+    assert first.encoded_count == 3  # 9 frames -> 3 latent frames; the image: 1
+    clip = next(i for i in range(len(first)) if first.items[first.sample_items[i]].path.name == "clip000.mp4")
+    latents = first[clip]["latents"]
     again = TrainDataset(scan, cfg)
     again.cache_latents(encode, tmp_path / "cache", progress=False, vae_id="tiny")
-    assert again.encoded_count == 0 and torch.equal(again[0]["latents"], latents)
+    assert again.encoded_count == 0 and torch.equal(again[clip]["latents"], latents)
     with torch.no_grad():  # what the cache holds is the clip's own encoding
-        direct = encode(TrainDataset(scan, _cfg(root))[0]["pixel_values"].unsqueeze(0))[0]
+        direct = encode(TrainDataset(scan, _cfg(root))[clip]["pixel_values"].unsqueeze(0))[0]
     assert torch.allclose(direct, latents, atol=1e-5)
 
 
