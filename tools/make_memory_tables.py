@@ -61,8 +61,16 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
          "qwen_image21": "Qwen-Image 2.1 (7.1B transformer) with Qwen3-VL 8B; the text encoder runs every step "
                          "(it reads an edit pair's control image) and its pass here leaves out the control "
                          "image's vision tokens; measured without control images",
+         "wan22_t2v": "Wan 2.2 T2V-A14B: one 14.3B expert (the two experts are the same shape; model.expert = both "
+                      "keeps both resident) with UMT5-XXL and the Wan 2.1 VAE; activations per latent pixel of ONE "
+                      "latent frame: a clip's are × its latent frames ((frames - 1) / 4 + 1)",
          "ideogram4": "Ideogram 4's conditional transformer (9.3 B) with Qwen3-VL-8B; the unconditional transformer "
                       "(another 9.3 B) is loaded for samples only and is not counted"}
+
+# options that train several denoisers of the table's size at once (launch/memory_plan.denoiser_copies)
+DENOISER_COPIES = {"wan22_t2v": {"option": "model.expert", "values": {"both": 2}}}
+# causal video VAEs that encode a clip a few frames at a time (AutoencoderKLWan: the first frame, then 4 by 4)
+VAE_FRAMES_AT_ONCE = {"wan22_t2v": 4}
 
 # families whose table describes only some of their models: the pipeline classes it was measured on
 # (memory_tables.pipeline_outside_table: a Flux.2 dev folder gets no plan rather than Klein 4B's)
@@ -140,6 +148,10 @@ def probe_family(name: str, log=print) -> dict:
     overrides = {"model": {"arch": arch}, "network": {"rank": 16}, "precision": {"mixed": "bf16"}}
     table = mp.measure_table(loader, overrides, (base // 2, base), log=log)
     table["note"] = spec["note"]
+    if spec["family"] in DENOISER_COPIES:
+        table["denoiser_copies"] = DENOISER_COPIES[spec["family"]]
+    if spec["family"] in VAE_FRAMES_AT_ONCE:
+        table["vae_frames_at_once"] = VAE_FRAMES_AT_ONCE[spec["family"]]
     if spec["pipelines"]:
         table["pipelines"] = list(spec["pipelines"])
     if name in VARIANTS:

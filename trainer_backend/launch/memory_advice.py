@@ -50,7 +50,7 @@ def step_time_line(cfg, arch: str, plan: MemoryPlan, card_name: str | None = Non
         card_name = "" if float(opt(cfg, "hardware.gpu_memory_gb", 0) or 0) > 0 else detect_card_name()
     scale = table["vae_scale_factor"]
     w, h = plan.side
-    est = estimate(table, pixels=(w // scale) * (h // scale), batch=cfg.schedule.batch_size,
+    est = estimate(table, pixels=(w // scale) * (h // scale) * plan.latent_frames, batch=cfg.schedule.batch_size,
                    full=opt(cfg, "network.type", "lora") == "full",
                    checkpointing=bool(opt(cfg, "precision.gradient_checkpointing", False)),
                    latents_cached=bool(opt(cfg, "dataset.cache_latents", True)), card_name=card_name,

@@ -56,6 +56,7 @@ class MemoryPlan:
     grads: float = 0.0                    # gradient bytes after a backward pass (fused backward: 0)
     # the cache pass, before the denoiser is placed: phase -> {part: bytes on the GPU}, the whole of it
     cache_phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    latent_frames: int = 1                # a video family's clips: latent frames of the longest window
 
     def phase_totals(self) -> dict[str, float]:
         """Bytes on the GPU at each phase's peak: a cache phase's parts, or a step phase on top of
@@ -101,6 +102,34 @@ def largest_side(cfg, buckets=None) -> tuple[int, int]:
     if buckets:
         return tuple(max(buckets, key=lambda b: (b[0] * b[1], b)))
     return (cfg.dataset.resolution, cfg.dataset.resolution)
+
+
+def clip_frames(cfg, arch: str, buckets=None) -> tuple[int, int]:
+    """(frames, latent frames) of the longest training window: (1, 1) for an image family. A video
+    family's frame buckets are (width, height, frames) when the dataset was scanned; else the longest
+    count its frame rule (k * frame_step + 1) allows up to dataset.video_frames (or the longest frame
+    bucket asked for)."""
+    from ..families.registry import FAMILY_NAMES, entry
+    step = entry(arch).frame_step if arch in FAMILY_NAMES else 0
+    if not step:
+        return 1, 1
+    clip_buckets = [b[2] for b in buckets or () if len(b) > 2]
+    if clip_buckets:
+        frames = max(clip_buckets)
+    else:
+        cap = int(opt(cfg, "dataset.video_frames", 1) or 1)
+        asked = [n for n in opt(cfg, "dataset.video_frame_buckets", []) or [] if n <= cap]
+        frames = max(asked) if asked else (cap - 1) // step * step + 1
+    return frames, (frames - 1) // step + 1
+
+
+def denoiser_copies(table: dict, cfg) -> int:
+    """How many denoisers of the table's size train at once: a table may say an option doubles it
+    (Wan 2.2's model.expert = both keeps both experts on the device): {"option": key, "values": {v: n}}."""
+    rule = table.get("denoiser_copies")
+    if not rule:
+        return 1
+    return int(rule["values"].get(str(opt(cfg, rule["option"], "")), 1))
 
 
 def _act(line: list[float], pixels: int) -> float:
@@ -152,10 +181,21 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     offload = bool(opt(cfg, "memory.offload_encoders", False))
     fused_bw = bool(opt(cfg, "optimizer.fused_backward", False))
     batch = cfg.schedule.batch_size
-    side = largest_side(cfg, buckets)
+    side = tuple(largest_side(cfg, buckets)[:2])
     scale = table["vae_scale_factor"]
     pixels = (side[0] // scale) * (side[1] // scale)
     notes: list[str] = []
+    frames, latent_frames = clip_frames(cfg, arch, buckets)
+    # the VAE encode line is per frame too; a causal video VAE (Wan's) encodes a few frames at a time
+    vae_pixels = pixels * min(frames, table.get("vae_frames_at_once") or frames)
+    if frames > 1:   # the tables' activations are per latent pixel of one frame; a clip's scale with its frames
+        pixels *= latent_frames
+        notes.append(f"clips of {frames} frames ({latent_frames} latent frames) at {side[0]}x{side[1]}")
+    copies = denoiser_copies(table, cfg)
+    if copies > 1:
+        den = {**den, "params": den["params"] * copies, "blocks": list(den.get("blocks", [])) * copies,
+               "quantizable": [q * copies for q in den.get("quantizable", [0])]}
+        notes.append(f"{copies} denoisers of {den['params'] / copies / 1e9:.1f} B parameters train together")
 
     # ---- what stays on the GPU
     resident: dict[str, float] = {}
@@ -187,7 +227,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     else:
         resident["text encoders"] = te_total
         resident["vae"] = vae_w
-    tensors = trainable_tensors(table, cfg)
+    tensors = trainable_tensors(table, cfg) * copies
     n_trained = sum(tensors)
     if not full:
         resident["adapters"] = n_trained * 4
@@ -206,7 +246,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     if not ds.cache_text_encoder_outputs or trained_tes or table.get("text_every_step"):
         phases["text encoders"] = table["text_encode"] * batch + (te_total if "text encoders" not in resident else 0)
     if not ds.cache_latents:
-        phases["vae encode"] = vae_encode_bytes(table, pixels) * batch + (vae_w if "vae" not in resident else 0)
+        phases["vae encode"] = vae_encode_bytes(table, vae_pixels) * batch + (vae_w if "vae" not in resident else 0)
     gc = prec.gradient_checkpointing
     suffix = "_gc" if gc else ""
     grads = n_trained * train_bytes * ((1 - net_share) if full else 1)
@@ -240,7 +280,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
                                 fused_kernel=cfg.optimizer.fused, largest=largest_trained_tensor(table, cfg),
                                 half_weights_rounding=prec.half_weights_rounding if half_weights else None)
     phases["optimizer step"] = (0 if fused_bw else grads) + temp
-    cache = cache_phases(table, cfg, te_weights, vae_w, trained_tes, offload, pixels)
+    cache = cache_phases(table, cfg, te_weights, vae_w, trained_tes, offload, vae_pixels, clips=frames > 1)
     counts = {"denoiser": den["params"], "text_encoders": sum(comps[n]["params"] for n in table["text_encoders"]),
               "vae": comps["vae"]["params"], "trainable": n_trained}
     if table.get("note"):
@@ -249,16 +289,17 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
         notes.append(f"model.path is empty: planned with the {arch!r} table; {', '.join(variant_names(arch))} "
                      "has a table of its own, used once model.path is such a model")
     return MemoryPlan(arch, side, resident, phases, counts, notes, grads=0.0 if fused_bw else grads,
-                      cache_phases=cache)
+                      cache_phases=cache, latent_frames=latent_frames)
 
 
 def cache_phases(table: dict, cfg, te_weights: dict[str, float], vae_w: float, trained_tes: set, offload: bool,
-                 pixels: int) -> dict[str, dict[str, float]]:
+                 pixels: int, clips: bool = False) -> dict[str, dict[str, float]]:
     """The cache pass (dataset.cache_text_encoder_outputs, dataset.cache_latents), before the denoiser is
     on the GPU. Without memory.offload_encoders every encoder and the VAE are on the GPU for both
     caches. With it each encoder comes in for its own call nearly whole (its top-level parts move as
     units: a T5 or Qwen2.5-VL encoder's layer stack is one part), so the largest encoder is counted
-    whole; trained encoders never leave (their outputs are not cached then, but they are resident)."""
+    whole; trained encoders never leave (their outputs are not cached then, but they are resident).
+    Clips are encoded one window at a time (data/video_dataset.py), images dataset.latent_cache_batch_size."""
     ds = cfg.dataset
     text_cached = ds.cache_text_encoder_outputs and not trained_tes and not table.get("text_every_step")
     on_gpu = {"text encoders": sum(te_weights.values()), "vae": vae_w}
@@ -275,6 +316,7 @@ def cache_phases(table: dict, cfg, te_weights: dict[str, float], vae_w: float, t
         parts = dict(on_gpu)
         if offload:
             parts["vae"] = vae_w
-        parts["latent cache batch"] = vae_encode_bytes(table, pixels) * opt(cfg, "dataset.latent_cache_batch_size", 4)
+        parts["latent cache batch"] = vae_encode_bytes(table, pixels) * (
+            1 if clips else opt(cfg, "dataset.latent_cache_batch_size", 4))
         out["latent cache"] = parts
     return out

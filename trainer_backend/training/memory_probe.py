@@ -92,7 +92,7 @@ class MetaAutocast:
     autocast is), for the meta device, which torch.autocast does not serve: matmul-like ops run in
     `dtype` (their inputs cast, the cast copies saved by autograd as on a GPU), norms and softmax in
     fp32. Other ops run in their inputs' dtype, as under autocast."""
-    LOW = ("linear", "conv2d", "scaled_dot_product_attention")
+    LOW = ("linear", "conv2d", "conv3d", "scaled_dot_product_attention")
     FP32 = ("layer_norm", "group_norm", "softmax", "log_softmax")
 
     def __init__(self, dtype=torch.bfloat16):
