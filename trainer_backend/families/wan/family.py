@@ -182,10 +182,15 @@ class Wan22Family(FlowFamily):
         if scheduler not in ("default", "euler"):
             raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.short_name} "
                               "(use euler or default)")
-        sched_cls = FlowMatchEulerDiscreteScheduler
+        config = model.scheduler_config
+        if scheduler == "default":  # the model's own (Wan-AI's folders: UniPC with its flow_shift)
+            sampler = type(model.noise_scheduler).from_config(config)
+        else:  # Euler at the model's shift (a UniPC config names it flow_shift)
+            sampler = FlowMatchEulerDiscreteScheduler.from_config(
+                config, shift=config.get("flow_shift") or config.get("shift") or 1.0)
         high, low = self.experts(model)
         pipe = WanPipeline(tokenizer=model.tokenizers[0], text_encoder=model.text_encoders[0], vae=model.vae,
-                           scheduler=sched_cls.from_config(model.scheduler_config), transformer=high,
+                           scheduler=sampler, transformer=high,
                            transformer_2=low, boundary_ratio=model.options.get("boundary_ratio"))
         pipe.set_progress_bar_config(disable=True)
         return pipe
