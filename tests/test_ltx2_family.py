@@ -102,3 +102,39 @@ def test_predict_is_the_transformer_call_with_the_audio_stream_isolated(model, p
             torch.testing.assert_close(ours, pipe._unpack_latents(video, 2, 4, 4))
     assert not torch.equal(ours, family.predict(model, transformer, noisy, torch.tensor([100.0]), text, {},
                                                 torch.float32).detach())
+
+
+def test_a_comfyui_layout_lora_trains_on_clips_samples_mp4_and_loads_in_diffusers(tmp_path, tiny_models):
+    """Through the loop on generated 9-frame clips (latents and text cached), samples as mp4 clips, the
+    ComfyUI-layout file (no `.alpha` keys) loads with LTX2Pipeline.load_lora_weights and changes the video."""
+    from diffusers import LTX2Pipeline
+    from method_runs import train_run
+    from safetensors import safe_open
+    from video_clips import make_clip_dataset
+    from trainer_backend.data.video import probe_clip
+    model_dir = tiny_models("ltx2")
+    data = make_clip_dataset(tmp_path / "data", n=2, size=32, frames=9)
+    run, events, _ = train_run(tmp_path, model_dir, data, "comfy", "output.lora_format=kohya", "schedule.max_steps=3",
+                               "optimizer.lr=1e-2", "dataset.cache_latents=true", "dataset.video_fps=24",
+                               "dataset.cache_text_encoder_outputs=true", "samples.prompts=a red square --f 9",
+                               "samples.every_n_steps=3")
+    (sample,) = [e for e in events if e["event"] == "sample"]
+    clip = sample["paths"][0]
+    assert clip.endswith("_p00.mp4")
+    info = probe_clip(run / "samples" / clip.rsplit("/", 1)[-1])
+    assert (info.frames, info.width, info.height) == (9, 32, 32)
+    lora = run / "comfy.safetensors"
+    with safe_open(str(lora), "pt") as f:
+        keys = list(f.keys())
+    assert keys and all(k.startswith("diffusion_model.transformer_blocks.") for k in keys)
+    assert not any(k.endswith(".alpha") for k in keys)
+
+    def frames(pipe):
+        return pipe(prompt="a red square", num_frames=9, height=32, width=32, num_inference_steps=2,
+                    output_type="np", generator=torch.Generator().manual_seed(0)).frames[0]
+
+    pipe = LTX2Pipeline.from_pretrained(model_dir)
+    pipe.set_progress_bar_config(disable=True)
+    before = frames(pipe)
+    pipe.load_lora_weights(str(lora))
+    assert np.abs(frames(pipe) - before).max() > 1e-3, "the LoRA did not change the video"
