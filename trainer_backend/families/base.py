@@ -117,6 +117,11 @@ class Family:
     # [model] fields passed to `load` as keyword arguments (model.<name>) and kept on LoadedModel.options
     model_options: tuple[str, ...] = ()
 
+    def clip_audio(self, clips_with_audio: int) -> str:
+        """What a video run does with its clips' audio tracks, as the plan says it (the scan summary's
+        video "audio"): a model without an audio stream ignores them."""
+        return "ignored (the model has no audio stream)"
+
     def trainable_text_encoders(self) -> tuple[str, ...]:
         """The text encoders network.train_text_encoder trains (none when the family keeps them frozen)."""
         return self.text_encoder_names if self.trained_text_encoders is None else self.trained_text_encoders

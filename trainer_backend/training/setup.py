@@ -183,6 +183,10 @@ def scan_data(cfg: TrainConfig, family=None):
     scan = scan_dataset(cfg, video=video, captions_only=captions_only)
     for warning in scan.warnings:
         LOG.warning(warning)
+    clips = scan.summary.get("video") if video is not None else None
+    if clips and clips.get("with_audio"):  # the plan says what the clips' audio tracks train (Family.clip_audio)
+        clips["audio"] = family.clip_audio(clips["with_audio"])
+        LOG.info("%d clips with an audio track: %s", clips["with_audio"], clips["audio"])
     return scan
 
 

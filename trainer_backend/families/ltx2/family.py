@@ -59,6 +59,10 @@ class LTX2Family(FlowFamily):
     default_fps = 24.0
     sample_frames = 17
 
+    def clip_audio(self, clips_with_audio: int) -> str:
+        return ("not trained: the LoRA trains the video stream only (audio-track training through the audio "
+                "VAE is not built yet; docs/video.md)")
+
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
         return index.get("_class_name", "") == "LTX2Pipeline"
