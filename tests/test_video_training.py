@@ -236,3 +236,10 @@ def test_resume_of_both_experts_on_random_windows_is_bitwise_exact(tmp_path, tin
         a = load_file(str(straight / f"straight{suffix}.safetensors"))
         b = load_file(str(resumed / f"resumed{suffix}.safetensors"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), suffix
+
+
+def test_cache_auto_leaves_random_windows_uncached():
+    from trainer_backend.config.caching import auto_caching
+    choice = auto_caching(load_config(None, ["model.arch=wan22_t2v", "dataset.video_clip_mode=random"]))
+    assert not choice.latents and "video_clip_mode = random" in choice.summary()
+    assert auto_caching(load_config(None, ["model.arch=wan22_t2v"])).latents

@@ -40,6 +40,9 @@ def latent_blockers(cfg: TrainConfig) -> list[str]:
         out.append("a random crop (dataset.center_crop = false) draws a new crop every step")
     if any(v is True for v in _subset_values(cfg, "flip")) and not cfg.dataset.cache_both_flips:
         out.append("dataset.flip without dataset.cache_both_flips flips at random every step")
+    from ..families.registry import VIDEO_FAMILIES  # pure
+    if cfg.dataset.video_clip_mode == "random" and cfg.model.arch in ("auto", *VIDEO_FAMILIES):
+        out.append("dataset.video_clip_mode = random draws a new window of each clip every epoch")
     return out
 
 
