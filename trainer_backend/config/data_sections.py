@@ -39,7 +39,9 @@ class Output(Section):
                 "read by ComfyUI and diffusers; Z-Image's musubi-tuner names (lora_unet_layers_…_attention_to_q), read by "
                 "musubi-tuner and diffusers (ComfyUI after musubi's convert_z_image_lora_to_comfy); Qwen-Image's "
                 "lora_unet_transformer_blocks_…, read by ComfyUI and musubi-tuner. original (Z-Image) = the original "
-                "checkpoint's names (lora_unet_layers_…_attention_qkv, q/k/v fused), read by ComfyUI and diffusers.",
+                "checkpoint's names (lora_unet_layers_…_attention_qkv, q/k/v fused), read by ComfyUI and diffusers; "
+                "Qwen-Image 2.1's: ComfyUI's diffusion_model.… with gate and up joined on img_mlp.gate_up; Krea 2's and "
+                "Ideogram 4's: their original checkpoints' names (docs/models.md).",
         advanced=True, resume="safe",
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 

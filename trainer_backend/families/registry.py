@@ -63,7 +63,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 "QWEN_IMAGE_EDIT_PLUS", "flow", ("diffusers", "kohya"), control_images="required",
                 text_encoder_training=False, tiny_variants=("2511",), max_control_images=3),
     FamilyEntry("qwen_image21", "Qwen-Image 2.1 (generation and editing)", "trainer_backend.families.qwen_image21",
-                "QWEN_IMAGE_21", "flow", ("diffusers",), control_images="optional", text_encoder_training=False),
+                "QWEN_IMAGE_21", "flow", ("diffusers", "original"), control_images="optional", text_encoder_training=False),
     FamilyEntry("ideogram4", "Ideogram 4", "trainer_backend.families.ideogram4", "IDEOGRAM4", "flow",
                 ("diffusers", "original"), text_encoder_training=False),
     FamilyEntry("krea2", "Krea 2 (Raw, Turbo)", "trainer_backend.families.krea2", "KREA2", "flow",

@@ -201,6 +201,17 @@ class QwenImage21Family(FlowFamily):
     def guidance_arguments(self, model, scale):
         return {"true_cfg_scale": scale}  # true CFG with a negative prompt (none without one)
 
+    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
+        state = super().lora_file_state(model, adapter_states, alpha, "diffusers")
+        if self.lora_layout(layout) == "original":  # ComfyUI's names, gate and up joined on img_mlp.gate_up
+            from .lora_keys import to_original
+            return to_original(state)
+        return state
+
+    def read_lora_file(self, model, state, modules):
+        from .lora_keys import is_original, to_diffusers
+        return super().read_lora_file(model, to_diffusers(state) if is_original(state) else state, modules)
+
     def export_single_file(self, model, single_file, dtype, metadata) -> Path:
         from ..sd.single_file import META_ARCH
         return super().export_single_file(model, single_file, dtype, {**(metadata or {}), META_ARCH: self.name})
