@@ -178,9 +178,13 @@ def builtin_entries() -> dict:
     from trainer_backend.launch.model_size import folder_components, pipeline_class
     out = {}
     for name, (family, _) in BUILTIN_TINY.items():
+        table = family_table(family)
+        if table is None:  # a family without its table yet: run this again once it has one
+            print(f"{name}: no table for {family} yet; skipped")
+            continue
         folder = resolve_model_path(f"builtin:{name}")
         out[name] = {"family": family, "pipeline": pipeline_class(folder),
-                     "components": folder_components(folder, family_table(family)["components"])}
+                     "components": folder_components(folder, table["components"])}
     return out
 
 
