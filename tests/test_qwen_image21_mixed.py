@@ -65,20 +65,29 @@ def test_the_scan_keeps_caption_only_images_beside_pairs_and_batches_never_mix_t
     assert edit_only.summary["images"] == 2 and edit_only.summary["missing_controls"] == 2
 
 
-def test_each_batch_of_a_mixed_dataset_trains_as_its_samples_would_alone(tmp_path, tiny):
+@pytest.mark.parametrize("latents", [False, True], ids=["pixels", "cached-latents"])
+def test_each_batch_of_a_mixed_dataset_trains_as_its_samples_would_alone(tmp_path, tiny, latents):
+    """Without cached latents the pairs' text is encoded each step (their control images are cropped and
+    flipped per step); with them, each pair's text is cached per orientation, read with its control image."""
     from trainer_backend.data import TrainDataset
     from trainer_backend.data.indexed import collate_with_index
     from trainer_backend.data.sampler import BucketBatchSampler
     from trainer_backend.diffusion.loss import diffusion_loss
-    from trainer_backend.training.setup import cache_text_outputs, scan_data
+    from trainer_backend.diffusion.posterior import encode_posterior
+    from trainer_backend.training.setup import cache_pair_text, cache_text_outputs, scan_data
     folder, model = tiny
     data, control = _mixed(tmp_path)
-    cfg = _cfg(folder, data, control, "qwen_image21", "dataset.cache_text_encoder_outputs=true")
+    cfg = _cfg(folder, data, control, "qwen_image21", "dataset.cache_text_encoder_outputs=true",
+               "dataset.flip=true", "dataset.cache_both_flips=true")
     scan = scan_data(cfg, model.family)
     cached, plain = TrainDataset(scan, cfg), TrainDataset(scan, cfg)
+    if latents:
+        for dataset in (cached, plain):
+            dataset.cache_latents(lambda pixels: encode_posterior(model, pixels), None, progress=False)
     cache_text_outputs(cfg, cached, model)
+    cache_pair_text(cfg, cached, model)
     covered = {cached.items[cached.sample_items[i]].control is None: "text" in cached[i] for i in range(len(cached))}
-    assert covered == {True: True, False: False}  # caption-only texts cached, the pairs' not
+    assert covered == {True: True, False: latents}  # caption-only texts cached; the pairs' with cached latents
 
     def loss(dataset, indices):
         batch = collate_with_index([(i, dataset[i]) for i in indices])

@@ -121,6 +121,15 @@ def split_text_outputs(outputs, count: int) -> list:
     raise TypeError(f"encode_fn returned {type(outputs).__name__}; expected a tensor, tuple or dict of tensors")
 
 
+def pad_text_entries(store: dict) -> dict:
+    """Dict-of-tensor text entries of different lengths (dim 0) padded with zeros to the longest, so they
+    stack: for text whose padding is zeros under a zero mask (Qwen-Image 2.1's encode pads so)."""
+    import torch.nn.functional as F
+    width = max((t.shape[0] for e in store.values() for t in e.values()), default=0)
+    return {key: {k: F.pad(t, (0, 0) * (t.ndim - 1) + (0, width - t.shape[0])) for k, t in e.items()}
+            for key, e in store.items()}
+
+
 def stack_text(entries: list):
     """Inverse of split_text_outputs for a batch (used by collate)."""
     first = entries[0]

@@ -18,7 +18,7 @@ from PIL import Image
 from ..config import TrainConfig
 from ..launch.plan import DataCounts
 from .buckets import resize_size, train_crop
-from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, split_text_outputs
+from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, pad_text_entries, split_text_outputs
 from .captions import augment_caption
 from .images import BadImage, load_rgb
 from .masks import mask_sources, render_mask, source_identity, to_grid
@@ -81,6 +81,7 @@ class TrainDataset(torch.utils.data.Dataset):
         self._fixed_crops: dict[int, tuple[int, int]] = {}
         self._text: dict[str, object] | None = None
         self._text_pairs = True   # the text cache covers edit pairs too (cache_text(pairs=False): caption-only items)
+        self._pair_text: dict | None = None  # (item, flip, caption) -> an edit pair's text read with its control
         self._failed: set[int] = set()
         # loss.masked: per item, where its mask comes from (data/masks.py); masks cached with latents
         self._mask_sources = mask_sources(scan) if cfg.loss.masked else None
@@ -148,6 +149,8 @@ class TrainDataset(torch.utils.data.Dataset):
                 sample["control_pixel_values"] = control
         if self._text is not None and (item.control is None or self._text_pairs):
             sample["text"] = self._text[caption]
+        elif self._pair_text is not None and item.control is not None:  # cache_pair_text: per pair and flip
+            sample["text"] = self._pair_text[(item_idx, flip and self._flip_allowed, caption)]
         return sample
 
     # ------------------------------------------------------------------ pixels
@@ -365,6 +368,26 @@ class TrainDataset(torch.utils.data.Dataset):
             store.update(zip(chunk, split_text_outputs(outputs, len(chunk))))
         self._text, self.text_cache_key, self._text_pairs = store, key, pairs
         return True
+
+    def cache_pair_text(self, encode_fn: Callable[[str, torch.Tensor], dict]) -> int:
+        """With cached latents each edit pair's control image is fixed per orientation, so a text encoder
+        that reads it with the caption (Family.text_reads_control) runs once per (pair, flip, caption):
+        encode_fn(caption, control latents [N·C, h, w]) -> a batch-of-one text dict; entries are padded with
+        zeros (mask 0) to one length so batches stack. Returns the number encoded (0: latents not cached)."""
+        if (self._latents is None and self._disk is None) or not self.captions_are_static():
+            return 0
+        store: dict = {}
+        for idx, item in enumerate(self.items):
+            if item.control is None:
+                continue
+            captions = {item.caption} | ({""} if self._group(item).captions.dropout else set())
+            for flip in ((False, True) if self._group(item).flip and self._flip_allowed else (False,)):
+                control = self._cached_latents(idx, flip, control=True)
+                for caption in captions:
+                    with torch.no_grad():
+                        store[(idx, flip, caption)] = split_text_outputs(encode_fn(caption, control), 1)[0]
+        self._pair_text = pad_text_entries(store)
+        return len(store)
 
 
 def _mean_and_std(encoded) -> tuple[torch.Tensor, torch.Tensor | None]:

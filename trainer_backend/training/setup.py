@@ -215,7 +215,28 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
         with accelerator.main_process_first():
             dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id,
                                   batch_size=cfg.dataset.latent_cache_batch_size)
+    if cfg.dataset.cache_text_encoder_outputs and model.family is not None and model.family.text_reads_control:
+        cache_pair_text(cfg, dataset, model)
     return dataset
+
+
+def cache_pair_text(cfg: TrainConfig, dataset, model) -> None:
+    """An edit pair's text read with its control image, once per pair and orientation: possible when the
+    latents are cached (the control image's crop is then fixed), as each step would encode it."""
+    if cfg.network.train_text_encoder:
+        return
+    family = model.family
+
+    def encode(caption: str, control: torch.Tensor) -> dict:
+        batch = {"caption": [caption], "control_latents": control.unsqueeze(0)}
+        text = family.encode_text(model, family.tokenize_batch(model, batch, cfg.dataset.max_token_length))
+        return {name: tensor.to(getattr(torch, family.text_cache_dtype)).cpu() for name, tensor in text.items()}
+    count = dataset.cache_pair_text(encode)
+    if count:
+        LOG.info("cached the text of %d edit pairs (each read with its control image, per orientation)", count)
+    else:
+        LOG.info("the edit pairs' text is encoded every step: their control images are cropped and flipped "
+                 "per step (cache the latents to fix them), or captions change (shuffle/tag dropout)")
 
 
 def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
@@ -243,8 +264,8 @@ def cache_text_outputs(cfg: TrainConfig, dataset, model) -> None:
         key += f"|clip_skip={model.clip_skip}"
     if dataset.cache_text(encode, key=key, batch_size=cfg.dataset.text_cache_batch_size, pairs=pairs_too):
         LOG.info("cached text-encoder outputs for the dataset's captions" if pairs_too else
-                 "cached text-encoder outputs for the captions of the images without a control image (the edit "
-                 "pairs' text is encoded with their control images each step)")
+                 "cached text-encoder outputs for the captions of the images without a control image (an edit "
+                 "pair's text is read with its control image)")
 
 
 def register_adapter_hooks(accelerator, trainable) -> None:
