@@ -95,6 +95,67 @@ def dequantize_fp8(state: dict) -> dict:
     return out
 
 
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
+AUX_SUFFIXES = (".input_scale", ".comfy_quant", "scaled_fp8")  # ComfyUI's quantization markers: not weights
+
+
+def stream_into(option: str, path: Path, module, convert_one, expected: dict, what: str, *, prefix: str = "",
+                dtype=None, optional=(), progress=None) -> None:
+    """Load a file into `module` (built on the meta device) one tensor at a time, never the whole model
+    at once: each tensor is read, an fp8 weight multiplied by its scale (per tensor or per row) in fp32,
+    cast to `dtype` and assigned before the next is read, so the peak is the loaded model plus one
+    tensor. `dtype` None: bfloat16 for a file whose weights are fp8 (what they were quantized from),
+    else float32 (the family contract). `convert_one(name, tensor) -> {module key: tensor}` renames (and
+    splits fused weights); the file's names (after `prefix`, through convert_one on meta shapes) are
+    checked against `expected` first: one line naming the option, the file and the first key that does
+    not fit. `optional`: module keys a file may leave out (filled with zeros). `progress(name)` after
+    each tensor."""
+    import torch
+    from safetensors import safe_open
+    with safe_open(str(path), framework="pt") as f:
+        names = [n for n in f.keys() if n.startswith(prefix) and not n.endswith(AUX_SUFFIXES + FP8_SCALES)]
+        kinds = {n: f.get_slice(n).get_dtype() for n in names}
+        shapes = {}
+        for n in names:
+            meta = torch.empty(f.get_slice(n).get_shape(), device="meta")
+            shapes.update({k: tuple(v.shape) for k, v in convert_one(n[len(prefix):], meta).items()})
+        check(option, path, shapes, {k: v for k, v in expected.items() if k not in optional}, what)
+        if dtype is None:
+            dtype = torch.bfloat16 if any(kinds[n] in FP8_DTYPES for n in names) else torch.float32
+        scales = set(f.keys())
+        done = set()
+        for n in names:
+            t = f.get_tensor(n)
+            scale = next((n.rsplit(".", 1)[0] + s for s in FP8_SCALES if n.rsplit(".", 1)[0] + s in scales), None)
+            if scale is not None and kinds[n] in FP8_DTYPES:
+                s = f.get_tensor(scale).to(torch.float32)
+                t = t.to(torch.float32) * (s.reshape(-1, *[1] * (t.dim() - 1)) if s.numel() > 1 else s)
+            for key, value in convert_one(n[len(prefix):], t).items():
+                if key in expected:
+                    _assign(module, key, value.to(dtype, copy=True))
+                    done.add(key)
+            del t
+            if progress is not None:
+                progress(n)
+    for key in optional:
+        if key in expected and key not in done:
+            _assign(module, key, torch.zeros(expected[key], dtype=dtype))
+    left = [k for k in expected if k not in done and k not in optional]
+    if left:
+        raise ConfigError(f"{option}: {path.name} has no {left[0]}")
+
+
+def _assign(module, key: str, value) -> None:
+    """One parameter or buffer of `module` replaced by `value` (its meta placeholder dropped)."""
+    import torch
+    owner, _, leaf = key.rpartition(".")
+    sub = module.get_submodule(owner) if owner else module
+    if leaf in sub._parameters:
+        sub._parameters[leaf] = torch.nn.Parameter(value, requires_grad=sub._parameters[leaf].requires_grad)
+    else:
+        sub._buffers[leaf] = value
+
+
 def refuse_packed(option: str, path: Path, use: str) -> None:
     """A quantized format other than fp8 (packed 4-bit or integer weights, ComfyUI's nvfp4/int8 files):
     one line naming the file, before the shape check would name a confusing shape."""

@@ -45,7 +45,10 @@ class Ideogram4Family(FlowFamily):
     short_label = "Ideogram 4"
     text_encoder_names = ("text_encoder",)
     trained_text_encoders = ()  # Qwen3-VL stays frozen: diffusers' Ideogram 4 LoRA loader reads the transformer only
-    full_single_file = "denoiser"  # the transformer alone, in diffusers' names (export_single_file)
+    full_single_file = "denoiser"  # the transformer alone in the original layout (original_file.py)
+    transformer_file_module = ".ideogram4.original_file"
+    text_encoder_file_options = ("text_encoder",)
+    component_files_loader = ".ideogram4.components:load_ideogram4_files"
     # what ai-toolkit trains and diffusers' converter maps (its fused qkv split into to_q/k/v, attention.o,
     # the SwiGLU w1/w2/w3): every block's attention and MLP
     default_targets = ("to_q", "to_k", "to_v", "to_out.0", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
@@ -67,14 +70,6 @@ class Ideogram4Family(FlowFamily):
     def detect_file(self, shapes, metadata) -> bool:
         return any(k.endswith("llm_cond_proj.weight") for k in shapes) and any(
             k.endswith("embed_image_indicator.weight") for k in shapes)
-
-    def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
-             text_encoder_files: dict[str, str] | None = None):
-        if not src.is_dir():
-            raise ConfigError(f"model.path: {src} is an Ideogram 4 transformer file; this family loads a diffusers "
-                              "folder (or a hub id): it needs the unconditional transformer, Qwen3-VL and the VAE too")
-        return super().load(src, vae=vae, prediction_type=prediction_type, tokenizer=tokenizer,
-                            text_encoder_files=text_encoder_files)
 
     def folder_pipeline(self, src: Path):
         """The unconditional transformer is loaded only when samples need it (unconditional_transformer)."""
@@ -204,7 +199,12 @@ class Ideogram4Family(FlowFamily):
             import torch
             from diffusers import Ideogram4Transformer2DModel
             from ..sd.loader import _first_line
-            folder = Path(model.source) / "unconditional_transformer"
+            root = Path(model.source) if Path(model.source).is_dir() else Path(model.options.get("unconditional_folder") or "")
+            if not (root / "unconditional_transformer").is_dir():
+                raise ConfigError(f"model.tokenizer: samples need Ideogram 4's unconditional transformer, which "
+                                  f"{Path(model.source).name} does not hold; set model.tokenizer to an Ideogram 4 "
+                                  "diffusers folder (with unconditional_transformer/), or draw no samples")
+            folder = root / "unconditional_transformer"
             try:
                 loaded = Ideogram4Transformer2DModel.from_pretrained(str(folder), local_files_only=True,
                                                                      dtype=torch.float32)
@@ -234,17 +234,11 @@ class Ideogram4Family(FlowFamily):
         return super().lora_file_state(model, adapter_states, alpha, layout)
 
     def export_single_file(self, model, single_file, dtype, metadata) -> Path:
-        """The trained transformer alone in diffusers' names (no original-layout converter exists for
-        it in diffusers 0.42.1), its config in the metadata; the folder holds the whole pipeline."""
-        from ..component_files import save_transformer_file
-        return save_transformer_file(_unwrap(model.denoiser), single_file, None, dtype, metadata)
-
-    def load_denoiser_file(self, path, like):
-        import copy
-        from safetensors.torch import load_file
-        loaded = copy.deepcopy(like)
-        loaded.load_state_dict(load_file(str(path)))
-        return loaded
+        """The trained transformer alone in the original (published, ComfyUI) layout: original_file.py;
+        the folder holds the whole pipeline."""
+        from ..sd.single_file import META_ARCH
+        from .original_file import export_transformer
+        return export_transformer(_unwrap(model.denoiser), single_file, dtype, {**(metadata or {}), META_ARCH: self.name})
 
     def pipeline_parts(self, model) -> dict:
         return {"text_encoder": model.text_encoders[0], "tokenizer": model.tokenizers[0],

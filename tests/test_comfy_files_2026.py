@@ -1,0 +1,124 @@
+"""Krea 2, Qwen-Image 2.1 and Ideogram 4 from ComfyUI's separate files (diffusion model, Qwen3-VL text
+encoder, VAE), written from the tiny models in ComfyUI's key layout: loaded offline weight for weight as
+the model they came from; a scaled-fp8 file loads tensor by tensor (bf16, the fp8 values × their scales);
+a wrong or missing key is refused in one line naming the option, the file and the key; Ideogram 4's
+original transformer layout covers the full-size architecture (458 tensors)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from trainer_backend.errors import ConfigError
+from trainer_backend.families import get_family, load_model
+from trainer_backend.families.qwen3vl_file import comfy_name
+
+CONFIG = "sd_studio.config"
+
+
+def _same(a, b, skip=()) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    keys = [k for k in sa if not any(s in k for s in skip)]
+    return set(keys) <= sb.keys() and all(torch.equal(sa[k], sb[k]) for k in keys)
+
+
+def _save(state: dict, path, config: str) -> str:
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path), metadata={CONFIG: config})
+    return str(path)
+
+
+def _text_encoder_file(te, path, vision=True, norm=True) -> str:
+    """The Qwen3-VL text encoder in ComfyUI's names (model.layers…, visual…)."""
+    state = {comfy_name(k): v for k, v in te.state_dict().items()
+             if (vision or ".visual." not in f".{k}") and (norm or not k.endswith("language_model.norm.weight"))}
+    return _save(state, path, te.config.to_json_string())
+
+
+def _fp8(state: dict) -> dict:
+    """ComfyUI's scaled fp8: each 2-D weight as float8_e4m3fn with a per-row scale beside it."""
+    out = {}
+    for k, v in state.items():
+        if v.dim() == 2 and k.endswith(".weight"):
+            scale = v.abs().amax(dim=1).clamp_min(1e-12) / 448.0
+            out[k] = (v / scale[:, None]).to(torch.float8_e4m3fn)
+            out[k.removesuffix(".weight") + ".weight_scale"] = scale
+        else:
+            out[k] = v
+    return out
+
+
+@pytest.fixture(scope="module")
+def ideogram(tiny_models, tmp_path_factory):
+    from trainer_backend.families.flux2.original_keys import vae_to_original
+    from trainer_backend.families.ideogram4.original_file import to_original
+    folder = tiny_models("ideogram4")
+    model = load_model(str(folder))
+    out = tmp_path_factory.mktemp("ideogram4-files")
+    config = json.dumps({k: v for k, v in model.denoiser.config.items() if not k.startswith("_")})
+    original = {"model.diffusion_model." + k: v for k, v in to_original(model.denoiser.state_dict()).items()}
+    files = {"transformer": _save(original, out / "ideogram4_tiny.safetensors", config),
+             "fp8": _save(_fp8(original), out / "ideogram4_tiny_fp8_scaled.safetensors", config),
+             "text_encoder": _text_encoder_file(model.text_encoders[0], out / "qwen3vl_tiny.safetensors",
+                                                vision=False, norm=False)}
+    vae_config = {k: v for k, v in model.vae.config.items() if not k.startswith("_")}
+    files["vae"] = _save(vae_to_original(model.vae.state_dict(), vae_config), out / "flux2-vae.safetensors",
+                         json.dumps(vae_config))
+    return model, folder, files
+
+
+def test_ideogram4_comfyui_files_load_as_the_model_they_came_from(ideogram):
+    model, folder, files = ideogram
+    loaded = load_model(files["transformer"], vae=files["vae"], tokenizer=str(folder),
+                        text_encoder_files={"text_encoder": files["text_encoder"]})
+    fam = get_family("ideogram4")
+    assert loaded.family is fam and loaded.denoiser.dtype == torch.float32
+    assert _same(model.denoiser, loaded.denoiser) and _same(model.vae, loaded.vae)
+    assert _same(model.text_encoders[0], loaded.text_encoders[0], skip=("visual.", "language_model.norm."))
+    ids = fam.tokenize(loaded, ["a red square"], 0)
+    assert torch.equal(fam.encode_text(loaded, ids)["hidden"], fam.encode_text(model, ids)["hidden"])
+    assert fam.unconditional_transformer(loaded) is not None  # from model.tokenizer's folder
+
+
+def test_ideogram4_scaled_fp8_file_loads_as_bf16_weight_times_scale(ideogram):
+    from trainer_backend.families.ideogram4.original_file import load_transformer
+    model, _, files = ideogram
+    loaded = load_transformer(__import__("pathlib").Path(files["fp8"]))
+    assert loaded.dtype == torch.bfloat16
+    for k, v in model.denoiser.state_dict().items():
+        err = (loaded.state_dict()[k].float() - v).abs().max() / v.abs().max().clamp_min(1e-6)
+        assert err < 0.08, k  # e4m3 keeps 3 mantissa bits (+ bf16 rounding)
+
+
+def test_a_wrong_or_missing_key_is_one_line_naming_option_file_and_key(ideogram, tmp_path):
+    from safetensors.torch import load_file
+    model, folder, files = ideogram
+    state = load_file(files["transformer"])
+    meta = json.dumps({k: v for k, v in model.denoiser.config.items() if not k.startswith("_")})
+    del state["model.diffusion_model.layers.0.attention.o.weight"]
+    bad = _save(state, tmp_path / "truncated.safetensors", meta)
+    with pytest.raises(ConfigError) as e:
+        load_model(bad, arch="ideogram4", vae=files["vae"], tokenizer=str(folder),
+                   text_encoder_files={"text_encoder": files["text_encoder"]})
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("model.path: truncated.safetensors") and "layers.0.attention.to_out.0" in msg
+    te = load_file(files["text_encoder"])
+    te["model.layers.3.mlp.up_proj.weight"] = te["model.layers.3.mlp.up_proj.weight"][:1]
+    bad_te = _save(te, tmp_path / "qwen3vl_bad.safetensors", model.text_encoders[0].config.to_json_string())
+    with pytest.raises(ConfigError) as e:
+        load_model(files["transformer"], vae=files["vae"], tokenizer=str(folder),
+                   text_encoder_files={"text_encoder": bad_te})
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("model.text_encoder: qwen3vl_bad.safetensors")
+    assert "language_model.layers.3.mlp.up_proj.weight" in msg
+
+
+def test_ideogram4_original_layout_is_the_published_one_at_full_size():
+    from trainer_backend.families.ideogram4.original_file import from_original, to_original
+    fam = get_family("ideogram4")
+    meta = fam.meta_denoiser().state_dict()
+    original = to_original(meta)
+    assert len(original) == 458  # 16 outside the blocks + 34 x 13, as the published file's layout
+    assert tuple(original["layers.0.attention.qkv.weight"].shape) == (3 * 4608, 4608)
+    assert {k: tuple(v.shape) for k, v in from_original(original).items()} == {k: tuple(v.shape) for k, v in meta.items()}
