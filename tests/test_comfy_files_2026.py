@@ -122,3 +122,52 @@ def test_ideogram4_original_layout_is_the_published_one_at_full_size():
     assert len(original) == 458  # 16 outside the blocks + 34 x 13, as the published file's layout
     assert tuple(original["layers.0.attention.qkv.weight"].shape) == (3 * 4608, 4608)
     assert {k: tuple(v.shape) for k, v in from_original(original).items()} == {k: tuple(v.shape) for k, v in meta.items()}
+
+
+def _config_json(module) -> str:
+    return json.dumps({k: v for k, v in module.config.items() if not k.startswith("_")})
+
+
+@pytest.mark.parametrize("variant", ["krea2", "krea2-turbo"])
+def test_krea2_comfyui_files_load_as_the_model_they_came_from(tiny_models, tmp_path, variant):
+    from trainer_backend.families.krea2.family import options_of
+    from trainer_backend.families.krea2.single_file import to_original
+    folder = tiny_models(variant)
+    model = load_model(str(folder))
+    original = {"model.diffusion_model." + k: v for k, v in to_original(model.denoiser.state_dict()).items()}
+    transformer = _save(_fp8(original), tmp_path / f"{variant}_tiny_fp8_scaled.safetensors", _config_json(model.denoiser))
+    te = _text_encoder_file(model.text_encoders[0], tmp_path / "qwen3vl_4b_tiny.safetensors", vision=False)
+    vae = _save(model.vae.state_dict(), tmp_path / "qwen_image_vae.safetensors", _config_json(model.vae))
+    fam = get_family("krea2")
+    loaded = load_model(transformer, vae=vae, tokenizer=str(folder), text_encoder_files={"text_encoder": te})
+    assert loaded.family is fam and loaded.denoiser.dtype == torch.bfloat16  # fp8 -> bf16, never all fp32
+    assert _same(model.vae, loaded.vae) and _same(model.text_encoders[0], loaded.text_encoders[0], skip=("visual.",))
+    for k, v in model.denoiser.state_dict().items():
+        got = loaded.denoiser.state_dict()[k].float()
+        assert (got - v).abs().max() <= 0.08 * v.abs().max().clamp_min(1e-6), k
+    assert options_of(loaded) == options_of(model) and fam.distilled(loaded) == (variant == "krea2-turbo")
+    assert fam.select_layers(loaded) == fam.select_layers(model)
+    # without the folder's model_index.json: Turbo from the file's name, bf16 file exactly as the model
+    exact = _save(original, tmp_path / "krea2_raw_tiny.safetensors", _config_json(model.denoiser))
+    alone = load_model(exact, vae=vae, tokenizer=str(folder / "tokenizer"), text_encoder_files={"text_encoder": te})
+    assert _same(model.denoiser, alone.denoiser) and not fam.distilled(alone)
+
+
+def test_qwen_image21_comfyui_files_load_as_the_model_they_came_from(tiny_models, tmp_path):
+    from trainer_backend.families.qwen_image21.single_file import to_original
+    folder = tiny_models("qwen_image21")
+    model = load_model(str(folder))
+    transformer = _save({"model.diffusion_model." + k: v for k, v in to_original(model.denoiser.state_dict()).items()},
+                        tmp_path / "qwen_image_2.1_tiny.safetensors", _config_json(model.denoiser))
+    te = _text_encoder_file(model.text_encoders[0], tmp_path / "qwen3vl_8b_tiny.safetensors")
+    vae = _save(model.vae.state_dict(), tmp_path / "qwen_image21_vae.safetensors", _config_json(model.vae))
+    fam = get_family("qwen_image21")
+    loaded = load_model(transformer, vae=vae, tokenizer=str(folder), text_encoder_files={"text_encoder": te})
+    assert loaded.family is fam
+    assert _same(model.denoiser, loaded.denoiser) and _same(model.vae, loaded.vae)
+    assert _same(model.text_encoders[0], loaded.text_encoders[0], skip=("lm_head",))
+    with pytest.raises(ConfigError, match=r"^model.text_encoder: qwen3vl_novision.safetensors is not a Qwen3-VL .* "
+                                          r"it has no model.visual\."):
+        load_model(transformer, vae=vae, tokenizer=str(folder), text_encoder_files={
+            "text_encoder": _text_encoder_file(model.text_encoders[0], tmp_path / "qwen3vl_novision.safetensors",
+                                               vision=False)})

@@ -34,6 +34,12 @@ def pipeline_options(source: str) -> dict:
     return {k: data[k] for k in ("text_encoder_select_layers", "is_distilled", "patch_size") if k in data}
 
 
+def options_of(model) -> dict:
+    """The pipeline config of a loaded model: its folder's, or (separate files: components.py) the one
+    the loader found for them."""
+    return model.options["pipeline"] if "pipeline" in model.options else pipeline_options(model.source)
+
+
 @lru_cache(maxsize=1)
 def template() -> tuple[str, str, int, int]:
     """(prefix, suffix, leading tokens dropped, suffix tokens) of the installed Krea2Pipeline."""
@@ -50,6 +56,8 @@ class Krea2Family(FlowFamily):
     trained_text_encoders = ()  # diffusers' Krea 2 LoRA loader reads the transformer only
     full_single_file = "denoiser"  # the transformer in the original layout (single_file.py) + a diffusers folder
     transformer_file_module = ".krea2.single_file"
+    text_encoder_file_options = ("text_encoder",)
+    component_files_loader = ".krea2.components:load_krea2_files"  # ComfyUI's separate files
     text_cache_dtype = "bfloat16"
     # every block's attention (with its output gate) and SwiGLU MLP (the text-fusion blocks' too: same names)
     default_targets = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_gate", "attn.to_out.0", "ff.gate", "ff.up",
@@ -65,6 +73,10 @@ class Krea2Family(FlowFamily):
 
     def detect_folder(self, folder: Path, index: dict) -> bool:
         return index.get("_class_name", "") in PIPELINES
+
+    def detect_file(self, shapes, metadata) -> bool:
+        """The original layout's transformer (the key diffusers' single-file loader detects it by)."""
+        return any(k.endswith("txtfusion.projector.weight") for k in shapes)
 
     def load_folder(self, src: Path, *, vae: str = "", prediction_type: str = "auto"):
         import torch
@@ -96,7 +108,7 @@ class Krea2Family(FlowFamily):
     def select_layers(self, model) -> tuple[int, ...]:
         """The tapped text-encoder layers: the folder's, else (or where they do not fit the transformer, as
         for the memory planner's full-size model) Krea2Pipeline's own default for Krea 2's Qwen3-VL 4B."""
-        layers = pipeline_options(model.source).get("text_encoder_select_layers")
+        layers = options_of(model).get("text_encoder_select_layers")
         if layers is None or len(layers) != model.denoiser.config.num_text_layers:
             from diffusers import Krea2Pipeline
             layers = Krea2Pipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None,
@@ -104,7 +116,7 @@ class Krea2Family(FlowFamily):
         return tuple(layers)
 
     def distilled(self, model) -> bool:
-        return bool(pipeline_options(model.source).get("is_distilled", False))
+        return bool(options_of(model).get("is_distilled", False))
 
     def base_model_version_of(self, model) -> str:
         return "krea2_turbo" if self.distilled(model) else "krea2_raw"
@@ -170,7 +182,7 @@ class Krea2Family(FlowFamily):
         return Krea2Pipeline
 
     def pipeline_parts(self, model) -> dict:
-        opts = pipeline_options(model.source)
+        opts = options_of(model)
         return {"text_encoder": model.text_encoders[0], "tokenizer": model.tokenizers[0],
                 **{k: v for k, v in opts.items() if k in ("text_encoder_select_layers", "is_distilled")}}
 

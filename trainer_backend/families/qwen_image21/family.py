@@ -54,6 +54,8 @@ class QwenImage21Family(FlowFamily):
     modelspec_implementation = "https://github.com/QwenLM/Qwen-Image"
     modelspec_architecture = "qwen-image-2.1"
     transformer_file_module = ".qwen_image21.single_file"
+    text_encoder_file_options = ("text_encoder",)
+    component_files_loader = ".qwen_image21.components:load_qwen_image21_files"  # ComfyUI's separate files
     control_images = "optional"
     control_image_argument = "image"
     # the VL encoder reads an edit pair's control image with its caption: text is encoded per batch
