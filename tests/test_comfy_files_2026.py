@@ -171,3 +171,74 @@ def test_qwen_image21_comfyui_files_load_as_the_model_they_came_from(tiny_models
         load_model(transformer, vae=vae, tokenizer=str(folder), text_encoder_files={
             "text_encoder": _text_encoder_file(model.text_encoders[0], tmp_path / "qwen3vl_novision.safetensors",
                                                vision=False)})
+
+
+def test_ideogram4_full_fine_tune_single_file_is_the_original_layout_and_loads_back(ideogram, tmp_path):
+    from safetensors import safe_open
+    model, folder, files = ideogram
+    fam = get_family("ideogram4")
+    single = fam.export_single_file(model, tmp_path / "ideogram4-ft.safetensors", None, {})
+    with safe_open(str(single), framework="pt") as f:
+        names = set(f.keys())
+    assert "layers.0.attention.qkv.weight" in names and "layers.0.attention.o.weight" in names
+    assert not any(".to_q." in n or ".to_out." in n for n in names)
+    assert _same(model.denoiser, fam.load_denoiser_file(single, like=model.denoiser))
+    again = load_model(str(single), vae=files["vae"], tokenizer=str(folder),
+                       text_encoder_files={"text_encoder": files["text_encoder"]})  # as ComfyUI users would
+    assert again.family is fam and _same(model.denoiser, again.denoiser)
+
+
+MEASURE = r"""
+import json, sys
+from pathlib import Path
+from diffusers import Ideogram4Transformer2DModel
+from trainer_backend.families.component_files import stream_into, weights_on_meta
+from trainer_backend.families.ideogram4.original_file import from_original_one
+
+def anon():  # resident anonymous memory: what the load allocates, not the file's mapped pages
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("RssAnon")).split()[1]) * 1024
+
+with weights_on_meta():
+    model = Ideogram4Transformer2DModel.from_config(json.loads(sys.argv[2]))
+expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+base = anon()
+seen = [base]
+stream_into("model.path", Path(sys.argv[1]), model, from_original_one, expected, "x", progress=lambda n: seen.append(anon()))
+params = list(model.parameters())
+print(json.dumps({"peak": max(seen) - base, "params": sum(p.numel() for p in params),
+                  "bytes": sum(p.numel() * p.element_size() for p in params),
+                  "dtypes": sorted({str(p.dtype) for p in params})}))
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="reads Linux's /proc")
+def test_a_scaled_fp8_file_loads_without_expanding_the_model_to_fp32(tmp_path):
+    """Peak memory while loading a 37 M-parameter fp8 file stays far below the model in fp32 (what reading
+    the whole file and dequantizing it did), and the loaded model is what the planner counts for it."""
+    import os
+    import subprocess
+    import sys
+    from diffusers import Ideogram4Transformer2DModel
+    from trainer_backend.families.component_files import weights_on_meta
+    from trainer_backend.families.ideogram4.original_file import to_original
+    from trainer_backend.launch.memory_tables import weight_bytes
+    config = dict(in_channels=32, num_layers=2, attention_head_dim=256, num_attention_heads=4, intermediate_size=4096,
+                  llm_features_dim=1024, adaln_dim=256, mrope_section=[40, 44, 44])
+    with weights_on_meta():
+        meta = Ideogram4Transformer2DModel.from_config(config)
+    state = {}
+    gen = torch.Generator().manual_seed(0)
+    for k, v in to_original(meta.state_dict()).items():
+        state.update(_fp8({k: torch.randn(v.shape, generator=gen) * 0.02}))
+    path = _save(state, tmp_path / "fp8_scaled.safetensors", json.dumps(config))
+    # every large allocation its own mapping, returned when freed: RssAnon then counts live tensors only
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", MEASURE, path, json.dumps(config)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    fp32 = got["params"] * 4
+    assert got["params"] > 30e6 and got["dtypes"] == ["torch.bfloat16"]
+    assert got["bytes"] == weight_bytes({"params": got["params"]}, "bf16")  # the planner's frozen bf16 denoiser
+    assert got["peak"] < 0.7 * fp32, (got["peak"], fp32)  # bf16 weights (0.5) + at most a tensor in flight
