@@ -18,6 +18,7 @@ from trainer_backend.file_limits import path_text_problem
 
 from gui.kohya_input import (BAD_VALUE, VALUE_LIMIT, ImportProblem, convert_warmup, parse_kohya_text,  # noqa: F401
                              planned_steps, read_kohya_file, shown)
+from gui.kohya_family import chosen_family
 from gui.kohya_keys import (APPROX_OPTIMIZERS, COMPONENT_FILES, DIRECT, FAMILY_KEYS, KOHYA_DEFAULTS, LOCON_TYPES,
                             NETWORK_TYPES, OPTIMIZERS, SAMPLERS, SECRET_KEYS, SPECIAL, TIMESTEP_SAMPLING,
                             WEIGHTING_SCHEME, _blank, _int, _num, _off, _truthy, block_lr_from_kohya)
@@ -32,18 +33,25 @@ class KohyaImport:
     unsupported: list[tuple[str, Any]] = field(default_factory=list)  # set in the file, not expressible
     unset: list[str] = field(default_factory=list)                    # unsupported but off/empty: harmless
     defaults: list[tuple[str, Any, str]] = field(default_factory=list)  # kohya key, value, why it is ours anyway
+    ignored: list[tuple[str, Any, str]] = field(default_factory=list)   # kohya key, value, why (the chosen family)
     warmup_percent: float | None = None   # lr_warmup in % of a step count the file does not give (see below)
 
     def config(self) -> TrainConfig:
         return from_dict(self.data)
 
 
-def _flow_family(src: dict, b: "_Builder") -> None:
-    """SD3 and Flux presets: the family, and kohya's timestep sampling and weighting scheme."""
+def _flow_family(src: dict, b: "_Builder", chosen: str = "") -> None:
+    """SD3 and Flux presets (or a flow family chosen in the studio): the family, and kohya's timestep
+    sampling and weighting scheme."""
     key = next((k for k in FAMILY_KEYS if _truthy(src.get(k))), None)
-    if key is None:
+    if chosen:
+        from trainer_backend.families.registry import entry
+        if entry(chosen).objective != "flow":
+            return
+    elif key is None:
         return
-    b.put(key, "model.arch", FAMILY_KEYS[key])
+    else:
+        b.put(key, "model.arch", FAMILY_KEYS[key])
     sampling = str(src.get("timestep_sampling", "")).strip()
     if sampling in TIMESTEP_SAMPLING:
         density, shift = TIMESTEP_SAMPLING[sampling]
@@ -306,9 +314,12 @@ def _optimizer_args(args: dict[str, str], b: _Builder) -> None:
             b.result.unsupported.append((f"optimizer_args {key}", value))
 
 
-def import_kohya(source: str | dict) -> KohyaImport:
+def import_kohya(source: str | dict, family: str = "") -> KohyaImport:
     """A kohya_ss JSON config (text or parsed) -> sparse studio config plus a report.
-    The returned `data` always validates: values the schema rejects are moved to `unsupported`."""
+    The returned `data` always validates: values the schema rejects are moved to `unsupported`.
+    `family`: a model.arch chosen in the studio (the families kohya_ss has no key for: Krea 2, Qwen-Image 2.1,
+    Ideogram 4, ...); it wins over the file's sdxl/v2/sd3/flux keys, and the keys meaningless for it are
+    reported in `ignored` with the reason; "" = the family the file's keys say."""
     if isinstance(source, str):
         source = parse_kohya_text(source)
     if not isinstance(source, dict):
@@ -341,7 +352,9 @@ def import_kohya(source: str | dict) -> KohyaImport:
             else:
                 b.result.unsupported.append((key, value))
     _special_cases(source, b)
-    _flow_family(source, b)
+    _flow_family(source, b, family)
+    if family:
+        chosen_family(source, b, family)
     _drop_invalid(b)
     return b.result
 
@@ -373,6 +386,9 @@ def report_markdown(result: KohyaImport) -> str:
         lines += [f"- `{k}` = `{shown(v)}`: {why}" for k, v, why in result.defaults]
     if result.notes:
         lines += ["", "**Approximations and notes**", ""] + [f"- {n}" for n in result.notes]
+    if result.ignored:
+        lines += ["", f"**Ignored for the chosen family ({len(result.ignored)}, set in the file, meaningless there)**", ""]
+        lines += [f"- `{k}` = `{shown(v)}`: {why}" for k, v, why in result.ignored]
     if result.unsupported:
         lines += ["", f"**Not supported ({len(result.unsupported)}, set in the file, not imported)**", ""]
         lines += [f"- `{shown(k)[1:-1] if isinstance(k, str) else k}` = `{shown(v, 300)}`"

@@ -155,6 +155,23 @@ SPECIAL = {"LoRA_type", "sdxl", "v2", "v_parameterization", "optimizer", "optimi
 
 # kohya_ss keys that mark a flow-matching family -> model.arch
 FAMILY_KEYS = {"sd3_checkbox": "sd3", "flux1_checkbox": "flux"}
+# families kohya_ss has no key for, conditioned on Qwen3-VL: chosen in the studio's import (import_kohya's
+# `family`); kohya's flow keys (timestep_sampling, weighting_scheme, discrete_flow_shift, ae, fp8_base,
+# t5xxl_max_token_length as tokens per caption) map as for SD3/Flux, these mean nothing for them ({label}: the
+# family's name): reported as ignored, with the reason
+_FAMILY_KEY = "the family chosen for this import is {label}, which kohya_ss has no key for"
+_BLOCKS = "kohya's U-Net block weights; {label} is a transformer (network.block_lr takes its block names)"
+_TEXT = "{label} reads Qwen3-VL, not CLIP/T5: give its text-encoder file as model.text_encoder"
+QWEN3VL_IGNORED = {
+    "sdxl": _FAMILY_KEY, "sdxl_checkbox": _FAMILY_KEY, "v2": _FAMILY_KEY, "sd3_checkbox": _FAMILY_KEY,
+    "flux1_checkbox": _FAMILY_KEY, "clip_l": _TEXT, "clip_g": _TEXT, "t5xxl": _TEXT,
+    "apply_t5_attn_mask": "{label}'s captions are masked as its pipeline masks them (no T5)",
+    "v_parameterization": "{label} predicts the flow (noise − image), not v",
+    "guidance_scale": "Flux.1 dev's distilled-guidance input; {label} has none (samples.cfg_scale guides samples)",
+    "clip_skip": "{label} is not conditioned on a CLIP encoder's last layer",
+    "down_lr_weight": _BLOCKS, "mid_lr_weight": _BLOCKS, "up_lr_weight": _BLOCKS, "block_lr_zero_threshold": _BLOCKS,
+}
+CHOSEN_FAMILY_IGNORED = {"krea2": QWEN3VL_IGNORED, "qwen_image21": QWEN3VL_IGNORED, "ideogram4": QWEN3VL_IGNORED}
 # the separate component files kohya_ss names for SD3/Flux -> the [model] options that load them
 COMPONENT_FILES = {"clip_l": "model.clip_l", "clip_g": "model.clip_g", "t5xxl": "model.t5", "ae": "model.vae"}
 # kohya's timestep_sampling -> (loss.timestep_sampling, loss.flow_shift or None to leave it);

@@ -35,6 +35,13 @@ class PresetPanel:
     kohya_report: gr.Markdown
     armed: gr.State
     expire: gr.Timer          # clears the "press Delete again" message when its window has passed
+    kohya_family: gr.Dropdown | None = None  # the family for the import (kohya_ss has no key for the newer ones)
+
+
+def kohya_family_choices() -> list[tuple[str, str]]:
+    """The import's family choice: the file's own keys, or any registered family (the registry's labels)."""
+    from trainer_backend.families.registry import FAMILIES
+    return [("From the file's keys (SD1/2, SDXL, SD3, Flux)", "")] + [(e.label, e.name) for e in FAMILIES]
 
 
 def build_preset_panel(studio: Studio, initial_label: str | None) -> PresetPanel:
@@ -58,10 +65,14 @@ def build_preset_panel(studio: Studio, initial_label: str | None) -> PresetPanel
             with gr.Column(scale=1):
                 kohya_name = gr.Textbox(label="Save as preset named", placeholder="from the file name",
                                         elem_id="kohya-name")
+                kohya_family = gr.Dropdown(choices=kohya_family_choices(), value="", label="Family",
+                                           info="kohya_ss has keys for SD1/2, SDXL, SD3 and Flux only: choose "
+                                                "another family here", elem_id="kohya-family")
                 kohya_button = gr.Button("Import and save as preset", elem_id="kohya-import-button")
         kohya_report = gr.Markdown("", elem_id="kohya-report")
     return PresetPanel(dropdown, load, save, name, save_as, delete, reset, message, kohya_file, kohya_name,
-                       kohya_button, kohya_report, gr.State(None), gr.Timer(CONFIRM_WINDOW_S, active=False))
+                       kohya_button, kohya_report, gr.State(None), gr.Timer(CONFIRM_WINDOW_S, active=False),
+                       kohya_family)
 
 
 def wire_preset_panel(panel: PresetPanel, studio: Studio, form: FormWidgets, after_load) -> None:
@@ -176,11 +187,12 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, form: FormWidgets, aft
                            show_progress_on=panel.message)
     after_load(ev)
 
-    def on_import(path, name, *current):
+    def on_import(path, name, family, *current):
         if not path:
             return [gr.skip()] * len(inputs) + ["Choose a kohya_ss .json file first.", gr.skip(), gr.skip()]
         try:
-            result = import_kohya(read_kohya_file(path))  # size-capped, then parsed with a depth limit
+            # size-capped, then parsed with a depth limit
+            result = import_kohya(read_kohya_file(path), family=family or "")
             cfg = from_dict(overlay(studio.base(), result.data))
             if result.warmup_percent is not None:  # lr_warmup in %: a share of the step plan's count
                 convert_warmup(result, *planned_steps(cfg))
@@ -192,7 +204,8 @@ def wire_preset_panel(panel: PresetPanel, studio: Studio, form: FormWidgets, aft
         report = f"Saved as preset **{preset.name}** and loaded into the form.\n\n" + report_markdown(result)
         return [*changed_only(values, list(current)), report, "", choices(preset.label)]
 
-    ev = panel.kohya_button.click(form.loading(on_import, at=2), inputs=[panel.kohya_file, panel.kohya_name, form.values],
+    ev = panel.kohya_button.click(form.loading(on_import, at=3),
+                                  inputs=[panel.kohya_file, panel.kohya_name, panel.kohya_family, form.values],
                                   outputs=[*inputs, panel.kohya_report, panel.message, panel.dropdown, form.patch],
                                   show_progress_on=panel.message)
     after_load(ev)

@@ -199,7 +199,8 @@ class Ideogram4Family(FlowFamily):
             import torch
             from diffusers import Ideogram4Transformer2DModel
             from ..sd.loader import _first_line
-            root = Path(model.source) if Path(model.source).is_dir() else Path(model.options.get("unconditional_folder") or "")
+            source = Path(model.source)  # separate files: model.tokenizer's folder (components.py)
+            root = source if source.is_dir() else Path(model.options.get("unconditional_folder") or "")
             if not (root / "unconditional_transformer").is_dir():
                 raise ConfigError(f"model.tokenizer: samples need Ideogram 4's unconditional transformer, which "
                                   f"{Path(model.source).name} does not hold; set model.tokenizer to an Ideogram 4 "
