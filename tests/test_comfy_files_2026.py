@@ -151,6 +151,14 @@ def test_krea2_comfyui_files_load_as_the_model_they_came_from(tiny_models, tmp_p
     exact = _save(original, tmp_path / "krea2_raw_tiny.safetensors", _config_json(model.denoiser))
     alone = load_model(exact, vae=vae, tokenizer=str(folder / "tokenizer"), text_encoder_files={"text_encoder": te})
     assert _same(model.denoiser, alone.denoiser) and not fam.distilled(alone)
+    # ComfyUI's fp8 text encoders load the same way (bf16, weight x scale)
+    te_fp8 = _save(_fp8({comfy_name(k): v for k, v in model.text_encoders[0].state_dict().items() if "visual." not in k}),
+                   tmp_path / "qwen3vl_4b_fp8_scaled.safetensors", model.text_encoders[0].config.to_json_string())
+    encoder = load_model(exact, vae=vae, tokenizer=str(folder), text_encoder_files={"text_encoder": te_fp8}).text_encoders[0]
+    assert encoder.dtype == torch.bfloat16
+    for k, v in model.text_encoders[0].state_dict().items():
+        if "visual." not in k:
+            assert (encoder.state_dict()[k].float() - v).abs().max() <= 0.08 * v.abs().max().clamp_min(1e-6), k
 
 
 def test_qwen_image21_comfyui_files_load_as_the_model_they_came_from(tiny_models, tmp_path):

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from ..errors import ConfigError
-from .component_files import header, own_config, stream_into, weights_on_meta
+from .component_files import header, own_config, refuse_packed, stream_into, weights_on_meta
 
 PREFIX_RE = re.compile(r"^text_encoders\.qwen3vl_\w+?\.transformer\.")
 
@@ -62,6 +62,7 @@ def load_qwen3vl(path_str: str, model_class, bundled_config: dict, label: str, h
     optional = {head} | ({k for k in expected if ".visual." in f".{k}"} if not vision_needed else set())
     if not final_norm_needed:
         optional |= {k for k in expected if k.endswith("language_model.norm.weight")}
+    refuse_packed("model.text_encoder", path, "the bf16 or fp8_scaled file")
     stream_into("model.text_encoder", path, model, lambda n, t: {hf_name(n, conditional): t}, expected,
                 f"Qwen3-VL text encoder of {label}'s size", optional=optional)
     return model
