@@ -46,8 +46,7 @@ class Output(Section):
         when={"model.arch": LORA_LAYOUT_CHOICE_FAMILIES})
 
 
-class Model(VideoModelOptions):
-    """The base model."""
+class _ModelFields(Section):
     TAB: ClassVar[str] = "Model"
     path: str = F("", "Diffusers folder, single-file .safetensors checkpoint, a Hugging Face hub repo "
                       "(org/name, org/name@revision, or one file: org/name/file.safetensors; downloaded once into "
@@ -165,8 +164,7 @@ class DatasetSubset(Section):
                            "dataset.mask_path.", widget="path", resume="ignored")
 
 
-class Dataset(VideoDatasetOptions):
-    """Training images and captions."""
+class _DatasetFields(Section):
     TAB: ClassVar[str] = "Dataset"
     path: str = F("", "Folder of images with same-named caption files; kohya-style N_concept subfolders give repeats.",
                   widget="path", resume="ignored")
@@ -303,3 +301,14 @@ class Dataset(VideoDatasetOptions):
                              "the GPU's work (a 1024² image costs ~40 ms a step in the training process); 0 "
                              "otherwise. The samples are the same with any count (each sample's random choices "
                              "are seeded by its index).", ge=-1, le=64, advanced=True, resume="safe")
+
+
+# the video families' options follow the others (pydantic orders fields from the last base to the first)
+class Model(VideoModelOptions, _ModelFields):
+    """The base model."""
+    TAB: ClassVar[str] = "Model"
+
+
+class Dataset(VideoDatasetOptions, _DatasetFields):
+    """Training images and captions."""
+    TAB: ClassVar[str] = "Dataset"
