@@ -124,10 +124,13 @@ class LTX2Family(FlowFamily):
         out = encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         import torch
         stacked = torch.stack(out.hidden_states, dim=-1).flatten(2, 3)
-        connectors = model.options["connectors"]
-        connectors.to(stacked.device)
-        video, audio, conn_mask = connectors(stacked.to(next(connectors.parameters()).dtype), mask,
-                                             padding_side=model.tokenizers[0].padding_side)
+        # the connectors (1.4B in the full model) go with the text encoder: its compute dtype, its device for the
+        # call, and back to CPU memory after it when the encoder lives there (memory.offload_encoders)
+        connectors, home = model.options["connectors"], device_of(encoder)
+        connectors.to(stacked.device, dtype=stacked.dtype)
+        video, audio, conn_mask = connectors(stacked, mask, padding_side=model.tokenizers[0].padding_side)
+        if home != stacked.device:
+            connectors.to(home)
         return {"prompt_embeds": video, "audio_prompt_embeds": audio, "prompt_attention_mask": conn_mask}
 
     # ---- latents
