@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     tables = json.loads(out.read_text()) if out.is_file() else {}
     if args.builtin:
         tables["builtin"] = builtin_entries()
-        out.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+        out.write_text(json.dumps(tables, indent=1) + "\n")
         print(f"wrote {len(tables['builtin'])} builtin models to {out}")
         return 0
     tables.setdefault("families", {})
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
             where[arch].update(static_family(arch))
         else:
             where[arch] = probe_family(arch)
-        out.write_text(json.dumps(tables, indent=1, sort_keys=True) + "\n")
+        out.write_text(json.dumps(tables, indent=1) + "\n")
         print(f"wrote {arch} to {out}")
     return 0
 
