@@ -49,7 +49,7 @@ def control_problems(cfg: TrainConfig, mode: str | None, arch: str) -> Iterator[
         if mode == "required":
             yield Problem(key, f"{arch} (model.arch) is an edit model and trains on pairs: set the folder of control "
                                f"images (one per training image, matched by file name)")
-        elif used and mode != "optional":
+        elif used and mode not in ("optional", None):  # None (model.arch = auto): rechecked once the model loads
             yield Problem(key, "the other image folders are paired with control images; set this folder's too "
                                "(a batch cannot mix paired and unpaired images)")
     if not (used or mode == "required"):
