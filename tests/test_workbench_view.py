@@ -3,7 +3,7 @@ pages, edit pairs flagged (missing or size-mismatched control images), the datas
 crop drawn on the detail picture."""
 import numpy as np
 
-from gui.datasets_model import Views, detail_picture, page_of
+from gui.datasets_model import FLAG_LABELS, Views, detail_picture, page_of
 from tests.workbench_images import pattern, write_dataset
 from trainer_backend.workbench import CheckSettings, build_index
 
@@ -28,6 +28,10 @@ def test_filters_pages_and_edit_pairs(tmp_path):
     assert names(view.filtered("control_size")) == ["img_00001.png"]
     assert names(view.filtered("control_missing")) == ["img_00002.png", "img_00003.png", "wide.png"]
     assert view.items[0]["controls"] == [str(control / "img_00000.png")]
+    # a dataset of edit pairs and plain captions (Qwen-Image 2.1): the unpaired images are caption-only items
+    uncontrolled = next(item for item in view.items if item["path"] == "img_00002.png")
+    assert uncontrolled["controls"] == [] and "Qwen-Image 2.1" in uncontrolled["flags"]["control_missing"]
+    assert FLAG_LABELS["control_missing"] == "no control image (caption only)"
     shown, page, pages = page_of(list(range(130)), 5, size=60)
     assert (shown[0], len(shown), page, pages) == (120, 10, 2, 3)
 
