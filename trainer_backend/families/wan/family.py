@@ -31,6 +31,20 @@ def latent_stats(vae, like):
     return mean, std
 
 
+
+# a frozen expert only samples: a full-size one (57 GB in fp32) waits in host memory in bf16, half of that
+FROZEN_EXPERT_BF16_BYTES = 2 * 1024 ** 3
+
+
+def frozen_expert_in_bf16(folder: Path) -> bool:
+    """Whether the expert that does not train loads in bf16: when its weight files hold more than
+    FROZEN_EXPERT_BF16_BYTES (Wan 2.2 A14B's 14 B experts; a tiny test model stays fp32, bit for bit)."""
+    try:
+        size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    except OSError:
+        return False
+    return size > FROZEN_EXPERT_BF16_BYTES
+
 class ExpertObjective(FlowMatchObjective):
     """Rectified flow with each sample's timestep mapped into one expert's range [low, high) (within
     loss.timestep_min/max), keeping the sampled distribution's shape inside it."""
@@ -90,7 +104,11 @@ class Wan22Family(FlowFamily):
         if vae:
             raise ConfigError(f"model.vae: does not apply to {self.label} (its folder's VAE is used)")
         try:
-            pipe = WanPipeline.from_pretrained(str(src), local_files_only=True, dtype=torch.float32)
+            dtypes = {"default": torch.float32}
+            other_name = {"high": "transformer_2", "low": "transformer"}.get(expert)
+            if other_name and frozen_expert_in_bf16(src / other_name):
+                dtypes[other_name] = torch.bfloat16
+            pipe = WanPipeline.from_pretrained(str(src), local_files_only=True, dtype=dtypes)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             raise ConfigError(f"model.path: cannot load {src} as a {self.label} model ({_first_line(e)})") from None
         boundary = pipe.config.boundary_ratio
