@@ -79,15 +79,19 @@ def test_quantized_base_and_block_swap_lower_the_plan_and_offload_drops_the_enco
 
 
 def test_an_edit_models_text_encoder_runs_every_step_and_its_control_tokens_cost_activations():
-    """Qwen-Image-Edit's text encoder reads each caption with its control image, so its outputs are never
-    cached: the planner counts its pass every step, and the control image's latents ride along as tokens."""
-    base = {"dataset": {"resolution": 1024, "cache_latents": True, "cache_text_encoder_outputs": True},
+    """Qwen-Image-Edit's text encoder reads each caption with its control image: its outputs are cached per
+    pair only once the latents are cached (which fixes the control image's crop), so without cached latents
+    the planner counts its pass every step; the control image's latents ride along as tokens."""
+    base = {"dataset": {"resolution": 1024, "cache_latents": False, "cache_text_encoder_outputs": True},
             "precision": {"gradient_checkpointing": True}}
     plain = plan_memory(from_dict({**base, "model": {"arch": "qwen_image"}}))
     edit = plan_memory(from_dict({**base, "model": {"arch": "qwen_image_edit"}}))
     assert "text encoders" not in plain.phases and edit.phases["text encoders"] > 0
     assert edit.phases["forward/backward"] > 1.3 * plain.phases["forward/backward"]
     assert edit.counts == plain.counts   # one architecture
+    cached = {**base, "dataset": {**base["dataset"], "cache_latents": True}}
+    edit_cached = plan_memory(from_dict({**cached, "model": {"arch": "qwen_image_edit"}}))
+    assert "text encoders" not in edit_cached.phases and "text cache" in edit_cached.cache_phases
 
 
 def test_eight_bit_and_paged_optimizers_and_fused_backward_lower_a_full_fine_tune():

@@ -49,18 +49,18 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
          "sd3": "Stable Diffusion 3.5 Medium (the bundled transformer config); CLIP-L, CLIP-G and T5-XXL "
                 "text encoders and the 16-channel VAE from the bundled SD1/SDXL/Flux configs",
          "flux2": "Flux.2 Klein 4B (transformer-klein-4b.json) with Qwen3-4B; Klein 9B (Qwen3-8B) is larger",
-         "qwen_image_edit": "Qwen-Image-Edit: the control image's latents double the transformer's image tokens; "
-                            "the text encoder runs every step (it reads the control image) and its pass here "
-                            "leaves out the control image's vision tokens",
-         "qwen_image_edit_plus": "Qwen-Image-Edit-2509/2511: measured with three reference images (the most it "
-                                 "takes), whose latents follow the target's tokens; the text encoder runs every "
-                                 "step and its pass here leaves out the references' vision tokens",
+         "qwen_image_edit": "Qwen-Image-Edit: the control image's latents double the transformer's image tokens; the text "
+                            "encoder runs every step unless the latents are cached too (it reads the control image) and its "
+                            "pass here leaves out the control image's vision tokens",
+         "qwen_image_edit_plus": "Qwen-Image-Edit-2509/2511: measured with three reference images (the most it takes), whose "
+                                 "latents follow the target's tokens; the text encoder runs every step unless the latents are "
+                                 "cached too, and its pass here leaves out the references' vision tokens",
          "zimage": "Z-Image (Turbo and base share the architecture) with Qwen3-4B",
          "qwen_image": "Qwen-Image 20B with Qwen2.5-VL 7B",
          "krea2": "Krea 2 (Raw and Turbo share the 12.8B transformer) with Qwen3-VL 4B and Qwen-Image's VAE",
-         "qwen_image21": "Qwen-Image 2.1 (7.1B transformer) with Qwen3-VL 8B; the text encoder runs every step "
-                         "(it reads an edit pair's control image) and its pass here leaves out the control "
-                         "image's vision tokens; measured without control images",
+         "qwen_image21": "Qwen-Image 2.1 (7.1B transformer) with Qwen3-VL 8B; an edit pair's text is encoded every step "
+                         "unless the latents are cached too (the encoder reads its control image) and its pass here leaves"
+                         " out the control image's vision tokens; measured without control images",
          "wan22_t2v": "Wan 2.2 T2V-A14B: one 14.3B expert (the two experts are the same shape; model.expert = both "
                       "keeps both resident) with UMT5-XXL and the Wan 2.1 VAE; activations per latent pixel of ONE "
                       "latent frame: a clip's are × its latent frames ((frames - 1) / 4 + 1)",

@@ -132,6 +132,13 @@ def denoiser_copies(table: dict, cfg) -> int:
     return int(rule["values"].get(str(opt(cfg, rule["option"], "")), 1))
 
 
+def text_every_step(table: dict, cfg) -> bool:
+    """The text encoder runs every step although its outputs are cached: a family whose encoder reads an
+    edit pair's control image (the table's text_every_step) caches a pair's text only once the latents are
+    cached too, which fixes the control image's crop (training/setup.cache_pair_text)."""
+    return bool(table.get("text_every_step")) and not cfg.dataset.cache_latents
+
+
 def _act(line: list[float], pixels: int) -> float:
     return max(0.0, line[0] + line[1] * pixels)
 
@@ -243,7 +250,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     phases: dict[str, float] = {}
     measured = {"float32": 4, "float16": 2, "bfloat16": 2, "bf16": 2, "fp32": 4}[table.get("probe", {}).get("dtype", "bfloat16")]
     act_factor = DTYPE_BYTES[w_dtype] / measured  # measured in bf16: fp32 ("no") doubles activations
-    if not ds.cache_text_encoder_outputs or trained_tes or table.get("text_every_step"):
+    if not ds.cache_text_encoder_outputs or trained_tes or text_every_step(table, cfg):
         phases["text encoders"] = table["text_encode"] * batch + (te_total if "text encoders" not in resident else 0)
     if not ds.cache_latents:
         phases["vae encode"] = vae_encode_bytes(table, vae_pixels) * batch + (vae_w if "vae" not in resident else 0)
@@ -301,7 +308,7 @@ def cache_phases(table: dict, cfg, te_weights: dict[str, float], vae_w: float, t
     whole; trained encoders never leave (their outputs are not cached then, but they are resident).
     Clips are encoded one window at a time (data/video_dataset.py), images dataset.latent_cache_batch_size."""
     ds = cfg.dataset
-    text_cached = ds.cache_text_encoder_outputs and not trained_tes and not table.get("text_every_step")
+    text_cached = ds.cache_text_encoder_outputs and not trained_tes and not text_every_step(table, cfg)
     on_gpu = {"text encoders": sum(te_weights.values()), "vae": vae_w}
     if offload:
         on_gpu = {"text encoders": sum(w for n, w in te_weights.items() if n in trained_tes), "vae": 0.0}
