@@ -45,7 +45,7 @@ def _image(pipe, family=None) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     frames = {"num_frames": 5} if family is not None and family.frame_step else {}  # a video family: a clip
     out = pipe(prompt="a red square", num_inference_steps=2, height=64, width=64, generator=g, output_type="np",
-               **frames, **_control_argument(family), **_guidance(pipe, family))
+               **frames, **_control_argument(family), **_first_frame(family), **_guidance(pipe, family))
     return torch.from_numpy(out.images[0] if hasattr(out, "images") else out.frames[0])
 
 
@@ -70,6 +70,14 @@ def _control_argument(family) -> dict:
         return {}
     from PIL import Image
     return {family.control_image_argument: Image.new("RGB", (64, 64), (200, 30, 30))}
+
+
+def _first_frame(family) -> dict:
+    """An image-to-video model's pipeline takes the clip's first frame (Wan 2.2 I2V)."""
+    if family is None or not getattr(family, "first_frame_conditioned", False):
+        return {}
+    from PIL import Image
+    return {"image": Image.new("RGB", (64, 64), (30, 120, 200))}
 
 
 def _control_data(tmp_path, family, n: int, size: int) -> list[str]:

@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 
 from ..families.registry import FAMILY_NAMES, entry
 from .base import Problem
+from .video_sections import TWO_EXPERT_FAMILIES
 from .schema import TrainConfig
 
 RULES: list[tuple[str, Callable[[TrainConfig], Iterator[Problem]]]] = []   # (group, rule)
@@ -34,7 +35,7 @@ def frame_buckets_follow_the_rule(cfg: TrainConfig) -> Iterator[Problem]:
 @_rule("hardware")
 def both_experts_on_several_processes(cfg: TrainConfig) -> Iterator[Problem]:
     hw = cfg.hardware
-    if cfg.model.expert != "both" or cfg.model.arch not in ("auto", "wan22_t2v") or \
+    if cfg.model.expert != "both" or cfg.model.arch not in ("auto", *TWO_EXPERT_FAMILIES) or \
             hw.num_processes * hw.num_machines < 2:
         return
     if hw.strategy != "ddp":

@@ -9,7 +9,7 @@ from .base import F, Section
 
 VIDEO = {"model.arch": VIDEO_FAMILIES}
 # the Wan 2.2 models with two experts (high-noise `transformer`, low-noise `transformer_2`)
-TWO_EXPERT_FAMILIES = ("wan22_t2v",)
+TWO_EXPERT_FAMILIES = ("wan22_t2v", "wan22_i2v")
 
 
 class VideoDatasetOptions(Section):

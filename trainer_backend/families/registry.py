@@ -71,6 +71,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 text_encoder_training=False, tiny_variants=("turbo",)),
     FamilyEntry("wan22_t2v", "Wan 2.2 text-to-video (A14B, two experts)", "trainer_backend.families.wan", "WAN22_T2V",
                 "flow", ("diffusers", "kohya"), text_encoder_training=False, frame_step=4),
+    FamilyEntry("wan22_i2v", "Wan 2.2 image-to-video (I2V-A14B, two experts)", "trainer_backend.families.wan",
+                "WAN22_I2V", "flow", ("diffusers", "kohya"), text_encoder_training=False, frame_step=4),
     FamilyEntry("ltx2", "LTX-2 (video; audio stream kept)", "trainer_backend.families.ltx2", "LTX2", "flow",
                 ("diffusers", "kohya"), text_encoder_training=False, frame_step=8),
 )

@@ -6,4 +6,7 @@ def __getattr__(name: str):
     if name in ("WAN22_T2V", "Wan22Family"):
         from . import family
         return getattr(family, name)
+    if name in ("WAN22_I2V", "Wan22I2VFamily"):
+        from . import family_i2v
+        return getattr(family_i2v, name)
     raise AttributeError(name)

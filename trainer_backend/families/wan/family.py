@@ -95,12 +95,12 @@ class Wan22Family(FlowFamily):
     def load(self, src: Path, *, vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
              text_encoder_files=None, expert: str = "high") -> LoadedModel:
         import torch
-        from diffusers import WanPipeline
         from ..sd.loader import _first_line
         if prediction_type not in ("auto", "flow"):
             raise ConfigError(f"model.prediction_type: {self.label} predicts the flow; use \"auto\"")
         if not src.is_dir():
-            raise ConfigError(f"model.path: {src}: {self.label} loads from a diffusers folder (WanPipeline)")
+            raise ConfigError(f"model.path: {src}: {self.label} loads from a diffusers folder "
+                              f"({self.pipeline_class().__name__})")
         if vae:
             raise ConfigError(f"model.vae: does not apply to {self.label} (its folder's VAE is used)")
         try:
@@ -108,7 +108,7 @@ class Wan22Family(FlowFamily):
             other_name = {"high": "transformer_2", "low": "transformer"}.get(expert)
             if other_name and frozen_expert_in_bf16(src / other_name):
                 dtypes[other_name] = torch.bfloat16
-            pipe = WanPipeline.from_pretrained(str(src), local_files_only=True, dtype=dtypes)
+            pipe = self.pipeline_class().from_pretrained(str(src), local_files_only=True, dtype=dtypes)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
             raise ConfigError(f"model.path: cannot load {src} as a {self.label} model ({_first_line(e)})") from None
         boundary = pipe.config.boundary_ratio
@@ -196,7 +196,7 @@ class Wan22Family(FlowFamily):
         return WanPipeline
 
     def build_pipeline(self, model, scheduler: str = "euler"):
-        from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+        from diffusers import FlowMatchEulerDiscreteScheduler
         if scheduler not in ("default", "euler"):
             raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.short_name} "
                               "(use euler or default)")
@@ -207,9 +207,9 @@ class Wan22Family(FlowFamily):
             sampler = FlowMatchEulerDiscreteScheduler.from_config(
                 config, shift=config.get("flow_shift") or config.get("shift") or 1.0)
         high, low = self.experts(model)
-        pipe = WanPipeline(tokenizer=model.tokenizers[0], text_encoder=model.text_encoders[0], vae=model.vae,
-                           scheduler=sampler, transformer=high,
-                           transformer_2=low, boundary_ratio=model.options.get("boundary_ratio"))
+        pipe = self.pipeline_class()(tokenizer=model.tokenizers[0], text_encoder=model.text_encoders[0],
+                                     vae=model.vae, scheduler=sampler, transformer=high, transformer_2=low,
+                                     boundary_ratio=model.options.get("boundary_ratio"))
         pipe.set_progress_bar_config(disable=True)
         return pipe
 

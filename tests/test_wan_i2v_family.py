@@ -1,0 +1,66 @@
+"""Wan 2.2 I2V training (families/wan/family_i2v.py) feeds the transformer exactly what
+WanImageToVideoPipeline feeds it for the clip's first frame, and samples from that first frame."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trainer_backend.families import load_model
+from trainer_backend.families.wan.family_i2v import SAMPLE_IMAGE
+from trainer_backend.families.wan.tiny import Z_DIM
+
+
+@pytest.fixture(scope="module")
+def i2v(tiny_models):
+    return tiny_models("wan22_i2v")
+
+
+def test_predict_equals_the_pipelines_own_transformer_call(i2v):
+    from diffusers import WanImageToVideoPipeline
+    model = load_model(str(i2v))
+    assert model.family.name == "wan22_i2v" and model.options["boundary_ratio"] == 0.9
+    pipe = WanImageToVideoPipeline.from_pretrained(str(i2v), local_files_only=True)
+    g = torch.Generator().manual_seed(1)
+    clip = torch.rand(2, 3, 9, 32, 32, generator=g) * 2 - 1
+    noisy = torch.randn(2, Z_DIM, 3, 4, 4, generator=g)
+    timesteps = torch.tensor([950.0, 400.0])
+    text = {"prompt_embeds": torch.randn(2, 6, 32, generator=g)}
+    with torch.no_grad():
+        got = model.family.predict(model, model.denoiser, noisy, timesteps, text, {"pixel_values": clip},
+                                   torch.float32)
+        # the pipeline's own condition for each first frame, and its own transformer call on it
+        conditions = [pipe.prepare_latents(clip[i:i + 1, :, 0], 1, Z_DIM, 32, 32, 9, torch.float32,
+                                           torch.device("cpu"), torch.Generator().manual_seed(0))[1]
+                      for i in range(2)]
+        expected = pipe.transformer(hidden_states=torch.cat([noisy, torch.cat(conditions)], dim=1),
+                                    timestep=timesteps, encoder_hidden_states=text["prompt_embeds"],
+                                    return_dict=False)[0]
+    assert got.shape == noisy.shape
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    # a different first frame is a different prediction: the condition reaches the transformer
+    other = clip.clone()
+    other[:, :, 0] = -other[:, :, 0]
+    with torch.no_grad():
+        changed = model.family.predict(model, model.denoiser, noisy, timesteps, text, {"pixel_values": other},
+                                       torch.float32)
+    assert (changed - got).abs().max() > 1e-4
+
+
+def test_samples_start_from_the_first_trained_frame(i2v):
+    model = load_model(str(i2v))
+    family = model.family
+    grey = family.pipeline_call_options(model)["image"]  # before any step: a plain frame
+    assert np.asarray(grey).std() == 0
+    clip = torch.rand(1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    with torch.no_grad():  # a cached batch (latents, no pixels): the first frame comes back through the VAE
+        latents = family.encode_latents(model, clip, None)
+        family.predict(model, model.denoiser, torch.randn_like(latents), torch.tensor([500.0]),
+                       {"prompt_embeds": torch.zeros(1, 4, 32)}, {"latents": latents}, torch.float32)
+        decoded = family.decode_latents(model, latents[:, :, :1])[0, :, 0]
+    image = family.pipeline_call_options(model)["image"]
+    assert np.abs(np.asarray(image, dtype=np.float32) / 127.5 - 1 - decoded.permute(1, 2, 0).numpy()).max() <= 1 / 127
+    pipe = family.build_pipeline(model)
+    out = pipe(prompt="a red square", num_inference_steps=2, height=32, width=32, num_frames=5,
+               generator=torch.Generator().manual_seed(0), output_type="np", **family.pipeline_call_options(model))
+    assert out.frames[0].shape == (5, 32, 32, 3)
