@@ -38,8 +38,8 @@ def test_every_family_with_presets_has_its_tiers():
     # every registered family but the old SD2 has a tiered preset
     from trainer_backend.families.registry import FAMILY_NAMES
     tiered_archs = {STORE.load(p.label).model.arch for p in TIERED}
-    # (LTX-2's tiers come with its memory tables)
-    assert set(FAMILY_NAMES) - tiered_archs - {"ltx2"} == {"sd2"}
+    # (LTX-2's and Wan 2.2 I2V's tiers come with their memory tables)
+    assert set(FAMILY_NAMES) - tiered_archs - {"ltx2", "wan22_i2v"} == {"sd2"}
 
 
 @pytest.mark.parametrize("preset", TIERED, ids=[p.name for p in TIERED])

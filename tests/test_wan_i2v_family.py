@@ -64,3 +64,18 @@ def test_samples_start_from_the_first_trained_frame(i2v):
     out = pipe(prompt="a red square", num_inference_steps=2, height=32, width=32, num_frames=5,
                generator=torch.Generator().manual_seed(0), output_type="np", **family.pipeline_call_options(model))
     assert out.frames[0].shape == (5, 32, 32, 3)
+
+
+def test_an_offloaded_wan_vae_still_compresses_time():
+    """memory.offload_encoders moves each call's inputs to the device: AutoencoderKLWan's causal cache is a
+    list its blocks fill in place, so it must stay the caller's list (else no temporal downsampling)."""
+    from trainer_backend.families.wan.tiny import tiny_components
+    from trainer_backend.training.block_swap import offload_frozen
+    vae = tiny_components(seed=0, experts=1)["vae"]
+    clip = torch.rand(1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    with torch.no_grad():
+        plain = vae.encode(clip).latent_dist.mode()
+        swaps = offload_frozen([vae], torch.device("cpu"))
+        offloaded = vae.encode(clip).latent_dist.mode()
+    assert swaps and plain.shape[2] == 3
+    assert torch.equal(offloaded, plain)

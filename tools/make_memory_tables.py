@@ -64,13 +64,17 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
          "wan22_t2v": "Wan 2.2 T2V-A14B: one 14.3B expert (the two experts are the same shape; model.expert = both "
                       "keeps both resident) with UMT5-XXL and the Wan 2.1 VAE; activations per latent pixel of ONE "
                       "latent frame: a clip's are × its latent frames ((frames - 1) / 4 + 1)",
+         "wan22_i2v": "Wan 2.2 I2V-A14B: one 14.3B expert (36 input channels: the noisy latents, the first frame's "
+                      "mask and latents; model.expert = both keeps both resident) with UMT5-XXL and the Wan 2.1 VAE "
+                      "(the UMT5 and VAE configs are T2V-A14B's); activations per latent pixel of ONE latent frame",
          "ideogram4": "Ideogram 4's conditional transformer (9.3 B) with Qwen3-VL-8B; the unconditional transformer "
                       "(another 9.3 B) is loaded for samples only and is not counted"}
 
 # options that train several denoisers of the table's size at once (launch/memory_plan.denoiser_copies)
-DENOISER_COPIES = {"wan22_t2v": {"option": "model.expert", "values": {"both": 2}}}
+DENOISER_COPIES = {"wan22_t2v": {"option": "model.expert", "values": {"both": 2}},
+                   "wan22_i2v": {"option": "model.expert", "values": {"both": 2}}}
 # causal video VAEs that encode a clip a few frames at a time (AutoencoderKLWan: the first frame, then 4 by 4)
-VAE_FRAMES_AT_ONCE = {"wan22_t2v": 4}
+VAE_FRAMES_AT_ONCE = {"wan22_t2v": 4, "wan22_i2v": 4}
 
 # families whose table describes only some of their models: the pipeline classes it was measured on
 # (memory_tables.pipeline_outside_table: a Flux.2 dev folder gets no plan rather than Klein 4B's)

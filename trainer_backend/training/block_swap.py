@@ -56,7 +56,10 @@ def _tensors(tree) -> list[torch.Tensor]:
 def _to_device(tree, device):
     if isinstance(tree, torch.Tensor):
         return tree.to(device)
-    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+    if isinstance(tree, list):  # in place: a caller's list may be a cache its callees fill (AutoencoderKLWan's)
+        tree[:] = [_to_device(t, device) for t in tree]
+        return tree
+    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
         return type(tree)(_to_device(t, device) for t in tree)
     if isinstance(tree, dict):
         return {k: _to_device(v, device) for k, v in tree.items()}
