@@ -5,9 +5,10 @@ Prints, measured in one run on this machine:
   - a second scan with everything cached (the index reused);
   - time until the Datasets page has its first page of the grid: with nothing indexed yet (placeholders,
     the indexer starting behind) and with the index complete;
-  - a page change (server side: the slice and the thumbnail paths);
-  - with --browser: the studio in chromium, the time from a click on "Page ▶" until the new page's
-    label and thumbnails are shown (median of 5).
+  - the grid's data the page sends (every filtered image's thumbnail name and label), its time and size;
+  - with --browser: the studio in chromium, the time from choosing the dataset to its first page, and
+    from a click on "Page ▶" until the new page's label and thumbnails are shown (median of 6; pages
+    are drawn in the browser, gui/datasets_grid.py).
 
     .venv/bin/python bench/dataset_workbench.py [--n 10000] [--browser] [--keep DIR]
 """
@@ -28,7 +29,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gui.datasets_model import Views, page_of, thumb_or_placeholder  # noqa: E402
+from gui.datasets_grid import grid_cells, grid_html  # noqa: E402
+from gui.datasets_model import PAGE_SIZE, Views  # noqa: E402
 from trainer_backend.workbench import CheckSettings, build_index  # noqa: E402
 
 
@@ -44,19 +46,19 @@ def generate(folder: Path, n: int, side: int = 256) -> float:
     return time.perf_counter() - start
 
 
-def first_page(cache: Path, folder: Path, settings: CheckSettings) -> tuple[float, float]:
-    """(seconds until the first page's cells are ready, seconds for a page change after it)."""
+def first_page(cache: Path, folder: Path, settings: CheckSettings) -> tuple[float, float, int]:
+    """(seconds until the grid's data is ready: the view, every filtered image's thumbnail name and
+    label as the page sends them; seconds to make that data again from the kept view; its bytes)."""
     views = Views(cache)
-    start = time.perf_counter()
-    view = views.get(folder, settings)
-    shown, _, _ = page_of(view.filtered(), 0)
-    [thumb_or_placeholder(cache, view.items[i]) for i in shown]
-    opened = time.perf_counter() - start
-    start = time.perf_counter()
-    view = views.get(folder, settings)
-    shown, _, _ = page_of(view.filtered(), 7)
-    [thumb_or_placeholder(cache, view.items[i]) for i in shown]
-    return opened, time.perf_counter() - start
+    timings = []
+    for _ in range(2):
+        start = time.perf_counter()
+        view = views.get(folder, settings)
+        indices = view.filtered()
+        cells = grid_cells(cache, view.items, indices)
+        data = grid_html(cache / "thumbs", cells, 0, PAGE_SIZE, str(folder))
+        timings.append(time.perf_counter() - start)
+    return timings[0], timings[1], len(data.encode())
 
 
 def browser_page_change(datasets: Path, runs: Path, pages: int) -> list[float]:
@@ -75,15 +77,18 @@ def browser_page_change(datasets: Path, runs: Path, pages: int) -> list[float]:
             page.wait_for_selector("#field-model-path", timeout=120_000)
             page.get_by_role("tab", name="Datasets").click()
             page.locator("#ds-choose input").first.click()
+            before = time.perf_counter()
             page.get_by_role("option", name="bench", exact=True).click()
-            page.wait_for_function("() => /page 1 of/.test(document.querySelector('#ds-page-label').innerText)")
-            print("opened: " + page.locator("#ds-page-label").inner_text(), flush=True)
+            page.wait_for_function("() => /page 1 of/.test((document.querySelector('#ds-page-label') || {}).innerText)",
+                                   polling=10)
+            print(f"opened in {time.perf_counter() - before:.2f} s (choice to the first page's label): "
+                  + page.locator("#ds-page-label").inner_text(), flush=True)
             for k in range(2, min(pages, 8) + 1):
                 first = page.locator("#ds-grid img").first.get_attribute("src")
                 before = time.perf_counter()
                 page.click("#ds-page-next")
                 try:
-                    page.wait_for_function(f"() => /page {k} of/.test(document.querySelector('#ds-page-label')"
+                    page.wait_for_function(f"() => /page {k} of/.test((document.querySelector('#ds-page-label') || {{}})"
                                            f".innerText)", polling=10)
                 except Exception:
                     page.screenshot(path=str(runs.parent / "stuck.png"))
@@ -116,8 +121,8 @@ def main() -> int:
         if not folder.is_dir():
             print(f"generating {args.n} images: {generate(folder, args.n):.1f} s")
         print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-        opened, _ = first_page(cache, folder, settings)
-        print(f"first page with nothing indexed yet (placeholders): {opened:.2f} s")
+        opened, _, _ = first_page(cache, folder, settings)
+        print(f"grid data with nothing indexed yet (placeholders): {opened:.2f} s")
         start = time.perf_counter()
         build_index(folder, cache)
         took = time.perf_counter() - start
@@ -125,10 +130,10 @@ def main() -> int:
         start = time.perf_counter()
         build_index(folder, cache)
         print(f"scan again (index reused): {time.perf_counter() - start:.2f} s")
-        opened, change = first_page(cache, folder, settings)
-        print(f"first page with the index complete: {opened:.2f} s; page change (server): {change * 1000:.1f} ms")
+        opened, again, size = first_page(cache, folder, settings)
+        print(f"grid data with the index complete: {opened:.2f} s (view built), {again * 1000:.0f} ms (view kept), "
+              f"{size / 1e6:.2f} MB sent to the browser once per dataset/filter/index change")
         if args.browser:
-            from gui.datasets_model import PAGE_SIZE
             times = browser_page_change(datasets, work / "runs", -(-args.n // PAGE_SIZE))
             labels, shown = [t[0] for t in times], [t[1] for t in times]
             print(f"page change in chromium, median of {len(times)}: the new page's label {statistics.median(labels) * 1000:.0f} ms, "

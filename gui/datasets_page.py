@@ -17,6 +17,7 @@ from trainer_backend.workbench.library import LibraryError, exclude, list_datase
 
 from gui.datasets_model import FLAG_LABELS, PAGE_SIZE, Indexer, Views, detail_picture, grid_label, page_of, \
     thumb_or_placeholder
+from gui.datasets_grid import GRID_JS, grid_cells, grid_html
 from gui.shared_state import Studio
 from gui.widgets import FormWidgets
 
@@ -31,7 +32,7 @@ KEYS_JS = """() => { if (window.__datasetKeys) return; window.__datasetKeys = tr
     if (e.altKey && e.key === 'ArrowRight') click('#ds-next');
     else if (e.altKey && e.key === 'ArrowLeft') click('#ds-prev');
     else if ((e.ctrlKey || e.metaKey) && e.key === 's') click('#ds-save');
-  }); }"""
+  }); (""" + GRID_JS + """)(); }"""
 
 
 class DatasetsPage:
@@ -129,12 +130,10 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
         tag = gr.Textbox(label="With tag", elem_id="ds-tag", scale=2)
         bucket = gr.Dropdown(choices=[("any bucket", "")], value="", label="Bucket", elem_id="ds-bucket", scale=1)
         control = gr.Textbox(label="Control images folder (edit pairs)", elem_id="ds-control", scale=2)
-    with gr.Row(equal_height=True):
-        prev_page = gr.Button("◀ Page", elem_id="ds-page-prev", scale=0, min_width=90)
-        page_label = gr.Markdown("", elem_id="ds-page-label")
-        next_page = gr.Button("Page ▶", elem_id="ds-page-next", scale=0, min_width=90)
-    grid = gr.Gallery(columns=10, height=420, allow_preview=False, show_label=False, elem_id="ds-grid",
-                      object_fit="contain")
+    grid = gr.HTML("", elem_id="ds-grid", js_on_load=None)
+    # a thumbnail's click sends its position in the filtered list (gui/datasets_grid.py)
+    pick = gr.Textbox(elem_id="ds-pick", visible="hidden")
+    pick_go = gr.Button(elem_id="ds-pick-go", visible="hidden")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3):
             picture = gr.Image(type="pil", interactive=False, label="The crop the trainer takes (red)",
@@ -155,38 +154,29 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     timer = gr.Timer(4.0, active=False)   # thumbnails filling in; only while the page is shown
 
     def grid_outputs(chosen, settings_value, state_value, flag_value, tag_value, bucket_value, control_value,
-                     page_no=None, turn_only=False):
+                     page_no=None):
         if not chosen:  # nothing chosen yet: an empty grid, and the message line is left to what the user did
-            return [[], "", gr.skip(), state_value, "no dataset chosen", gr.skip(), gr.skip()]
+            return ["", "", gr.skip(), state_value, gr.skip(), gr.skip()]
         try:
             view = page.view(chosen, settings_value, control_value)
         except LibraryError as e:
-            return [gr.skip(), gr.skip(), f"⚠️ {e}", state_value, gr.skip(), gr.skip(), gr.skip()]
+            return [gr.skip(), gr.skip(), f"⚠️ {e}", state_value, gr.skip(), gr.skip()]
         indices = view.filtered(flag_value, tag_value, bucket_value)
-        shown, number, pages = page_of(indices, state_value.get("page", 0) if page_no is None else page_no)
-        cells = [(thumb_or_placeholder(page.cache, view.items[i]), grid_label(view.items[i])) for i in shown]
+        _, number, _ = page_of(indices, state_value.get("page", 0) if page_no is None else page_no)
+        cells = grid_cells(page.cache, view.items, indices)
         new_state = dict(state_value, indices=indices, page=number, folder=str(view.folder), stamp=view.stamp)
-        label = f"page {number + 1} of {pages} ({len(indices)} shown, {PAGE_SIZE} a page)"
-        if turn_only:   # a page turn sends only the grid (the summary, buckets and tags are unchanged)
-            return [cells, gr.skip(), gr.skip(), new_state, label, gr.skip(), gr.skip()]
+        key = "|".join(map(str, (view.folder, flag_value, tag_value, bucket_value, control_value)))
         buckets = gr.update(choices=[("any bucket", "")] + [(b, b) for b in view.buckets()])
         table = pd.DataFrame(view.tags[:200], columns=["tag", "images"])
-        return [cells, summary_markdown(view, page.indexer.running(view.folder)), gr.skip(), new_state, label,
-                buckets, table]
+        return [grid_html(page.cache / "thumbs", cells, number, PAGE_SIZE, key),
+                summary_markdown(view, page.indexer.running(view.folder)), gr.skip(), new_state, buckets, table]
 
-    grid_out = [grid, summary, message, state, page_label, bucket, tags_table]
+    grid_out = [grid, summary, message, state, bucket, tags_table]
     filters = [chooser, settings, state, flag, tag, bucket, control]
 
     for trigger in (chooser.change, flag.change, tag.submit, bucket.change, control.submit, refresh.click):
         trigger(lambda *args: grid_outputs(*args, page_no=0), inputs=filters, outputs=grid_out,
                 show_progress="hidden", concurrency_id="ds-grid", concurrency_limit=1)
-
-    def on_page(step):
-        def turn(*args):
-            return grid_outputs(*args, page_no=args[2].get("page", 0) + step, turn_only=True)
-        return turn
-    prev_page.click(on_page(-1), inputs=filters, outputs=grid_out, show_progress="hidden", concurrency_id="ds-grid")
-    next_page.click(on_page(1), inputs=filters, outputs=grid_out, show_progress="hidden", concurrency_id="ds-grid")
 
     def on_tick(*args):
         """While the page is shown: new thumbnails, files added or captions changed elsewhere appear."""
@@ -221,10 +211,9 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     detail_out = [picture, info, caption, state, partner]
     detail_in = [chooser, settings, state, control]
 
-    def on_select(chosen, settings_value, state_value, control_value, evt: gr.SelectData):
-        return show_item(chosen, settings_value, state_value, control_value,
-                         state_value.get("page", 0) * PAGE_SIZE + evt.index)
-    grid.select(on_select, inputs=detail_in, outputs=detail_out, show_progress="hidden")
+    def on_pick(chosen, settings_value, state_value, control_value, position):
+        return show_item(chosen, settings_value, state_value, control_value, int(position or 0))
+    pick_go.click(on_pick, inputs=[*detail_in, pick], outputs=detail_out, show_progress="hidden")
 
     def step_item(step):
         def go(chosen, settings_value, state_value, control_value):

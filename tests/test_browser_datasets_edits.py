@@ -37,7 +37,7 @@ def open_dataset(browser, url: str, name: str):  # noqa: F811
 
 def test_two_tabs_the_second_save_is_refused_and_the_first_text_stays(studio, browser, tmp_path):  # noqa: F811
     folder = tmp_path / "datasets" / "dogs"
-    write_dataset(folder, 2)
+    write_dataset(folder, 61, size=(32, 32))   # two pages of the grid
     caption_file = folder / "img_00000.txt"
     tabs = [open_dataset(browser, studio.url, "dogs") for _ in range(2)]
     for tab in tabs:
@@ -57,6 +57,15 @@ def test_two_tabs_the_second_save_is_refused_and_the_first_text_stays(studio, br
     assert caption_file.read_text() == "a photo, edited in tab one"
     # the refused text is still in the second tab's box: nothing the user typed is lost
     assert second.locator("#ds-caption textarea").input_value() == "a photo, edited in tab two"
+
+    # the grid's pages are drawn in the browser; a thumbnail on page 2 opens that image
+    expect(first.locator("#ds-page-label")).to_contain_text("page 1 of 2 (61 shown", timeout=WAIT_MS)
+    first.click("#ds-page-next")
+    expect(first.locator("#ds-page-label")).to_contain_text("page 2 of 2", timeout=WAIT_MS)
+    assert first.locator("#ds-grid img").count() == 1
+    first.locator("#ds-grid img").first.click()
+    expect(first.locator("#ds-info")).to_contain_text("img_00060.png", timeout=WAIT_MS)
+    expect(first.locator("#ds-caption textarea")).to_have_value("a photo, pattern 60", timeout=WAIT_MS)
 
 
 @pytest.mark.slow   # the tiny captioner's job process: ~20-40 s on 2 cores with the studio and chromium

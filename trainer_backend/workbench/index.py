@@ -41,8 +41,13 @@ def index_path(cache: Path, folder: Path) -> Path:
     return Path(cache) / "index" / f"{folder_key(folder)}.jsonl"
 
 
+def thumb_name(sha256: str) -> str:
+    """A thumbnail's name under the cache's thumbs/ folder (it is named by the image's content)."""
+    return f"{sha256[:2]}/{sha256}.jpg"
+
+
 def thumb_path(cache: Path, sha256: str) -> Path:
-    return Path(cache) / "thumbs" / sha256[:2] / f"{sha256}.jpg"
+    return Path(cache) / "thumbs" / thumb_name(sha256)
 
 
 def list_images(folder: Path) -> list[Path]:
