@@ -79,3 +79,31 @@ def test_an_offloaded_wan_vae_still_compresses_time():
         offloaded = vae.encode(clip).latent_dist.mode()
     assert swaps and plain.shape[2] == 3
     assert torch.equal(offloaded, plain)
+
+
+def test_both_experts_train_from_cached_clips_with_first_frame_samples(tmp_path, i2v):
+    """model.expert = both on cached clip latents (the condition comes back through the VAE): one LoRA per
+    expert, each loading into WanImageToVideoPipeline and changing its clip; the run's samples are clips."""
+    from diffusers import WanImageToVideoPipeline
+    from PIL import Image
+    from method_runs import train_run
+    from video_clips import make_clip_dataset
+    data = make_clip_dataset(tmp_path / "data", n=4, size=32, frames=9)
+    run, events, _ = train_run(tmp_path, i2v, data, "both", "model.expert=both", "schedule.max_steps=3",
+                               "schedule.batch_size=2", "dataset.cache_latents=true", "optimizer.lr=1e-2",
+                               "samples.prompts=a red square --f 5", "samples.every_n_steps=3", "samples.steps=2",
+                               "samples.width=32", "samples.height=32")
+    (sample,) = [e for e in events if e["event"] == "sample"]
+    assert any(p.endswith(".mp4") for p in sample["paths"])
+    high, low = run / "both.safetensors", run / "both_low_noise.safetensors"
+    start = Image.new("RGB", (32, 32), (30, 120, 200))
+
+    def frames(pipe):
+        return pipe(prompt="a red square", image=start, num_frames=5, height=32, width=32, num_inference_steps=4,
+                    output_type="np", generator=torch.Generator().manual_seed(0)).frames[0]
+
+    before = frames(WanImageToVideoPipeline.from_pretrained(i2v))
+    for file, into_2 in ((high, False), (low, True)):
+        pipe = WanImageToVideoPipeline.from_pretrained(i2v)
+        pipe.load_lora_weights(str(file), load_into_transformer_2=into_2)
+        assert np.abs(frames(pipe) - before).max() > 1e-3, f"{file.name} did not change the clip"

@@ -23,12 +23,14 @@ class WanExperts(ModelMixin, PeftAdapterMixin):
 
     def forward(self, hidden_states, timestep, encoder_hidden_states, return_dict: bool = False, **kwargs):
         high = timestep >= self.boundary
-        out = torch.empty_like(hidden_states)
+        out = None
         for mask, expert in ((high, self.transformer), (~high, self.transformer_2)):
             if bool(mask.any()):
-                out[mask] = expert(hidden_states=hidden_states[mask], timestep=timestep[mask],
-                                   encoder_hidden_states=encoder_hidden_states[mask], return_dict=False,
-                                   **kwargs)[0].to(out.dtype)
+                pred = expert(hidden_states=hidden_states[mask], timestep=timestep[mask],
+                              encoder_hidden_states=encoder_hidden_states[mask], return_dict=False, **kwargs)[0]
+                if out is None:  # I2V: fewer channels out (the latents') than in (latents ++ mask ++ condition)
+                    out = hidden_states.new_empty((hidden_states.shape[0], *pred.shape[1:]))
+                out[mask] = pred.to(out.dtype)
         return (out,)
 
 
