@@ -45,8 +45,13 @@ GRID_JS = """() => { if (window.__datasetGrid) return; window.__datasetGrid = tr
       `<span id="ds-page-label">page ${state.page + 1} of ${pages} (${data.items.length} shown, ${data.size} a page)` +
       `</span><button class="ds-page-btn" id="ds-page-next">Page ▶</button></div>` +
       `<div class="ds-cells">${shown.map(cell).join('')}</div>`;
-    const after = data.items.slice(start + data.size, start + 2 * data.size);   // the next page, fetched ahead
-    window.__dsAhead = after.map(([thumb]) => { const i = new Image(); i.src = data.base + thumb; return i; });
+    // the next page's thumbnails are fetched ahead, once this page's are in (they would compete)
+    const after = data.items.slice(start + data.size, start + 2 * data.size);
+    const loaded = [...view.querySelectorAll('img')].map((img) => img.complete ? null :
+      new Promise((done) => { img.addEventListener('load', done); img.addEventListener('error', done); }));
+    Promise.all(loaded).then(() => {
+      window.__dsAhead = after.map(([thumb]) => { const i = new Image(); i.src = data.base + thumb; return i; });
+    });
   };
   const check = () => {
     const root = document.querySelector('#ds-grid');
