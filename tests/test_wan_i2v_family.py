@@ -2,6 +2,8 @@
 WanImageToVideoPipeline feeds it for the clip's first frame, and samples from that first frame."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -89,12 +91,20 @@ def test_both_experts_train_from_cached_clips_with_first_frame_samples(tmp_path,
     from method_runs import train_run
     from video_clips import make_clip_dataset
     data = make_clip_dataset(tmp_path / "data", n=4, size=32, frames=9)
+    start_file = tmp_path / "start.png"
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(start_file)
+    # the first prompt samples from the trained first frame, the second from its own start image (--control)
+    prompts = f"a red square --f 5\na red square --f 5 --control {start_file}"
     run, events, _ = train_run(tmp_path, i2v, data, "both", "model.expert=both", "schedule.max_steps=3",
                                "schedule.batch_size=2", "dataset.cache_latents=true", "optimizer.lr=1e-2",
-                               "samples.prompts=a red square --f 5", "samples.every_n_steps=3", "samples.steps=2",
+                               f"samples.prompts={prompts}", "samples.every_n_steps=3", "samples.steps=2",
                                "samples.width=32", "samples.height=32")
     (sample,) = [e for e in events if e["event"] == "sample"]
-    assert any(p.endswith(".mp4") for p in sample["paths"])
+    clips = sorted(p for p in sample["paths"] if p.endswith(".mp4"))
+    assert len(clips) == 2
+    from trainer_backend.data.video import decode_frames
+    a, b = (decode_frames(Path(c), list(range(5))).astype(np.float32) for c in clips)
+    assert np.abs(a - b).max() > 1  # same prompt and seed: only the start image differs
     high, low = run / "both.safetensors", run / "both_low_noise.safetensors"
     start = Image.new("RGB", (32, 32), (30, 120, 200))
 
@@ -107,3 +117,16 @@ def test_both_experts_train_from_cached_clips_with_first_frame_samples(tmp_path,
         pipe = WanImageToVideoPipeline.from_pretrained(i2v)
         pipe.load_lora_weights(str(file), load_into_transformer_2=into_2)
         assert np.abs(frames(pipe) - before).max() > 1e-3, f"{file.name} did not change the clip"
+
+
+def test_a_sample_prompt_may_name_one_start_image_for_i2v_only():
+    from trainer_backend.config import load_config, rules
+
+    def found(arch, prompt):
+        return [str(p) for p in rules.problems(load_config(None, [f"model.arch={arch}", f"samples.prompts={prompt}"]))
+                if p.key == "samples.prompts"]
+    assert found("wan22_i2v", "a cat --control start.png") == []
+    assert found("wan22_t2v", "a cat --control start.png") == [
+        "samples.prompts: line 1: --control: wan22_t2v (model.arch) takes no control image"]
+    assert found("wan22_i2v", "a cat --control a.png --control b.png") == [
+        "samples.prompts: line 1: 2 --control images: wan22_i2v (model.arch) takes one"]

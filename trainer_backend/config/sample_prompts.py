@@ -104,18 +104,19 @@ def control_line_problems(cfg: TrainConfig, key: str, text: str, mode: str | Non
         return
     from ..families.registry import FAMILY_NAMES, entry  # pure (no torch)
     limit = entry(arch).max_control_images if arch in FAMILY_NAMES else 1
+    start_image = arch in FAMILY_NAMES and entry(arch).takes_start_image  # image-to-video: one start image
     for _, number, line in _numbered(key, text):
         try:
             prompt = parse_prompt_line(line, defaults_of(cfg))
         except ValueError:
             continue
-        if mode and len(prompt.controls) > limit:
+        if (mode or start_image) and len(prompt.controls) > limit:
             yield key, f"line {number}: {len(prompt.controls)} --control images: {arch} (model.arch) takes " + \
                 ("one" if limit == 1 else f"at most {limit}")
         elif mode == "required" and not prompt.control:
             yield key, f"line {number}: {arch} (model.arch) is an edit model: add --control <image file> (the " \
                        f"image the prompt edits)"
-        elif mode == "" and prompt.control:
+        elif mode == "" and prompt.control and not start_image:
             yield key, f"line {number}: --control: {arch} (model.arch) takes no control image"
 
 

@@ -128,7 +128,7 @@ def control_images(prompts: list[SamplePrompt], family, cfg: TrainConfig) -> lis
         if family.control_images == "required" and not p.control:
             raise ConfigError(f"samples.prompts: {p.prompt!r}: {family.name} is an edit model: add --control "
                               f"<image file> to every sample prompt")
-        if family.control_images == "" and p.control:
+        if family.control_images == "" and p.control and not family.takes_start_image:
             raise ConfigError(f"samples.prompts: {p.prompt!r}: --control: {family.name} takes no control image")
         if len(p.controls) > family.max_control_images:
             raise ConfigError(f"samples.prompts: {p.prompt!r}: {len(p.controls)} --control images; {family.label} "
@@ -211,7 +211,9 @@ class SampleImages:
         """One PIL image of prompt p from its own seeded generator."""
         model = self.model
         prompts = model.family.prompt_arguments(model, p.prompt, p.negative or None)
-        control = {model.family.control_image_argument: control} if control else {}
+        # the family's own call options, a prompt's --control image over any default image among them
+        control = {**model.family.pipeline_call_options(model),
+                   **({model.family.control_image_argument: control} if control else {})}
         family = model.family
         # a video family's sample is a clip: `--f` frames, else the family's default (rounded to its rule)
         frames = {"num_frames": frame_count(p.frames or family.sample_frames, family.frame_step)} \
@@ -220,8 +222,7 @@ class SampleImages:
                             width=p.width,
                             height=p.height, num_inference_steps=p.steps,
                             **model.family.guidance_arguments(model, p.cfg_scale),
-                            generator=torch.Generator("cpu").manual_seed(p.seed),
-                            **model.family.pipeline_call_options(model))
+                            generator=torch.Generator("cpu").manual_seed(p.seed))
         return image
 
     @contextlib.contextmanager

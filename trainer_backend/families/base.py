@@ -99,6 +99,9 @@ class Family:
     # `control_image_argument`.
     control_images: str = ""
     control_image_argument: str = "image"
+    # the sampling pipeline starts from an image (image-to-video) without training on paired images: a sample
+    # prompt's `--control` gives it (as control_image_argument), else the family's pipeline_call_options does
+    takes_start_image: bool = False
     # reference images per training image at most (docs/dataset.md's numbered control names): above 1,
     # `control_pixel_values` / `control_latents` hold the references one after another along the
     # channels ([B, N·C, h, w], data/pairs.py per_reference splits them) and each sample prompt may

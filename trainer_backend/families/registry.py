@@ -38,6 +38,9 @@ class FamilyEntry:
     # video families: clip frame counts are k * frame_step + 1 and the VAE compresses time by it (Wan 4,
     # LTX-2 8); 0 = an image family. The same value as the Family's `frame_step`
     frame_step: int = 0
+    # image-to-video: the sampling pipeline starts from an image, so a sample prompt may give one with `--control`
+    # (training takes no control folder: control_images stays ""); the same value as the Family's
+    takes_start_image: bool = False
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -72,7 +75,8 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("wan22_t2v", "Wan 2.2 text-to-video (A14B, two experts)", "trainer_backend.families.wan", "WAN22_T2V",
                 "flow", ("diffusers", "kohya"), text_encoder_training=False, frame_step=4),
     FamilyEntry("wan22_i2v", "Wan 2.2 image-to-video (I2V-A14B, two experts)", "trainer_backend.families.wan",
-                "WAN22_I2V", "flow", ("diffusers", "kohya"), text_encoder_training=False, frame_step=4),
+                "WAN22_I2V", "flow", ("diffusers", "kohya"), text_encoder_training=False, frame_step=4,
+                takes_start_image=True),
     FamilyEntry("ltx2", "LTX-2 (video; audio stream kept)", "trainer_backend.families.ltx2", "LTX2", "flow",
                 ("diffusers", "kohya"), text_encoder_training=False, frame_step=8),
 )

@@ -8,8 +8,8 @@ The condition comes from the batch's pixels; with cached latents (dataset.cache_
 is decoded from the first latent frame (the causal VAE's first latent frame encodes the first frame alone)
 and encoded again, so it is a VAE round trip of the frame rather than the frame itself.
 
-Samples are drawn by WanImageToVideoPipeline from the first frame of the first clip this run trained on
-(before the first step: a mid-grey frame); sample prompts take no image of their own yet.
+Samples are drawn by WanImageToVideoPipeline from a sample prompt's `--control <image>`, else from the first
+frame of the first clip this run trained on (before the first step: a mid-grey frame).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Wan22I2VFamily(Wan22Family):
     modelspec_architecture = "wan-2.2-i2v-14b"
     full_size_config = "wan22_t2v"   # assets/model_configs: the same UMT5 and VAE configs as T2V-A14B
     first_frame_conditioned = True   # the pipeline's `image` is the clip's first frame (tests pass one)
+    takes_start_image = True         # a sample prompt's --control <image> is its start frame
 
     def detect_folder(self, folder: Path, index: dict) -> bool:
         # Wan 2.1 I2V is a WanImageToVideoPipeline too, with a CLIP image encoder; TI2V-5B expands timesteps
