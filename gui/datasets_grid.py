@@ -39,15 +39,16 @@ GRID_JS = """() => { if (window.__datasetGrid) return; window.__datasetGrid = tr
     if (!view) { view = document.createElement('div'); view.className = 'ds-grid-view'; root.appendChild(view); }
     const start = state.page * data.size, shown = data.items.slice(start, start + data.size);
     const cell = ([thumb, label], k) => `<figure class="ds-cell" data-pos="${start + k}" title="${label}">` +
-      `<img src="${data.base}${thumb}" alt="${label}" draggable="false" ` +
+      `<img src="${data.base}${thumb}" alt="${label}" draggable="false" loading="${k < 30 ? 'eager' : 'lazy'}" ` +
       `onerror="if (!this.dataset.missing) { this.dataset.missing = 1; this.src = '${data.base}${data.missing}'; }"><figcaption>${label}</figcaption></figure>`;
     view.innerHTML = `<div class="ds-pager"><button class="ds-page-btn" id="ds-page-prev">◀ Page</button>` +
       `<span id="ds-page-label">page ${state.page + 1} of ${pages} (${data.items.length} shown, ${data.size} a page)` +
       `</span><button class="ds-page-btn" id="ds-page-next">Page ▶</button></div>` +
       `<div class="ds-cells">${shown.map(cell).join('')}</div>`;
-    // the next page's thumbnails are fetched ahead, once this page's are in (they would compete)
-    const after = data.items.slice(start + data.size, start + 2 * data.size);
-    const loaded = [...view.querySelectorAll('img')].map((img) => img.complete ? null :
+    // the next page's first rows are fetched ahead, once this page's first rows are in (they would
+    // compete); the rows below the scroll box load when scrolled to
+    const after = data.items.slice(start + data.size, start + data.size + 30);
+    const loaded = [...view.querySelectorAll('img')].slice(0, 30).map((img) => img.complete ? null :
       new Promise((done) => { img.addEventListener('load', done); img.addEventListener('error', done); }));
     Promise.all(loaded).then(() => {
       window.__dsAhead = after.map(([thumb]) => { const i = new Image(); i.src = data.base + thumb; return i; });
