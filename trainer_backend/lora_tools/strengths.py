@@ -106,8 +106,9 @@ def _draw(run_dir: Path, cfg, source: Path, strengths: list[float], base: str, p
     family = model.family
     updates = open_updates(model, source)             # checked before anything is drawn
     controls = control_images(prompts, family, cfg)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    from ..compute.devices import as_device
+    device = as_device()     # the machine's accelerator (CUDA, ROCm, MPS, XPU), else the CPU
+    dtype = torch.bfloat16 if device.type != "cpu" else torch.float32
     for module in (model.denoiser, *model.text_encoders):
         module.to(device, dtype=dtype).eval()
     model.vae.to(device).eval()

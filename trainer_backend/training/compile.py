@@ -43,10 +43,10 @@ def cuda_graphs_allowed(cfg: TrainConfig, device) -> bool:
     hardware.cpu; this is a run that found no CUDA device at its start)."""
     if cfg.speed.compile_mode != "reduce-overhead":
         return False
-    kind = torch.device(device or "cpu").type
-    if kind != "cuda":
+    from ..compute.devices import device_kind, is_cuda
+    if not is_cuda(device or "cpu"):
         raise ConfigError(f"speed.compile_mode: reduce-overhead records CUDA graphs and this run's device is "
-                          f"{kind}: choose compile_mode = default")
+                          f"{device_kind(device or 'cpu')}: choose compile_mode = default")
     return True
 
 
