@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
+from ..folder_outputs import FolderOutputs
 from ..flow_common import FlowFamily, device_of, unwrap
 from ..objectives import FlowMatchObjective
 from . import latents as lat
@@ -38,7 +39,7 @@ class VideoTokenObjective(FlowMatchObjective):
         return lat.sigma_shift(lat.token_count(latent_shape, self.patch, self.patch_t), self.scheduler_config)
 
 
-class LTX2Family(FlowFamily):
+class LTX2Family(FolderOutputs, FlowFamily):
     name = "ltx2"
     label = "LTX-2"
     text_encoder_names = ("text_encoder",)
@@ -205,20 +206,9 @@ class LTX2Family(FlowFamily):
     def blocks(self, model) -> list:
         return list(unwrap(model.denoiser).transformer_blocks)
 
-    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
-        if self.lora_layout(layout) == "kohya":
-            from .lora_keys import to_comfy_lora
-            return to_comfy_lora(adapter_states, alpha)
-        return super().lora_file_state(model, adapter_states, alpha, layout)
-
-    def save_pipeline_folder(self, model, folder: Path) -> None:
-        self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        if folder is None:
-            raise ConfigError(f"output: a {self.label} full fine-tune is written as a diffusers folder")
-        self.save_pipeline_folder(model, Path(folder))
-        return [Path(folder)]
+    def comfy_lora(self, adapter_states, alpha):
+        from .lora_keys import to_comfy_lora
+        return to_comfy_lora(adapter_states, alpha)
 
 
 LTX2 = LTX2Family()

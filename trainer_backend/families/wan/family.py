@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
+from ..folder_outputs import FolderOutputs
 from ..flow_common import FlowFamily, device_of
 from ..objectives import FlowMatchObjective
 from .experts import boundary_timestep, timestep_range
@@ -63,7 +64,7 @@ class ExpertObjective(FlowMatchObjective):
         return lo + (t - loss.timestep_min) / span * (hi - lo)
 
 
-class Wan22Family(FlowFamily):
+class Wan22Family(FolderOutputs, FlowFamily):
     name = "wan22_t2v"
     label = "Wan 2.2 T2V"
     short_label = "Wan 2.2"
@@ -253,20 +254,9 @@ class Wan22Family(FlowFamily):
     def pipeline_parts(self, model) -> dict:
         return {"text_encoder": model.text_encoders[0], "tokenizer": model.tokenizers[0]}
 
-    def lora_file_state(self, model, adapter_states, alpha, layout="auto"):
-        if self.lora_layout(layout) == "kohya":
-            from .lora_keys import to_comfy_lora
-            return to_comfy_lora(adapter_states, alpha)
-        return super().lora_file_state(model, adapter_states, alpha, layout)
-
-    def save_pipeline_folder(self, model, folder: Path) -> None:
-        self.build_pipeline(model, "default").save_pretrained(str(folder), safe_serialization=True)
-
-    def save_full_model(self, model, folder, single_file, dtype=None, metadata=None) -> list[Path]:
-        if folder is None:
-            raise ConfigError(f"output: a {self.label} full fine-tune is written as a diffusers folder")
-        self.save_pipeline_folder(model, Path(folder))
-        return [Path(folder)]
+    def comfy_lora(self, adapter_states, alpha):
+        from .lora_keys import to_comfy_lora
+        return to_comfy_lora(adapter_states, alpha)
 
 
 WAN22_T2V = Wan22Family()
