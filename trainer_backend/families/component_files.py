@@ -145,6 +145,20 @@ def stream_into(option: str, path: Path, module, convert_one, expected: dict, wh
         raise ConfigError(f"{option}: {path.name} has no {left[0]}")
 
 
+def stream_transformer(model_class, option: str, path: Path, config: dict, convert_one, what: str, published: str,
+                       dtype=None):
+    """A transformer file (bf16, fp32 or scaled fp8) as `model_class`: built on the meta device from the
+    file's own config (else `config`), packed formats refused naming `published` (the files to use), then
+    read one tensor at a time through `convert_one` (stream_into), checked key by key."""
+    _, metadata = header(option, path)
+    with weights_on_meta():
+        model = model_class.from_config(own_config(metadata, config))
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    refuse_packed(option, path, published)
+    stream_into(option, path, model, convert_one, expected, what, dtype=dtype)
+    return model
+
+
 def _assign(module, key: str, value) -> None:
     """One parameter or buffer of `module` replaced by `value` (its meta placeholder dropped)."""
     import torch

@@ -63,12 +63,7 @@ def load_transformer(path: Path, option: str = "model.path", dtype=None):
     """An original-layout file (bf16, fp32 or ComfyUI's scaled fp8) as an Ideogram4Transformer2DModel,
     checked key by key and read one tensor at a time (component_files.stream_into)."""
     from diffusers import Ideogram4Transformer2DModel
-    from ..component_files import bundled, header, own_config, refuse_packed, stream_into, weights_on_meta
-    _, metadata = header(option, path)
-    config = own_config(metadata, bundled("ideogram4", "transformer.json"))
-    with weights_on_meta():
-        model = Ideogram4Transformer2DModel.from_config(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    refuse_packed(option, path, "ideogram4_fp8_scaled.safetensors or a bf16 file")
-    stream_into(option, path, model, from_original_one, expected, "Ideogram 4 transformer of this size", dtype=dtype)
-    return model
+    from ..component_files import bundled, stream_transformer
+    return stream_transformer(Ideogram4Transformer2DModel, option, path, bundled("ideogram4", "transformer.json"),
+                              from_original_one, "Ideogram 4 transformer of this size",
+                              "ideogram4_fp8_scaled.safetensors or a bf16 file", dtype=dtype)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..base import LoadedModel
-from ..component_files import bundled, find_qwen3_tokenizer, header, own_config, refuse_packed, stream_into
-from ..component_files import weights_on_meta
+from ..component_files import bundled, find_qwen3_tokenizer, stream_transformer
 
 HF_CACHE = [("krea/Krea-2-Raw", "tokenizer"), ("krea/Krea-2-Turbo", "tokenizer"), ("Qwen/Qwen3-VL-4B-Instruct", "")]
 
@@ -20,16 +19,10 @@ HF_CACHE = [("krea/Krea-2-Raw", "tokenizer"), ("krea/Krea-2-Turbo", "tokenizer")
 def load_transformer(path: Path, dtype=None):
     from diffusers import Krea2Transformer2DModel
     from .single_file import to_diffusers
-    _, metadata = header("model.path", path)
-    config = own_config(metadata, bundled("krea2", "transformer/config.json"))
-    with weights_on_meta():
-        model = Krea2Transformer2DModel.from_config(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    refuse_packed("model.path", path, "the bf16 or fp8 file Krea publishes")
     # the file's names through the original layout's own converter, one tensor at a time
-    stream_into("model.path", path, model, lambda name, t: to_diffusers({name: t}), expected,
-                "Krea 2 transformer of this size", dtype=dtype)
-    return model
+    return stream_transformer(Krea2Transformer2DModel, "model.path", path, bundled("krea2", "transformer/config.json"),
+                              lambda name, t: to_diffusers({name: t}), "Krea 2 transformer of this size",
+                              "the bf16 or fp8 file Krea publishes", dtype=dtype)
 
 
 def load_krea2_files(family, src: Path, *, vae: str, tokenizer: str, files: dict[str, str]) -> LoadedModel:

@@ -11,21 +11,15 @@ from pathlib import Path
 
 from ...errors import ConfigError
 from ..base import LoadedModel
-from ..component_files import bundled, header, own_config, refuse_packed, stream_into, weights_on_meta
+from ..component_files import bundled, header, own_config, stream_into, stream_transformer, weights_on_meta
 
 
 def load_transformer(path: Path, dtype=None):
     from diffusers import QwenImage21Transformer2DModel
     from .single_file import to_diffusers
-    _, metadata = header("model.path", path)
-    config = own_config(metadata, bundled("qwen_image21", "transformer/config.json"))
-    with weights_on_meta():
-        model = QwenImage21Transformer2DModel.from_config(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    refuse_packed("model.path", path, "the bf16 or fp8 file")
-    stream_into("model.path", path, model, lambda name, t: to_diffusers({name: t}), expected,
-                "Qwen-Image 2.1 transformer of this size", dtype=dtype)
-    return model
+    return stream_transformer(QwenImage21Transformer2DModel, "model.path", path,
+                              bundled("qwen_image21", "transformer/config.json"), lambda name, t: to_diffusers({name: t}),
+                              "Qwen-Image 2.1 transformer of this size", "the bf16 or fp8 file", dtype=dtype)
 
 
 def load_vae(path_str: str):
