@@ -80,9 +80,14 @@ def _first_frame(family) -> dict:
     return {"image": Image.new("RGB", (64, 64), (30, 120, 200))}
 
 
+# families whose control images are optional and whose suite runs train on pairs all the same (their
+# edit path: Krea 2's reference tokens), so accumulation, resume and the full fine-tune cover it
+TRAINED_ON_PAIRS = ("krea2",)
+
+
 def _control_data(tmp_path, family, n: int, size: int) -> list[str]:
     """An edit model trains on pairs: a control folder with an image per training image."""
-    if family.control_images != "required":
+    if family.control_images != "required" and family.name not in TRAINED_ON_PAIRS:
         return []
     return [f"dataset.control_path={make_dataset(tmp_path / 'control', n=n, size=size, seed=7)}"]
 

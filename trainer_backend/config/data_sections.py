@@ -17,9 +17,10 @@ QUANT_KINDS = (*TE_QUANT_KINDS, "int8_compute", "float8_compute")  # + 8-bit mat
 CONTROL_HELP = ("Folder of control (reference) images for edit models, one per training image, matched by file "
                 "stem in the same relative sub-folder (photos/cat.jpg <-> <control_path>/photos/cat.png); the pair "
                 "is bucketed (by the training image), cropped, flipped and cached together. Models that take several "
-                "reference images (Qwen-Image-Edit-2509/2511: up to 3): cat_0.png, cat_1.png, … numbered from 0 "
-                "(cat.png alone = one reference). An image without its control image (or with a gap in the "
-                "numbers) is skipped (one warning), never trained without it. Empty = no control images.")
+                "reference images (Qwen-Image-Edit-2509/2511, Krea 2: up to 3): cat_0.png, cat_1.png, … numbered "
+                "from 0 (cat.png alone = one reference). An image without its control image (or with a gap in the "
+                "numbers) is skipped (one warning) by an edit-only model; Qwen-Image 2.1, Flux.2 and Krea 2 train "
+                "it on its caption alone. Empty = no control images.")
 
 
 class Output(Section):

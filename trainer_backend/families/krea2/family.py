@@ -9,7 +9,12 @@ Raw trains with the pipeline's resolution-dependent shift (up to 6400 packed tok
 few-step distilled checkpoint: model_index.json's is_distilled) samples with a fixed shift, mu = 1.15,
 and trains with that same fixed shift: a LoRA on the distilled weights, learning at the noise levels its
 few steps visit, which keeps the distillation's schedule (no de-distilled training adapter is published
-for diffusers' Krea 2, docs/models.md)."""
+for diffusers' Krea 2, docs/models.md).
+
+Editing (dataset.control_path, optional: a folder may mix caption-only images and pairs): the control
+images' latents ride along as reference tokens after the target's, at rotary time index 1, 2, … and
+modulated at t = 0, as the community's Krea 2 edit LoRA lays them out (references.py); the loss is on the
+target's tokens. Samples of an edit run go through Krea2EditPipeline (pipeline.py), which takes `image`."""
 from __future__ import annotations
 
 import json
@@ -59,6 +64,9 @@ class Krea2Family(FlowFamily):
     text_encoder_file_options = ("text_encoder",)
     component_files_loader = ".krea2.components:load_krea2_files"  # ComfyUI's separate files
     text_cache_dtype = "bfloat16"
+    control_images = "optional"   # pairs train editing, caption-only images text-to-image, in one run
+    control_image_argument = "image"
+    max_control_images = 3        # as the community edit LoRA's trainer and ComfyUI nodes take
     # every block's attention (with its output gate) and SwiGLU MLP (the text-fusion blocks' too: same names)
     default_targets = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_gate", "attn.to_out.0", "ff.gate", "ff.up",
                        "ff.down")
@@ -167,19 +175,40 @@ class Krea2Family(FlowFamily):
         return FlowMatchObjective(shift=c.get("shift", 1.0), dynamic_shift=dynamic_shift(c, max_seq_len=6400))
 
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
+        import contextlib
         from diffusers import Krea2Pipeline
+        from ...data.pairs import per_reference
+        from .references import attached, pack_references
         b, c, h, w = noisy.shape
         hidden, mask = text["hidden"].to(noisy.device), text["mask"].to(noisy.device).bool()
         positions = Krea2Pipeline.prepare_position_ids(hidden.shape[1], h // 2, w // 2, noisy.device)
-        out = denoiser(hidden_states=pack(noisy).to(dtype), encoder_hidden_states=hidden.to(dtype),
-                       timestep=(timesteps / 1000).to(dtype), position_ids=positions, encoder_attention_mask=mask,
-                       return_dict=False)[0]
+        control = batch.get("control_latents")
+        references = contextlib.nullcontext()
+        if control is not None:  # an edit pair: its references (one after another along the channels) ride along
+            refs = per_reference(control.to(noisy.device), c).unflatten(0, (b, -1)).unbind(1)
+            references = attached(denoiser, *pack_references(list(refs), noisy.device, dtype))
+        with references:  # the output is the target's tokens only
+            out = denoiser(hidden_states=pack(noisy).to(dtype), encoder_hidden_states=hidden.to(dtype),
+                           timestep=(timesteps / 1000).to(dtype), position_ids=positions,
+                           encoder_attention_mask=mask, return_dict=False)[0]
         return unpack(out, c, h, w)
 
     # ---- sampling and outputs
     def pipeline_class(self):
         from diffusers import Krea2Pipeline
         return Krea2Pipeline
+
+    def model_pipeline_class(self, model):
+        """Samples: Krea2Pipeline that also takes reference images (an edit run's `--control`)."""
+        from .pipeline import Krea2EditPipeline
+        return Krea2EditPipeline
+
+    def save_pipeline_folder(self, model, folder: Path) -> None:
+        # a plain Krea2Pipeline folder (model_index.json names it: diffusers and detect_folder load it)
+        from diffusers import FlowMatchEulerDiscreteScheduler
+        pipe = self.pipeline_class()(scheduler=FlowMatchEulerDiscreteScheduler.from_config(model.scheduler_config),
+                                     vae=model.vae, transformer=model.denoiser, **self.pipeline_parts(model))
+        pipe.save_pretrained(str(folder), safe_serialization=True)
 
     def pipeline_parts(self, model) -> dict:
         opts = options_of(model)
