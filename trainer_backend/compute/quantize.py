@@ -55,16 +55,45 @@ def quantize_module(module: torch.nn.Module, kind: str, *, device, compute_dtype
     module.to(dtype=compute_dtype)  # still where it was loaded (CPU)
     names = quantizable_linears(module, keep)
     device = torch.device(device)
-    if names and kind == "nf4":
-        _to_nf4(module, names, device, compute_dtype, key)
-    elif names:
-        _torchao(module, names, kind, device, key)
+    todo = [n for n in names if not _stored_float8(module.get_submodule(n), kind, compute_dtype)]
+    if todo and kind == "nf4":
+        _to_nf4(module, todo, device, compute_dtype, key)
+    elif todo:
+        _torchao(module, todo, kind, device, key)
     module.to(device)
     module.requires_grad_(False)
     setattr(module, MARK, kind)
-    LOG.info("%s = %s: %d linear layers of the %s quantized (weights %.1f MB)", key, kind, len(names),
-             type(module).__name__, weight_bytes(module) / 2**20)
+    LOG.info("%s = %s: %d linear layers of the %s quantized (weights %.1f MB)%s", key, kind, len(names),
+             type(module).__name__, weight_bytes(module) / 2**20,
+             f"; {len(names) - len(todo)} arrived stored so from the model file" if len(todo) < len(names) else "")
     return len(names)
+
+
+def float8_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A Linear weight in torchao's float8 weight-only storage (what Float8WeightOnlyConfig makes: float8_e4m3fn
+    values and an fp32 scale per output row) from float8 values and their scale as they are: a file's scaled
+    fp8 weight is adopted without passing through a wider copy. `scale`: one per tensor or one per row."""
+    from torchao.quantization import Float8Tensor
+    rows, cols = qdata.shape
+    scale = scale.to(torch.float32).reshape(-1, 1).expand(rows, 1).contiguous()
+    return Float8Tensor(qdata, scale, block_size=[1, cols], dtype=dtype)
+
+
+def float8_from(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A Linear weight quantized as Float8WeightOnlyConfig quantizes it (per-row scale), one layer at a time."""
+    from torchao.quantization import Float8Tensor, PerRow
+    return Float8Tensor.from_hp(weight.to(dtype), float8_dtype=torch.float8_e4m3fn, granularity=PerRow())
+
+
+def _stored_float8(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> bool:
+    """A layer whose weight arrived in float8 storage (families/component_files.py streams fp8 files so):
+    nothing to quantize; its output dtype follows the run's compute dtype (Module.to leaves it)."""
+    weight = layer.weight
+    if kind != "float8" or type(weight).__name__ != "Float8Tensor":
+        return False
+    if weight.dtype != dtype:
+        layer.weight = torch.nn.Parameter(float8_rows(weight.qdata, weight.scale, dtype), requires_grad=False)
+    return True
 
 
 def _torchao(module: torch.nn.Module, names: list[str], kind: str, device: torch.device, key: str) -> None:

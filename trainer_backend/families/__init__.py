@@ -75,9 +75,12 @@ def repo_files(probe_folder: Path, files: list[str]) -> tuple[list[str], str]:
 
 
 def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
-               text_encoder_files: dict[str, str] | None = None, model_options: dict | None = None):
+               text_encoder_files: dict[str, str] | None = None, model_options: dict | None = None,
+               frozen_quantize: str = "none"):
     """Detect the family, check it against `model.arch`, and let the family load the model (fp32).
-    text_encoder_files: model.<option> -> path of separate text-encoder files (Flux single files)."""
+    text_encoder_files: model.<option> -> path of separate text-encoder files (Flux single files).
+    frozen_quantize: the storage the run will quantize the frozen denoiser to (model.quantize); a
+    transformer file read tensor by tensor arrives in it (float8: component_files.frozen_storage)."""
     from ..errors import ConfigError
     family = detect_family(path)
     if arch not in ("auto", family.name) and family_accepts_file(arch, resolve_model_path(path)):
@@ -91,8 +94,10 @@ def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: st
         raise ConfigError(f"model.{extra[0]}: does not apply to a {family.label} model")
     options = {"text_encoder_files": files} if family.text_encoder_file_options else {}
     options.update({k: v for k, v in (model_options or {}).items() if k in family.model_options})
-    return family.load(resolve_model_path(path), vae=vae, prediction_type=prediction_type, tokenizer=tokenizer,
-                       **options)
+    from .component_files import frozen_storage
+    with frozen_storage(frozen_quantize, getattr(family, "keep_unquantized", ())):
+        return family.load(resolve_model_path(path), vae=vae, prediction_type=prediction_type, tokenizer=tokenizer,
+                           **options)
 
 
 def family_accepts_file(arch: str, src: Path) -> bool:
@@ -104,16 +109,18 @@ def family_accepts_file(arch: str, src: Path) -> bool:
     return get_family(arch).detect_file(*read_keys_and_metadata(src))
 
 
-def load_configured(model_section):
+def load_configured(model_section, frozen_quantize: str = "none"):
     """load_model with a config's [model] section (its path, arch, vae, prediction_type, tokenizer and
-    every family's text-encoder file options)."""
+    every family's text-encoder file options). `frozen_quantize`: model.quantize when the run will quantize
+    the frozen base (load_model)."""
     m = model_section
     families = all_families()
     options = {name for f in families for name in f.text_encoder_file_options}
     own = {name for f in families for name in f.model_options}  # a family's own load options (Wan's expert)
     return load_model(m.path, arch=m.arch, vae=m.vae, prediction_type=m.prediction_type, tokenizer=m.tokenizer,
                       text_encoder_files={name: getattr(m, name, "") for name in sorted(options)},
-                      model_options={name: getattr(m, name) for name in sorted(own) if hasattr(m, name)})
+                      model_options={name: getattr(m, name) for name in sorted(own) if hasattr(m, name)},
+                      frozen_quantize=frozen_quantize)
 
 
 def build_tiny_model(arch: str, out_dir, seed: int = 0, **options) -> Path:

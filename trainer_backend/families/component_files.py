@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -100,7 +102,7 @@ AUX_SUFFIXES = (".input_scale", ".comfy_quant", "scaled_fp8")  # ComfyUI's quant
 
 
 def stream_into(option: str, path: Path, module, convert_one, expected: dict, what: str, *, prefix: str = "",
-                dtype=None, optional=(), progress=None) -> None:
+                dtype=None, optional=(), progress=None, float8=frozenset()) -> None:
     """Load a file into `module` (built on the meta device) one tensor at a time, never the whole model
     at once: each tensor is read, an fp8 weight multiplied by its scale (per tensor or per row) in fp32,
     cast to `dtype` and assigned before the next is read, so the peak is the loaded model plus one
@@ -109,7 +111,8 @@ def stream_into(option: str, path: Path, module, convert_one, expected: dict, wh
     splits fused weights); the file's names (after `prefix`, through convert_one on meta shapes) are
     checked against `expected` first: one line naming the option, the file and the first key that does
     not fit. `optional`: module keys a file may leave out (filled with zeros). `progress(name)` after
-    each tensor."""
+    each tensor. `float8`: module keys of Linear weights stored as model.quantize = float8 stores them
+    (stored_float8): an e4m3 weight keeps its bytes and scale, any other is quantized as it arrives."""
     import torch
     from safetensors import safe_open
     with safe_open(str(path), framework="pt") as f:
@@ -127,14 +130,12 @@ def stream_into(option: str, path: Path, module, convert_one, expected: dict, wh
         for n in names:
             t = f.get_tensor(n)
             scale = next((n.rsplit(".", 1)[0] + s for s in FP8_SCALES if n.rsplit(".", 1)[0] + s in scales), None)
-            if scale is not None and kinds[n] in FP8_DTYPES:
-                s = f.get_tensor(scale).to(torch.float32)
-                t = t.to(torch.float32) * (s.reshape(-1, *[1] * (t.dim() - 1)) if s.numel() > 1 else s)
-            for key, value in convert_one(n[len(prefix):], t).items():
+            s = f.get_tensor(scale).to(torch.float32) if scale is not None and kinds[n] in FP8_DTYPES else None
+            for key, value in _converted(n[len(prefix):], t, s, kinds[n], convert_one, float8, dtype).items():
                 if key in expected:
-                    _assign(module, key, value.to(dtype, copy=True))
+                    _assign(module, key, value)
                     done.add(key)
-            del t
+            del t, s
             if progress is not None:
                 progress(n)
     for key in optional:
@@ -155,8 +156,61 @@ def stream_transformer(model_class, option: str, path: Path, config: dict, conve
         model = model_class.from_config(own_config(metadata, config))
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     refuse_packed(option, path, published)
-    stream_into(option, path, model, convert_one, expected, what, dtype=dtype)
+    stream_into(option, path, model, convert_one, expected, what, dtype=dtype, float8=stored_float8(model))
     return model
+
+
+_STORAGE: ContextVar[tuple[str, tuple]] = ContextVar("frozen_storage", default=("none", ()))
+
+
+@contextmanager
+def frozen_storage(kind: str, keep=()):
+    """While a model loads for a run whose frozen base model.quantize stores as `kind` (the family keeping
+    `keep` unquantized): stream_transformer stores the Linear weights compute/quantize.py would quantize in
+    that storage as they arrive (float8 only), so the whole model never exists in bf16 first."""
+    token = _STORAGE.set((kind, tuple(keep)))
+    try:
+        yield
+    finally:
+        _STORAGE.reset(token)
+
+
+def stored_float8(model) -> set[str]:
+    """The weights (module keys) of `model` to store as float8 in this load (frozen_storage), else none."""
+    kind, keep = _STORAGE.get()
+    if kind != "float8":
+        return set()
+    from ..compute.quantize import quantizable_linears
+    return {f"{name}.weight" for name in quantizable_linears(model, keep)}
+
+
+def _converted(name: str, t, scale, kind: str, convert_one, float8, dtype) -> dict:
+    """One file tensor as the module's tensor(s) (convert_one), ready to assign: an fp8 weight × its scale
+    (per tensor or per row) in fp32, cast to `dtype`; a weight in `float8` in torchao's float8 storage, an
+    e4m3 one keeping its bytes and scale where convert_one only renames or splits its rows."""
+    import torch
+    from ..compute.quantize import float8_from, float8_rows
+    out = {}
+    if kind == "F8_E4M3" and t.dim() == 2 and float8:
+        rows = (scale if scale is not None else torch.ones(())).reshape(-1, 1).expand(t.shape)
+        row_scales = convert_one(name, rows)  # the rows of the scale follow the rows of the weight
+        parts = convert_one(name, t)
+        for key, q in parts.items():
+            r = row_scales.get(key)
+            if key in float8 and r is not None and r.shape == q.shape and q.dim() == 2 \
+                    and torch.equal(r, r[:, :1].expand(r.shape)):
+                # a copy: the file's tensors are its memory map, which must not outlive the read
+                out[key] = float8_rows(q.clone(), r[:, 0].clone(), dtype)
+        if len(out) == len(parts):
+            return out
+    if kind in FP8_DTYPES and scale is not None:
+        t = t.to(torch.float32) * (scale.reshape(-1, *[1] * (t.dim() - 1)) if scale.numel() > 1 else scale)
+    for key, value in convert_one(name, t).items():
+        if key not in out:
+            # quantized from the file's own precision (as quantize_ does from a bf16 file in a bf16 run)
+            out[key] = float8_from(value, dtype if kind in FP8_DTYPES else value.dtype) if key in float8 \
+                else value.to(dtype, copy=True)
+    return out
 
 
 def _assign(module, key: str, value) -> None:
