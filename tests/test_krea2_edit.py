@@ -137,3 +137,17 @@ def test_edit_training_on_pairs_end_to_end(tmp_path, tiny_models, raw):
         pipe.unload_lora_weights()
     assert np.abs(after - before).max() > 1e-3 and np.abs(after_edit - before_edit).max() > 1e-3
     assert np.abs(loaded - after).max() < 1e-4  # the same LoRA in plain diffusers draws what the edit pipeline draws
+
+
+def test_the_memory_plan_counts_an_edit_pairs_reference_tokens(tmp_path):
+    """Krea 2's table is measured on captions alone; a config naming a control folder plans the pairs'
+    reference tokens too (one reference at the target's size): the same run needs more, and says why."""
+    from trainer_backend.config import load_config
+    from trainer_backend.launch.memory_plan import plan_memory
+    (tmp_path / "before").mkdir()
+    generate = load_config("presets/krea2-lora-24gb.toml", [])
+    edit = load_config("presets/krea2-lora-24gb.toml", [f"dataset.control_path={tmp_path / 'before'}"])
+    a, b = plan_memory(generate), plan_memory(edit)
+    assert b.phases["forward/backward"] > a.phases["forward/backward"] * 1.3
+    assert b.resident == a.resident and any("reference" in n for n in b.notes)
+    assert b.verdict(24) == "fits"  # the 24 GB tier trains Krea 2 edits at 1024 px (docs/models.md)

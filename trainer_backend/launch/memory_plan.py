@@ -123,6 +123,18 @@ def clip_frames(cfg, arch: str, buckets=None) -> tuple[int, int]:
     return frames, (frames - 1) // step + 1
 
 
+def reference_images(cfg, arch: str) -> int:
+    """Reference images whose tokens an edit pair adds to the denoiser's sequence beyond what the family's
+    table was measured with: a family that generates and edits (control images "optional": Krea 2,
+    Qwen-Image 2.1, Flux.2) is measured on captions alone, so a config that names a control folder plans
+    one reference per pair at the target's size (an edit-only model's table already holds its references)."""
+    from ..families.registry import FAMILY_NAMES, entry
+    if arch not in FAMILY_NAMES or entry(arch).control_images != "optional":
+        return 0
+    folders = [cfg.dataset.control_path] + [s.control_path for s in cfg.dataset.subsets]
+    return 1 if any(folders) else 0
+
+
 def denoiser_copies(table: dict, cfg) -> int:
     """How many denoisers of the table's size train at once: a table may say an option doubles it
     (Wan 2.2's model.expert = both keeps both experts on the device): {"option": key, "values": {v: n}}."""
@@ -198,6 +210,10 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     if frames > 1:   # the tables' activations are per latent pixel of one frame; a clip's scale with its frames
         pixels *= latent_frames
         notes.append(f"clips of {frames} frames ({latent_frames} latent frames) at {side[0]}x{side[1]}")
+    act_pixels = pixels * (1 + reference_images(cfg, arch))  # the denoiser's image tokens, references included
+    if act_pixels > pixels:
+        notes.append("edit pairs: each pair's reference image adds as many tokens as its target (planned with one "
+                     "reference per pair)")
     copies = denoiser_copies(table, cfg)
     if copies > 1:
         den = {**den, "params": den["params"] * copies, "blocks": list(den.get("blocks", [])) * copies,
@@ -257,12 +273,12 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     gc = prec.gradient_checkpointing
     suffix = "_gc" if gc else ""
     grads = n_trained * train_bytes * ((1 - net_share) if full else 1)
-    act = _act(table["activations"][("full" if full else "lora") + suffix], pixels)
+    act = _act(table["activations"][("full" if full else "lora") + suffix], act_pixels)
     if full and fused_bw:
         # the "full" line is the probe's peak minus the gradients it leaves (right beside the gradients
         # counted below); a fused backward frees each gradient at once, so its peak is the backward's
         # start, where a full fine-tune holds at least what a LoRA run saves (each layer's input)
-        act = max(act, _act(table["activations"]["lora" + suffix], pixels))
+        act = max(act, _act(table["activations"]["lora" + suffix], act_pixels))
     act *= batch * act_factor
     if full and fused_bw:  # the weight being stepped in the backward: its gradient and one temporary
         act += 2 * largest_layer(den) * train_bytes
