@@ -224,3 +224,31 @@ def test_post_hoc_ema_averages_the_checkpoints(tiny_models, tmp_path):
     several = run_cli("ema", "--run", str(run), "--sigma-rel", "0.05..0.2", "--out", str(tmp_path / "e.safetensors"))
     assert [o["sigma_rel"] for o in several["outputs"]] == [0.05, 0.1, 0.15, 0.2]
     assert (tmp_path / "e-sigma0.05.safetensors").is_file()
+
+
+def test_a_stopped_merge_job_leaves_no_partial_outputs(tiny_models, tmp_path, monkeypatch):
+    """The queue's Stop (SIGTERM) while the merged model is being written: the job ends `stopped`, and neither
+    `<out>.partial/`, `<out>/` nor a half-written `<out>.safetensors` is left behind."""
+    import os
+    import signal
+    from trainer_backend.jobqueue.progress import ending_status, run_progress
+    family_class = type(get_family("sd1"))
+    real_save = family_class.save_full_model
+
+    def save_then_stop(self, model, folder, single, metadata=None):
+        real_save(self, model, folder, single, metadata=metadata)  # both outputs exist now, in full
+        assert Path(folder).is_dir() and Path(single).is_file()
+        os.kill(os.getpid(), signal.SIGTERM)   # the handler runs at the next bytecode, before the rename
+        raise AssertionError("the stop did not interrupt the merge")
+
+    monkeypatch.setattr(family_class, "save_full_model", save_then_stop)
+    lora = make_lora(tiny_models("sd1"), tmp_path / "in.safetensors")
+    job = tmp_path / "job"
+    job.mkdir()
+    before = signal.getsignal(signal.SIGTERM)
+    code = cli(["lora", "merge", "--base", str(tiny_models("sd1")), "--lora", str(lora), "--out",
+                str(tmp_path / "m"), "--job-dir", str(job)])
+    assert code == 75
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.safetensors", "job"]
+    assert ending_status(run_progress(job)["ending"]) == "stopped"
+    assert signal.getsignal(signal.SIGTERM) is before   # the tool's handler is gone with the job

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -82,12 +83,28 @@ def run(args) -> int:
     events = RunEvents(job_dir, tensorboard=False)
     events.emit(Event.START, step=0)
     set_job(events)
+    previous = signal.signal(signal.SIGTERM, _raise_stop)  # the queue's Stop: unwind so partial outputs go
     try:
         code = _run(args, job_dir)
+    except ToolStopped:
+        events.emit(Event.STOPPED, step=0, message="stopped by the user before it finished; nothing was written")
+        code = STOPPED
     finally:
+        signal.signal(signal.SIGTERM, previous)
         set_job(None)
         events.close()
     return code
+
+
+class ToolStopped(BaseException):
+    """SIGTERM during a tool job (BaseException: no `except Exception` on the way may swallow it)."""
+
+
+STOPPED = 75   # as the trainer's stopped exit (run/exitcodes.STOPPED_SAVED): the queue reads the event
+
+
+def _raise_stop(signum, frame):
+    raise ToolStopped()
 
 
 def _outputs(report: dict) -> list[str]:

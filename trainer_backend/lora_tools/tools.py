@@ -42,7 +42,14 @@ def merge(base: str, loras: list[tuple[Path, float]], out: Path, force: bool = F
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     meta = {"ss_merged_from": json.dumps([f"{p.name}:{w:g}" for p, w in loras])}
-    paths = model.family.save_full_model(model, tmp, single, metadata=meta)
+    single_existed = single.exists()
+    try:
+        model.family.save_full_model(model, tmp, single, metadata=meta)
+    except BaseException:   # an error or a Stop mid-write: leave no half-written outputs behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not single_existed:
+            single.unlink(missing_ok=True)
+        raise
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
