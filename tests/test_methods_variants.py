@@ -41,7 +41,7 @@ def test_variant_trains_and_loads(tmp_path, tiny_models, variant):
     log = (run / "train.log").read_text()
     keys = load_file(str(output))
     if variant == "locon":  # kohya format, conv adapters included with their own alpha
-        assert "output in kohya/webui format" in log
+        assert "output in kohya/webui key layout" in log
         conv = [k for k in keys if "resnets_0_conv1.lora_down" in k]
         assert conv and all(keys[k].ndim == 4 for k in conv)
         assert all(keys[k.replace("lora_down.weight", "alpha")].item() == 1.0 for k in conv)
@@ -52,3 +52,13 @@ def test_variant_trains_and_loads(tmp_path, tiny_models, variant):
         pipe = build_pipeline(load_model(str(model_dir)))
         pipe.load_lora_weights(str(output))
         assert (unet_probe(pipe.unet) - expected).abs().max() <= 1e-5
+
+
+def test_the_run_log_names_the_layout_the_file_is_written_in():
+    """A Flux/Krea 2/Wan LoRA written in diffusers' or the original layout was logged as "kohya/webui format"."""
+    from trainer_backend.config import load_config
+    from trainer_backend.methods.variants import format_note
+    cfg = load_config(None, [])
+    assert "diffusers' key layout" in format_note(cfg, "diffusers") and "kohya" not in format_note(cfg, "diffusers")
+    assert "original model's key layout" in format_note(cfg, "original")
+    assert "kohya/webui key layout" in format_note(cfg, "kohya")

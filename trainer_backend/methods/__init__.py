@@ -133,7 +133,7 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
         trainable = setup_full(model, cfg)
     else:
         from .lora import alpha_for_module, setup_lora
-        model.family.lora_layout(cfg.output.lora_format)  # refused before training, naming the key
+        layout = model.family.lora_layout(cfg.output.lora_format)  # refused before training, naming the key
         trainable = setup_lora(model, cfg)
         if cfg.network.network_weights:  # into the fp32 adapters; a resumed checkpoint loads later and wins
             from .network_weights import load_network_weights
@@ -143,7 +143,7 @@ def setup_method(model, cfg: TrainConfig, class_samples: int = 0) -> Trainable:
     count = sum(p.numel() for p in trainable.parameters())
     LOG.info("method: %s; %s trainable parameters", describe_method(cfg, class_samples), f"{count:,}")
     if cfg.network.type != "full":
-        LOG.info(format_note(cfg))
+        LOG.info(format_note(cfg, layout))
     return trainable
 
 

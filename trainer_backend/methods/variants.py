@@ -38,11 +38,20 @@ def variant_name(cfg: TrainConfig) -> str:
     return names.get(n.type, n.type) + (f" + conv adapters (rank {n.conv_rank})" if conv else "")
 
 
-def format_note(cfg: TrainConfig) -> str:
-    """One line for the run log: which format the adapter output is in and what loads it."""
+LAYOUT_READERS = {  # the LoRA file's key layout -> what it is and what loads it
+    "kohya": "kohya/webui key layout (lora_unet_…: ComfyUI, webui, kohya's scripts, diffusers' load_lora_weights)",
+    "diffusers": "diffusers' key layout (transformer.…lora_A/lora_B: diffusers' load_lora_weights)",
+    "original": "the original model's key layout (diffusion_model.…: ComfyUI's LoRA loader, diffusers' "
+                "load_lora_weights)",
+}
+
+
+def format_note(cfg: TrainConfig, layout: str = "kohya") -> str:
+    """One line for the run log: which layout the adapter output is in (`layout`: the family's resolved
+    output.lora_format) and what loads it."""
     if has_kohya_format(cfg):
-        return (f"{variant_name(cfg)}: output in kohya/webui format (webui, ComfyUI, kohya scripts, "
-                f"diffusers load_lora_weights)")
+        what = LAYOUT_READERS.get(layout, f"{layout} key layout")
+        return f"{variant_name(cfg)}: output in {what}; output.lora_format chooses another"
     loader = "trainer_backend.methods.variants.load_adapter_file(pipe, path) (diffusers add_adapter + peft)"
     if cfg.network.type == "lora" and not cfg.network.train_text_encoder:
         loader += " or diffusers' pipe.load_lora_weights(path)"
