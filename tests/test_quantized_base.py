@@ -143,9 +143,6 @@ def test_8bit_optimizers_step_with_8bit_states_and_resume(tmp_path, tiny_models,
     (["network.type=lokr", "network.train_text_encoder=true", "model.quantize_text_encoders=nf4"],
      "model.quantize_text_encoders", "LoRA/DoRA adapters only"),
     (["hardware.strategy=fsdp", "model.quantize=int8"], "model.quantize", "hardware.strategy"),
-    (["memory.block_swap=2", "model.quantize=int8"], "model.quantize", "memory.block_swap"),
-    (["memory.offload_encoders=true", "model.quantize_text_encoders=int8"], "model.quantize_text_encoders",
-     "memory.offload_encoders"),
     (["hardware.strategy=deepspeed", "hardware.deepspeed_offload_optimizer=true",
       "optimizer.name=paged_adamw8bit"], "optimizer.name", "paged_adamw8bit"),
 ])
@@ -160,7 +157,10 @@ def test_allowed_combinations_pass():
     for overrides in (["network.type=loha", "model.quantize=int8", "model.quantize_text_encoders=float8"],
                       ["network.type=full", "model.quantize_text_encoders=nf4"],   # frozen text encoder
                       ["network.type=lokr", "model.quantize_text_encoders=nf4"],   # TE has no adapters
-                      ["model.quantize=nf4", "network.dora=true", "optimizer.name=paged_adamw8bit"]):
+                      ["model.quantize=nf4", "network.dora=true", "optimizer.name=paged_adamw8bit"],
+                      # quantized weights move whole (tests/test_block_swap_quantized.py)
+                      ["memory.block_swap=2", "model.quantize=int8", "memory.offload_encoders=true",
+                       "model.quantize_text_encoders=nf4"]):
         assert [p for p in rules.problems(load_config(None, overrides)) if p.key.startswith("model.")] == []
 
 

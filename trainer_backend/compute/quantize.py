@@ -43,9 +43,11 @@ def quantizable_linears(module: torch.nn.Module, keep=()) -> list[str]:
 
 
 def quantize_module(module: torch.nn.Module, kind: str, *, device, compute_dtype: torch.dtype, keep=(),
-                    key: str = "model.quantize") -> int:
+                    key: str = "model.quantize", host: list[torch.nn.Module] = ()) -> int:
     """Quantize `module`'s plain Linear layers in place, on `device` (each layer moves there as it is
     quantized, so the full-precision copy never has to fit on the GPU), then move the rest there.
+    `host`: submodules that stay in CPU memory (memory.block_swap's blocks): each is quantized on
+    `device` in its turn (the same numbers as the others) and sent back before the next one.
     Returns how many layers were quantized. `key` is the option named when it cannot be done."""
     if kind == "none":
         module.to(device, dtype=compute_dtype)
@@ -56,11 +58,21 @@ def quantize_module(module: torch.nn.Module, kind: str, *, device, compute_dtype
     names = quantizable_linears(module, keep)
     device = torch.device(device)
     todo = [n for n in names if not _stored_float8(module.get_submodule(n), kind, compute_dtype)]
-    if todo and kind == "nf4":
-        _to_nf4(module, todo, device, compute_dtype, key)
-    elif todo:
-        _torchao(module, todo, kind, device, key)
-    module.to(device)
+    layers = dict(module.named_modules())
+    parts = [{id(m) for m in part.modules()} for part in host]
+    groups = [[n for n in todo if not any(id(layers[n]) in ids for ids in parts)]]
+    groups += [[n for n in todo if id(layers[n]) in ids] for ids in parts]
+    for group, part in zip(groups, (None, *host)):
+        if group and kind == "nf4":
+            _to_nf4(module, group, device, compute_dtype, key)
+        elif group:
+            _torchao(module, group, kind, device, key)
+        if part is not None:
+            _move(part, torch.device("cpu"))
+    if host:
+        _move(module, device, skip={id(t) for part in host for t in (*part.parameters(), *part.buffers())})
+    else:
+        module.to(device)
     module.requires_grad_(False)
     setattr(module, MARK, kind)
     LOG.info("%s = %s: %d linear layers of the %s quantized (weights %.1f MB)%s", key, kind, len(names),
@@ -94,6 +106,19 @@ def _stored_float8(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> boo
     if weight.dtype != dtype:
         layer.weight = torch.nn.Parameter(float8_rows(weight.qdata, weight.scale, dtype), requires_grad=False)
     return True
+
+
+def _move(module: torch.nn.Module, device: torch.device, skip=frozenset()) -> None:
+    """Every weight and buffer of `module` (but those in `skip`) on `device`, quantized ones whole
+    (torchao's inner tensors, nf4's quant_state); each keeps its Parameter object."""
+    from .weight_storage import copy_quant_state, copy_storage, install, quant_state_of, storage_of
+    for t in {id(t): t for t in (*module.parameters(), *module.buffers())}.values():
+        if id(t) in skip:
+            continue
+        install(t, copy_storage(storage_of(t), lambda x: x.to(device)))
+        state = quant_state_of(t)
+        if state is not None:
+            t.quant_state = copy_quant_state(state, lambda x: x.to(device))
 
 
 def _torchao(module: torch.nn.Module, names: list[str], kind: str, device: torch.device, key: str) -> None:

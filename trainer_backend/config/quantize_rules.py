@@ -1,6 +1,8 @@
 """The rules of a quantized frozen base (model.quantize, model.quantize_text_encoders; config/rules.py runs
 them with the others): only a frozen part can be quantized, nf4 layers take LoRA/DoRA adapters only,
-each kind needs its package, and DeepSpeed/FSDP (which own and shard the weights) refuse it. Pure;
+each kind needs its package, and DeepSpeed/FSDP (which own and shard the weights) refuse it. Every kind
+combines with memory.block_swap and memory.offload_encoders (training/block_swap.py moves quantized
+weights whole: compute/weight_storage.py). Pure;
 compute/quantize.py does the work and refuses at load time what only the device can tell (nf4 kernels)."""
 from __future__ import annotations
 
@@ -55,12 +57,6 @@ def _quantize(cfg: TrainConfig) -> Iterator[Problem]:
         package = QUANT_PACKAGES[kind]
         if package and importlib.util.find_spec(package) is None:
             yield Problem(key, f"{kind} needs the '{package}' package (.venv/bin/pip install {package})")
-        if key == "model.quantize" and cfg.memory.block_swap > 0:
-            yield Problem(key, "memory.block_swap moves blocks between CPU and GPU memory as plain tensors; "
-                               "quantized layers are not moved that way yet: use one of the two")
-        if key == "model.quantize_text_encoders" and cfg.memory.offload_encoders:
-            yield Problem(key, "memory.offload_encoders moves the text encoders between CPU and GPU memory as "
-                               "plain tensors; quantized layers are not moved that way yet: use one of the two")
         if cfg.hardware.strategy != "ddp":
             yield Problem(key, f"hardware.strategy = {cfg.hardware.strategy} shards and casts the model's weights "
                                f"itself and cannot hold quantized ones; use hardware.strategy = ddp")

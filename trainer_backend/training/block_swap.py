@@ -4,7 +4,10 @@ live in host (CPU) memory and visit the accelerator only while they run.
 `BlockSwap(blocks, count, device)` takes a model's blocks in forward order (the family's `blocks(model)`)
 and keeps the last `count` of them on the host. Each weight keeps its Parameter object (optimizers,
 EMA, checkpoints and autograd's saved references all hold that object); only its `.data` changes:
-a pinned host copy between uses, a fresh accelerator copy while it runs. Hooks drive the moves:
+a pinned host copy between uses, a fresh accelerator copy while it runs. Quantized weights of a frozen
+base (model.quantize: torchao's int8/float8 tensors, bitsandbytes' nf4 with its quant_state) move the
+same way, inner tensors and quantization state included (compute/weight_storage.py), at their quantized
+size; peft's adapters on them are plain weights of the same block. Hooks drive the moves:
 
 - forward: a block's forward pre-hook waits for it (fetching it if no prefetch did) and starts copying
   the next swapped block on a side stream; its forward hook sends it back (frozen weights are simply
@@ -32,6 +35,7 @@ from collections import deque
 import torch
 
 from ..compute.devices import compute_stream, on_stream, side_stream
+from ..compute.weight_storage import copy_quant_state, copy_storage, install, quant_state_of, storage_of
 
 LOG = logging.getLogger("trainer")
 HOST = torch.device("cpu")
@@ -80,7 +84,8 @@ class BlockSwap:
         self.stream = side_stream(self.device)   # None on a CPU: copies then simply run in order
         self.cuda = self.stream is not None
         self.tensors: dict[int, list[torch.Tensor]] = {}   # block -> its weights and buffers (each once)
-        self.host: dict[int, torch.Tensor] = {}            # id(weight) -> its host copy
+        self.host: dict[int, torch.Tensor] = {}            # id(weight) -> its host copy (compute/weight_storage.py)
+        self.host_states: dict[int, object] = {}           # id(weight) -> its nf4 quant_state's host copy
         self.resident: dict[int, dict] = {}                # block -> {"event": cuda event|None, "full": bool}
         self.moves: deque[tuple[str, int]] = deque(maxlen=MOVES_KEPT)  # ("fetch"|"offload", block), latest
         self.callback_queued = False
@@ -91,9 +96,12 @@ class BlockSwap:
             seen.update(id(t) for t in own)
             self.tensors[k] = own
             for t in own:
-                data = t.data.to(HOST)
-                self.host[id(t)] = data.pin_memory() if self.cuda else data
-                t.data = self.host[id(t)]
+                self.host[id(t)] = copy_storage(storage_of(t), self._host_copy)
+                install(t, self.host[id(t)])
+                state = quant_state_of(t)
+                if state is not None:  # nf4: its quantization state travels with it
+                    self.host_states[id(t)] = copy_quant_state(state, self._host_copy)
+                    t.quant_state = self.host_states[id(t)]
         for k, block in enumerate(self.blocks):
             self.handles.append(block.register_forward_pre_hook(self._make_pre(k), with_kwargs=True))
             self.handles.append(block.register_forward_hook(self._make_post(k)))
@@ -119,7 +127,10 @@ class BlockSwap:
         with self._side():
             for t in self.tensors[k]:
                 if entry is None:
-                    t.data = self._to_device(self.host[id(t)], compute)
+                    install(t, copy_storage(self.host[id(t)], lambda x: self._to_device(x, compute)))
+                    if id(t) in self.host_states:
+                        t.quant_state = copy_quant_state(self.host_states[id(t)],
+                                                         lambda x: self._to_device(x, compute))
                 if full and isinstance(t, torch.nn.Parameter):
                     if t.grad is not None:
                         grad = self._to_device(t.grad, compute)
@@ -149,9 +160,11 @@ class BlockSwap:
             self.stream.wait_stream(self._compute())  # after the kernels that use the block
         with self._side():
             for t in self.tensors[k]:
-                if entry["full"] and t.requires_grad:
+                if entry["full"] and t.requires_grad:  # trained weights are plain tensors (quantized ones are frozen)
                     self.host[id(t)].copy_(t.data, non_blocking=True)
-                t.data = self.host[id(t)]
+                install(t, self.host[id(t)])
+                if id(t) in self.host_states:
+                    t.quant_state = self.host_states[id(t)]
                 if entry["full"] and isinstance(t, torch.nn.Parameter):
                     grad = t.grad
                     if grad is not None:
@@ -160,6 +173,10 @@ class BlockSwap:
                     for holder, key in self._state(t):
                         holder[key] = self._to_host(holder[key])
         self.moves.append(("offload", k))
+
+    def _host_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        data = tensor.to(HOST)
+        return data.pin_memory() if self.cuda else data
 
     def _to_device(self, tensor: torch.Tensor, compute) -> torch.Tensor:
         """A copy on the device, made on the side stream (the caller is inside `_side()`)."""

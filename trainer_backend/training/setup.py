@@ -146,8 +146,9 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
     trained = torch.float32 if cfg.network.type == "full" else WEIGHT_DTYPES[cfg.precision.mixed]
     keep, device = getattr(model.family, "keep_unquantized", ()), accelerator.device
     if model.denoiser is not None:  # None in a VAE run, which trains the autoencoder alone
-        if cfg.model.quantize not in ("none", *COMPUTE_KINDS):  # (not with memory.block_swap: quantize_rules.py)
-            quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep)
+        if cfg.model.quantize not in ("none", *COMPUTE_KINDS):  # memory.block_swap's blocks quantized, then home
+            quantize_module(model.denoiser, cfg.model.quantize, device=device, compute_dtype=trained, keep=keep,
+                            host=swapped_blocks(cfg, model))
         elif swapped := swapped_blocks(cfg, model):  # memory.block_swap: these stay in CPU memory (block_swap.py)
             place_without(model.denoiser, swapped, device, trained)
         else:
