@@ -194,3 +194,32 @@ def test_quantized_run_with_block_swap_and_offloaded_encoders_trains_the_same_lo
     assert text_encoders and all(s.moves for s in text_encoders)   # the quantized encoders moved for their calls
     assert not denoiser.resident and all(not e.resident for e in encoders), [
         (type(e.blocks[0]).__name__, list(e.resident), len(e.blocks)) for e in encoders]
+
+
+def test_the_memory_plan_counts_swapped_blocks_at_their_quantized_size():
+    """Wan 2.2's 24 GB settings: the denoiser bytes left on the GPU with N blocks swapped are the quantized
+    weights' bytes less the swapped blocks' share, and the blocks in flight are counted quantized too."""
+    from pathlib import Path
+
+    from gui.presets import PresetStore
+    from trainer_backend.launch.memory_plan import plan_memory
+    from trainer_backend.launch.memory_tables import family_table, weight_bytes
+    root = Path(__file__).resolve().parents[1]
+    base = PresetStore(user_dir=root / "presets" / "no-user-presets").load("wan22-t2v-lora-24gb")
+
+    def plan(quant: str, swap: int):
+        cfg = base.model_copy(deep=True)
+        cfg.model.quantize, cfg.memory.block_swap = quant, swap
+        return plan_memory(cfg)
+    table = family_table("wan22_t2v")
+    den = table["components"][table["denoiser"]]
+    blocks = den["blocks"]
+    for quant in ("none", "int8", "nf4"):
+        stored = weight_bytes(den, "bf16", quant)
+        share = sum(blocks[-20:]) / den["params"]
+        assert plan(quant, 20).resident["denoiser"] == pytest.approx(stored * (1 - share))
+    bf16, int8 = plan("none", 20), plan("int8", 20)
+    assert int8.resident["denoiser"] < 0.55 * bf16.resident["denoiser"]
+    # the two swapped blocks on the GPU during the forward/backward, quantized: the step's peak falls by more
+    # than the resident bytes alone
+    assert (bf16.phases["forward/backward"] - int8.phases["forward/backward"]) > 0

@@ -70,7 +70,7 @@ def target_card(cfg, detected: float | None = None) -> float:
 
 def _with(cfg, changes: dict):
     """A copy of cfg with dotted keys set; None when an option does not exist in this build or the
-    change breaks a rule of config/rules.py (e.g. a quantized base with block swap)."""
+    change breaks a rule of config/rules.py (e.g. a quantized base in a full fine-tune)."""
     from ..config import rules
     new = cfg.model_copy(deep=True)
     for dotted, value in changes.items():
