@@ -3,7 +3,9 @@ thumbnails once (names and labels as JSON inside the grid's HTML, when the datas
 the index changes) and a small script draws the page; "◀ Page"/"Page ▶" only redraw, with no server
 round trip (a queued Gradio event per page change cost 0.38-0.45 s at 10,000 images,
 docs/dataset.md). The next page's thumbnails are fetched ahead. A click on a thumbnail sends its
-position in the filtered list to the server through a hidden box and button (#ds-pick)."""
+position in the filtered list to the server through a hidden box and button (#ds-pick). When the
+detail view steps to another image (◀ Previous / Next ▶, Alt+←/→), the grid turns to that image's
+page and marks it (`window.__dsShowPosition`, called after the step)."""
 from __future__ import annotations
 
 import html
@@ -30,7 +32,7 @@ GRID_JS = """() => { if (window.__datasetGrid) return; window.__datasetGrid = tr
   const style = document.createElement('style');
   style.textContent = %s;
   document.head.appendChild(style);
-  const state = {json: null, key: null, page: 0};
+  const state = {json: null, key: null, page: 0, selected: null};
   const render = (root) => {
     const data = JSON.parse(state.json);
     const pages = Math.max(1, Math.ceil(data.items.length / data.size));
@@ -38,7 +40,8 @@ GRID_JS = """() => { if (window.__datasetGrid) return; window.__datasetGrid = tr
     let view = root.querySelector('.ds-grid-view');
     if (!view) { view = document.createElement('div'); view.className = 'ds-grid-view'; root.appendChild(view); }
     const start = state.page * data.size, shown = data.items.slice(start, start + data.size);
-    const cell = ([thumb, label], k) => `<figure class="ds-cell" data-pos="${start + k}" title="${label}">` +
+    const mark = (k) => start + k === state.selected ? ' selected' : '';
+    const cell = ([thumb, label], k) => `<figure class="ds-cell${mark(k)}" data-pos="${start + k}" title="${label}">` +
       `<img src="${data.base}${thumb}" alt="${label}" draggable="false" loading="${k < 30 ? 'eager' : 'lazy'}" ` +
       `onerror="if (!this.dataset.missing) { this.dataset.missing = 1; this.src = '${data.base}${data.missing}'; }"><figcaption>${label}</figcaption></figure>`;
     view.innerHTML = `<div class="ds-pager"><button class="ds-page-btn" id="ds-page-prev">◀ Page</button>` +
@@ -61,8 +64,16 @@ GRID_JS = """() => { if (window.__datasetGrid) return; window.__datasetGrid = tr
     const json = holder.getAttribute('data-json');
     if (json === state.json && root.querySelector('.ds-grid-view')) return;
     const data = JSON.parse(json);
-    if (data.key !== state.key) state.page = data.page;   // another dataset or filter: its first page
+    if (data.key !== state.key) { state.page = data.page; state.selected = null; }  // another dataset or filter
     state.json = json; state.key = data.key;
+    render(root);
+  };
+  window.__dsShowPosition = (position) => {   // the detail view moved: follow it to its page
+    const root = document.querySelector('#ds-grid');
+    const pos = parseInt(position, 10);
+    if (!root || !state.json || Number.isNaN(pos)) return;
+    state.selected = pos;
+    state.page = Math.floor(pos / JSON.parse(state.json).size);
     render(root);
   };
   new MutationObserver(check).observe(document.body, {childList: true, subtree: true, attributes: true,
@@ -76,6 +87,7 @@ GRID_JS = """() => { if (window.__datasetGrid) return; window.__datasetGrid = tr
     if (!fig) return;
     root.querySelectorAll('.ds-cell.selected').forEach((c) => c.classList.remove('selected'));
     fig.classList.add('selected');
+    state.selected = parseInt(fig.getAttribute('data-pos'), 10);
     const box = document.querySelector('#ds-pick textarea, #ds-pick input');
     box.value = fig.getAttribute('data-pos');
     box.dispatchEvent(new Event('input', {bubbles: true}));

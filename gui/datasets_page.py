@@ -221,8 +221,11 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
             return show_item(chosen, settings_value, state_value, control_value,
                              0 if current is None else current + step)
         return go
-    prev_img.click(step_item(-1), inputs=detail_in, outputs=detail_out, show_progress="hidden")
-    next_img.click(step_item(1), inputs=detail_in, outputs=detail_out, show_progress="hidden")
+    follow = "(position) => { if (window.__dsShowPosition) window.__dsShowPosition(position); }"  # the grid's page
+    for button, step in ((prev_img, -1), (next_img, 1)):
+        button.click(step_item(step), inputs=detail_in, outputs=detail_out, show_progress="hidden").then(
+            lambda state_value: str(state_value.get("selected", "")), inputs=state, outputs=pick,
+            show_progress="hidden").then(None, inputs=pick, js=follow)
 
     def on_save(chosen, settings_value, state_value, control_value, text):
         position = state_value.get("selected")

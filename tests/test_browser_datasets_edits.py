@@ -66,6 +66,13 @@ def test_two_tabs_the_second_save_is_refused_and_the_first_text_stays(studio, br
     first.locator("#ds-grid img").first.click()
     expect(first.locator("#ds-info")).to_contain_text("img_00060.png", timeout=WAIT_MS)
     expect(first.locator("#ds-caption textarea")).to_have_value("a photo, pattern 60", timeout=WAIT_MS)
+    # Alt+← past the page's start: the detail shows image 59 and the grid follows it to page 1, marked
+    first.locator("#ds-caption textarea").press("Alt+ArrowLeft")
+    expect(first.locator("#ds-info")).to_contain_text("img_00059.png", timeout=WAIT_MS)
+    expect(first.locator("#ds-page-label")).to_contain_text("page 1 of 2", timeout=WAIT_MS)
+    expect(first.locator("#ds-grid .ds-cell.selected")).to_have_attribute("data-pos", "59", timeout=WAIT_MS)
+    first.click("#ds-next")
+    expect(first.locator("#ds-page-label")).to_contain_text("page 2 of 2", timeout=WAIT_MS)
 
 
 @pytest.mark.slow   # the tiny captioner's job process: ~20-40 s on 2 cores with the studio and chromium
