@@ -70,7 +70,7 @@ class QwenImage21Family(FlowFamily):
 
     def load_folder(self, src: Path, *, vae: str = "", prediction_type: str = "auto"):
         import torch
-        from .single_file import load_vae
+        from .components import load_vae  # a VAE folder, or a file in ComfyUI's or diffusers' names
         from ..sd.loader import _first_line
         if prediction_type not in ("auto", "flow"):
             raise ConfigError(f"model.prediction_type: {self.label} predicts the flow (noise − image); "
