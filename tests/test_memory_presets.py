@@ -28,7 +28,7 @@ TIERS = {"sd15-lora": (8, 12, 16, 24), "sdxl-lora": (8, 12, 16, 24), "sd35-mediu
          "flux-dev-lora": (8, 12, 16, 24), "zimage-turbo-lora": (12, 16, 24), "flux2-klein-4b-lora": (12, 16, 24),
          "qwen-image-lora": (16, 24), "qwen-image-edit-lora": (16, 24), "qwen-image-edit-plus-lora": (24,),
          "chroma-lora": (12, 16, 24), "ideogram4-lora": (16, 24), "krea2-lora": (16, 24),
-         "qwen-image21-lora": (16, 24), "wan22-t2v-lora": (16, 24, 48, 80)}
+         "qwen-image21-lora": (16, 24), "wan22-t2v-lora": (16, 24, 48, 80), "ltx2-lora": (24, 48, 80)}
 
 
 def test_every_family_with_presets_has_its_tiers():
@@ -38,8 +38,8 @@ def test_every_family_with_presets_has_its_tiers():
     # every registered family but the old SD2 has a tiered preset
     from trainer_backend.families.registry import FAMILY_NAMES
     tiered_archs = {STORE.load(p.label).model.arch for p in TIERED}
-    # (LTX-2's and Wan 2.2 I2V's tiers come with their memory tables)
-    assert set(FAMILY_NAMES) - tiered_archs - {"ltx2", "wan22_i2v"} == {"sd2"}
+    # (Wan 2.2 I2V's tiers come with its planner's condition pass)
+    assert set(FAMILY_NAMES) - tiered_archs - {"wan22_i2v"} == {"sd2"}
 
 
 @pytest.mark.parametrize("preset", TIERED, ids=[p.name for p in TIERED])

@@ -17,6 +17,7 @@ Takes a few minutes per family on a CPU (the meta device only builds shapes).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -67,8 +68,17 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
          "wan22_i2v": "Wan 2.2 I2V-A14B: one 14.3B expert (36 input channels: the noisy latents, the first frame's "
                       "mask and latents; model.expert = both keeps both resident) with UMT5-XXL and the Wan 2.1 VAE "
                       "(the UMT5 and VAE configs are T2V-A14B's); activations per latent pixel of ONE latent frame",
+         "ltx2": "LTX-2 (18.9B audio-video transformer, video LoRA: the audio stream runs on one token) with Gemma 3 12B "
+                 "(its vision tower loaded too) and the 1.4B text connectors counted with it, and the video VAE (32x "
+                 "spatial, 8x temporal); activations per latent pixel of ONE latent frame: a clip's are x its latent "
+                 "frames ((frames - 1) / 8 + 1); the VAE encodes a clip's frames at once",
          "ideogram4": "Ideogram 4's conditional transformer (9.3 B) with Qwen3-VL-8B; the unconditional transformer "
                       "(another 9.3 B) is loaded for samples only and is not counted"}
+
+# modules a family keeps in LoadedModel.options that run with a component, on its device and in its dtype:
+# component -> (option name, the module holding the class named by its config's _class_name); built from
+# assets/model_configs/<family>/<option> and counted in that component's entry (memory_probe.static_table)
+COMPANIONS = {"ltx2": {"text_encoder": ("connectors", "diffusers.pipelines.ltx2")}}
 
 # options that train several denoisers of the table's size at once (launch/memory_plan.denoiser_copies)
 DENOISER_COPIES = {"wan22_t2v": {"option": "model.expert", "values": {"both": 2}},
@@ -125,6 +135,10 @@ def build_components(name: str) -> dict:
             else:
                 cls = getattr(transformers, cls_name or config["architectures"][0])
                 out[part] = cls(cls.config_class.from_dict(config))
+        for option, module in COMPANIONS.get(arch, {}).values():
+            config = json.loads((ASSETS_CONFIGS / folder / option / "config.json").read_text())
+            cls = getattr(importlib.import_module(module), config["_class_name"])
+            out[option] = cls.from_config({k: v for k, v in config.items() if k != "_note"})
     return out
 
 
@@ -137,9 +151,14 @@ def _full_size(name: str):
     return spec["family"], lambda: mp.full_size_model(spec["family"], tiny, build_components(name))
 
 
+def companions(name: str) -> dict[str, str]:
+    """component -> the option module counted with it (COMPANIONS), for memory_probe.static_table."""
+    return {part: option for part, (option, _) in COMPANIONS.get(spec_of(name)["family"], {}).items()}
+
+
 def static_family(name: str) -> dict:
     from trainer_backend.training import memory_probe as mp
-    table = mp.static_table(_full_size(name)[1]())
+    table = mp.static_table(_full_size(name)[1](), companions(name))
     del table["activations"]  # measured by probe_family; kept as they are
     return table
 
@@ -150,7 +169,7 @@ def probe_family(name: str, log=print) -> dict:
     spec = spec_of(name)
     base = 1024 if arch not in ("sd1", "sd2") else 512
     overrides = {"model": {"arch": arch}, "network": {"rank": 16}, "precision": {"mixed": "bf16"}}
-    table = mp.measure_table(loader, overrides, (base // 2, base), log=log)
+    table = mp.measure_table(loader, overrides, (base // 2, base), log=log, companions=companions(name))
     table["note"] = spec["note"]
     if spec["family"] in DENOISER_COPIES:
         table["denoiser_copies"] = DENOISER_COPIES[spec["family"]]

@@ -60,7 +60,9 @@ def shapes_component(shapes: dict[str, list[int]]) -> dict:
 
 def folder_components(folder: Path, names) -> dict[str, dict] | None:
     """Each named component of a diffusers folder from its weight files' headers; None when one has no
-    readable .safetensors weights (a .bin folder: the family's table is used)."""
+    readable .safetensors weights (a .bin folder: the family's table is used). `names` may be a table's
+    components: an entry's companions (its "with": LTX-2's connectors beside the text encoder) are read
+    from their own folders and counted in it, as the table counts them."""
     out = {}
     for name in names:
         shapes: dict[str, list[int]] = {}
@@ -68,6 +70,9 @@ def folder_components(folder: Path, names) -> dict[str, dict] | None:
             shapes.update(header_shapes(file))
         if not shapes:
             return None
+        for companion in (names[name].get("with") or {}) if isinstance(names, dict) else ():
+            for file in sorted((folder / companion).glob("*.safetensors")):
+                shapes.update({f"{companion}.{k}": v for k, v in header_shapes(file).items()})
         out[name] = shapes_component(shapes)
     return out
 

@@ -141,7 +141,8 @@ def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 # ----------------------------------------------------------------------------- full-size probes
 def full_size_model(arch: str, tiny_folder: str | Path, components: dict[str, torch.nn.Module]):
     """The tiny model's LoadedModel (tokenizers, scheduler, family) with its modules replaced by the
-    full-size ones in `components` (built on the meta device by the caller)."""
+    full-size ones in `components` (built on the meta device by the caller), the modules a family keeps
+    in `LoadedModel.options` too (LTX-2's text connectors) where `components` has one of that name."""
     from ..families import load_model
     tiny = load_model(str(tiny_folder), arch=arch)
     names = tiny.family.text_encoder_names
@@ -153,12 +154,15 @@ def full_size_model(arch: str, tiny_folder: str | Path, components: dict[str, to
         text_config = encoder.config.get_text_config() if hasattr(encoder.config, "get_text_config") else encoder.config
         limit = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", 0)
         tokenizer.model_max_length = max(tokenizer.model_max_length, limit or 0)
-    if hasattr(vae.config, "block_out_channels"):
+    # the VAE's own ratio where it states one (LTX-2's 32x: its block count would say 8x)
+    scale = getattr(vae, "spatial_compression_ratio", None)
+    if not scale and hasattr(vae.config, "block_out_channels"):
         scale = 2 ** (len(vae.config.block_out_channels) - 1)
-    else:  # Qwen-Image's 3D autoencoder: one 2x spatial step per temporal-downsample entry
+    elif not scale:  # Qwen-Image's 3D autoencoder: one 2x spatial step per temporal-downsample entry
         scale = 2 ** len(vae.temperal_downsample)
+    options = {k: components.get(k, v) for k, v in tiny.options.items()}
     return dataclasses.replace(tiny, denoiser=components[tiny.family.denoiser_name], vae=vae,
-                               text_encoders=encoders, vae_scale_factor=scale)
+                               text_encoders=encoders, vae_scale_factor=scale, options=options)
 
 
 # a caption longer than any family's text length: every family's tokenizer truncates it to that length,
@@ -237,11 +241,15 @@ def line_through(sides, values, scale) -> list[float]:
     return [round(v1 - b * p1), round(b, 3)]
 
 
-def static_table(model) -> dict:
-    """The part of a model's table that needs no probe: its components and how they are named."""
+def static_table(model, companions: dict[str, str] | None = None) -> dict:
+    """The part of a model's table that needs no probe: its components and how they are named.
+    companions: component -> a module of `model.options` that runs with it, on its device and in its
+    dtype (LTX-2's text connectors with the text encoder), counted in that component's entry."""
     family = model.family
     keep = getattr(family, "keep_unquantized", ())
     comps = {name: component_entry(m, keep) for name, m in model.components().items()}
+    for part, option in (companions or {}).items():
+        comps[part] = with_companion(comps[part], component_entry(model.options[option], keep), option)
     # the blocks memory.block_swap moves, in the order the forward runs them (it swaps the last N)
     comps[family.denoiser_name]["blocks"] = [sum(p.numel() for p in b.parameters()) for b in family.blocks(model)]
     return {"denoiser": family.denoiser_name, "text_encoders": list(family.text_encoder_names),
@@ -251,8 +259,17 @@ def static_table(model) -> dict:
             "text_every_step": bool(family.text_reads_control)}
 
 
+def with_companion(entry: dict, companion: dict, name: str) -> dict:
+    """A component's entry with a companion module's parameters and layers added (its layers named
+    `<name>.…`); its Linear weights stay out of `quantizable`: model.quantize_text_encoders quantizes
+    the text encoders themselves, not what runs beside them."""
+    return {**entry, "params": entry["params"] + companion["params"],
+            "layers": sorted(entry["layers"] + [[f"{name}.{row[0]}", *row[1:]] for row in companion["layers"]]),
+            "with": {**entry.get("with", {}), name: companion["params"]}}
+
+
 def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", networks=("lora", "full"),
-                  log=print) -> dict:
+                  log=print, companions: dict[str, str] | None = None) -> dict:
     """The planner's table for one model (launch/memory_tables.py reads it): `load()` returns a fresh
     LoadedModel in fp32 (full-size modules on the meta device, or a tiny model); each network type is set
     up with the project's own code (place_model, setup_method) from a config of `overrides`, and its
@@ -262,14 +279,14 @@ def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", 
     dev = torch.device(device)
     answers = AllValid() if dev.type == "meta" else nullcontext()
     with answers:
-        table = _measure(load, overrides, sides, dev, networks, log)
+        table = _measure(load, overrides, sides, dev, networks, log, companions)
     if dev.type == "meta" and answers.asked:
         table["probe"]["assumed"] = "every text token valid (meta device: " + ", ".join(
             f"{name} ×{n}" for name, n in sorted(answers.asked.items())) + ")"
     return table
 
 
-def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log) -> dict:
+def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, companions=None) -> dict:
     from ..config import from_dict
     from ..methods import setup_method
     from .setup import place_model
@@ -282,9 +299,10 @@ def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log) 
 
     model = load_on_device()
     family = model.family
-    table = static_table(model)
+    table = static_table(model, companions)
     base = from_dict({**overrides, "network": {"type": "lora"}})
     weight_dtype = place_model(model, base, _Device(dev))
+    text_conditioning(model, 1, dev)   # a first call's one-time casts (LTX-2's connectors) are not a step's
     table["text_encode"] = probe_text_encode(model, 1, dev)
     table["vae_encode"] = line_through(sides, [probe_vae_encode(model, (s, s), 1, dev) for s in sides],
                                        model.vae_scale_factor)
