@@ -6,6 +6,8 @@ same functions); bringing images in and bulk edits are wired in gui/datasets_too
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 from pathlib import Path
 
 import gradio as gr
@@ -154,7 +156,7 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     timer = gr.Timer(4.0, active=False)   # thumbnails filling in; only while the page is shown
 
     def grid_outputs(chosen, settings_value, state_value, flag_value, tag_value, bucket_value, control_value,
-                     page_no=None):
+                     page_no=None, ticking=False):
         if not chosen:  # nothing chosen yet: an empty grid, and the message line is left to what the user did
             return ["", "", gr.skip(), state_value, gr.skip(), gr.skip()]
         try:
@@ -164,12 +166,20 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
         indices = view.filtered(flag_value, tag_value, bucket_value)
         _, number, _ = page_of(indices, state_value.get("page", 0) if page_no is None else page_no)
         cells = grid_cells(page.cache, view.items, indices)
-        new_state = dict(state_value, indices=indices, page=number, folder=str(view.folder), stamp=view.stamp)
         key = "|".join(map(str, (view.folder, flag_value, tag_value, bucket_value, control_value)))
-        buckets = gr.update(choices=[("any bucket", "")] + [(b, b) for b in view.buckets()])
-        table = pd.DataFrame(view.tags[:200], columns=["tag", "images"])
-        return [grid_html(page.cache / "thumbs", cells, number, PAGE_SIZE, key),
-                summary_markdown(view, page.indexer.running(view.folder)), gr.skip(), new_state, buckets, table]
+        html_text = grid_html(page.cache / "thumbs", cells, number, PAGE_SIZE, key)
+        bucket_names, tags = view.buckets(), view.tags[:200]
+        # what the grid, bucket list and tag table were drawn from: a tick that would send the same skips them
+        drawn = hashlib.sha1(json.dumps([html_text, bucket_names, tags], default=str).encode()).hexdigest()
+        new_state = dict(state_value, indices=indices, page=number, folder=str(view.folder), stamp=view.stamp,
+                         drawn=drawn)
+        if ticking and drawn == state_value.get("drawn"):   # thumbnails written, files the same: 1 MB not re-sent
+            return [gr.skip(), summary_markdown(view, page.indexer.running(view.folder)), gr.skip(), new_state,
+                    gr.skip(), gr.skip()]
+        buckets = gr.update(choices=[("any bucket", "")] + [(b, b) for b in bucket_names])
+        table = pd.DataFrame(tags, columns=["tag", "images"])
+        return [html_text, summary_markdown(view, page.indexer.running(view.folder)), gr.skip(), new_state, buckets,
+                table]
 
     grid_out = [grid, summary, message, state, bucket, tags_table]
     filters = [chooser, settings, state, flag, tag, bucket, control]
@@ -187,7 +197,7 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
             return [gr.skip()] * len(grid_out)
         if view.stamp == state_value.get("stamp"):
             return [gr.skip()] * len(grid_out)
-        return grid_outputs(*args)
+        return grid_outputs(*args, ticking=True)
     timer.tick(on_tick, inputs=filters, outputs=grid_out, show_progress="hidden", concurrency_id="ds-grid")
 
     def show_item(chosen, settings_value, state_value, control_value, position):
