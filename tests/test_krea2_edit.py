@@ -89,6 +89,35 @@ def test_the_edit_pipeline_without_an_image_is_krea2pipeline(raw):
     assert with_reference.shape == a.shape and np.abs(with_reference - a).max() > 1e-3
 
 
+def test_a_pairs_caption_is_read_after_its_references_as_the_edit_pipeline_reads_it(raw):
+    """Training's text for an edit pair (family.tokenize with control pixels, as batches hold them) is
+    "Picture 1: <vision tokens>" + caption inside the pipeline's prefix and suffix; each caption of a batch
+    encodes as it would alone (right padding, masked), and Krea2EditPipeline encodes a prompt with its
+    reference to the same features, so samples see what training saw."""
+    from trainer_backend.families.qwen_image.text import to_pil
+    model, pipe = raw
+    family = model.family
+    g = torch.Generator().manual_seed(9)
+    pixels = (torch.rand(2, 3, 64, 64, generator=g) * 2 - 1).mul(127.5).round().div(127.5)  # exact as 8-bit PIL
+    captions = ["make it blue", "add a small yellow circle in the top left corner"]
+    with torch.no_grad():
+        inputs = family.tokenize(model, captions, 75, controls=pixels)
+        batch = family.encode_text(model, inputs)
+        alone = family.encode_text(model, family.tokenize(model, captions[1:], 75, controls=pixels[1:]))
+        other = family.encode_text(model, family.tokenize(model, captions[1:], 75, controls=pixels[:1]))
+        sampled, sampled_mask = pipe.encode_with_references(captions[:1], to_pil(pixels[:1]))
+    text = model.tokenizers[0].decode(inputs[0][0][inputs[1][0].bool()])
+    assert "user\nPicture 1: <|vision_start|><|image_pad|>" in text and text.endswith("make it blue<|im_end|>\n"
+                                                                                      "<|im_start|>assistant\n")
+    assert text.count("<|image_pad|>") == 4  # a 64 px reference: 2 × 2 merged 32-px patches
+    n0, n1 = (int(m.sum()) for m in batch["mask"])
+    assert batch["mask"][0, :n0].all() and not batch["mask"][0, n0:].any() and n1 > n0
+    torch.testing.assert_close(batch["hidden"][1, :n1], alone["hidden"][0, :n1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sampled[0, :n0], batch["hidden"][0, :n0], rtol=1e-5, atol=1e-5)
+    assert sampled_mask[0].sum() == n0
+    assert (other["hidden"] - alone["hidden"]).abs().max() > 1e-3  # the encoder reads the reference
+
+
 def _pairs(tmp_path):
     """3 targets, each with a control image (its colours inverted: the "edit" undoes it), and one
     caption-only image beside them."""
@@ -151,3 +180,24 @@ def test_the_memory_plan_counts_an_edit_pairs_reference_tokens(tmp_path):
     assert b.phases["forward/backward"] > a.phases["forward/backward"] * 1.3
     assert b.resident == a.resident and any("reference" in n for n in b.notes)
     assert b.verdict(24) == "fits"  # the 24 GB tier trains Krea 2 edits at 1024 px (docs/models.md)
+    # Qwen3-VL reads a pair's references: without cached latents (the control's crop changes per step) the
+    # pairs' text is encoded every step; a text-to-image run caches its captions
+    uncached = ["dataset.cache_latents=false"]
+    assert "text encoders" in plan_memory(load_config("presets/krea2-lora-24gb.toml", [
+        *uncached, f"dataset.control_path={tmp_path / 'before'}"])).phases
+    assert "text encoders" not in plan_memory(load_config("presets/krea2-lora-24gb.toml", uncached)).phases
+
+
+def test_a_text_encoder_without_its_vision_tower_is_refused_for_pairs(raw):
+    import copy
+    from trainer_backend.errors import ConfigError
+    from trainer_backend.families.krea2.family import vision_tower_loaded
+    model, _ = raw
+    encoder = copy.deepcopy(model.text_encoders[0])
+    vision_tower_loaded(encoder)
+    with torch.no_grad():  # what a text-encoder file without visual.* weights loads as (qwen3vl_file.py)
+        for name, p in encoder.named_parameters():
+            if name.startswith("visual."):
+                p.zero_()
+    with pytest.raises(ConfigError, match="^dataset.control_path: .*vision tower.*model.text_encoder"):
+        vision_tower_loaded(encoder)

@@ -144,11 +144,15 @@ def denoiser_copies(table: dict, cfg) -> int:
     return int(rule["values"].get(str(opt(cfg, rule["option"], "")), 1))
 
 
-def text_every_step(table: dict, cfg) -> bool:
+def text_every_step(table: dict, cfg, arch: str = "") -> bool:
     """The text encoder runs every step although its outputs are cached: a family whose encoder reads an
     edit pair's control image (the table's text_every_step) caches a pair's text only once the latents are
-    cached too, which fixes the control image's crop (training/setup.cache_pair_text)."""
-    return bool(table.get("text_every_step")) and not cfg.dataset.cache_latents
+    cached too, which fixes the control image's crop (training/setup.cache_pair_text). A family that also
+    generates (control images optional) does so only for a config with pairs (reference_images)."""
+    from ..families.registry import FAMILY_NAMES, entry
+    optional = arch in FAMILY_NAMES and entry(arch).control_images == "optional"
+    return (bool(table.get("text_every_step")) and not cfg.dataset.cache_latents
+            and (not optional or reference_images(cfg, arch) > 0))
 
 
 def _act(line: list[float], pixels: int) -> float:
@@ -266,7 +270,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     phases: dict[str, float] = {}
     measured = {"float32": 4, "float16": 2, "bfloat16": 2, "bf16": 2, "fp32": 4}[table.get("probe", {}).get("dtype", "bfloat16")]
     act_factor = DTYPE_BYTES[w_dtype] / measured  # measured in bf16: fp32 ("no") doubles activations
-    if not ds.cache_text_encoder_outputs or trained_tes or text_every_step(table, cfg):
+    if not ds.cache_text_encoder_outputs or trained_tes or text_every_step(table, cfg, arch):
         phases["text encoders"] = table["text_encode"] * batch + (te_total if "text encoders" not in resident else 0)
     if not ds.cache_latents:
         phases["vae encode"] = vae_encode_bytes(table, vae_pixels) * batch + (vae_w if "vae" not in resident else 0)
@@ -303,7 +307,8 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
                                 fused_kernel=cfg.optimizer.fused, largest=largest_trained_tensor(table, cfg),
                                 half_weights_rounding=prec.half_weights_rounding if half_weights else None)
     phases["optimizer step"] = (0 if fused_bw else grads) + temp
-    cache = cache_phases(table, cfg, te_weights, vae_w, trained_tes, offload, vae_pixels, clips=frames > 1)
+    cache = cache_phases(table, cfg, te_weights, vae_w, trained_tes, offload, vae_pixels, clips=frames > 1,
+                         arch=arch)
     counts = {"denoiser": den["params"], "text_encoders": sum(comps[n]["params"] for n in table["text_encoders"]),
               "vae": comps["vae"]["params"], "trainable": n_trained}
     if table.get("note"):
@@ -316,7 +321,7 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
 
 
 def cache_phases(table: dict, cfg, te_weights: dict[str, float], vae_w: float, trained_tes: set, offload: bool,
-                 pixels: int, clips: bool = False) -> dict[str, dict[str, float]]:
+                 pixels: int, clips: bool = False, arch: str = "") -> dict[str, dict[str, float]]:
     """The cache pass (dataset.cache_text_encoder_outputs, dataset.cache_latents), before the denoiser is
     on the GPU. Without memory.offload_encoders every encoder and the VAE are on the GPU for both
     caches. With it each encoder comes in for its own call nearly whole (its top-level parts move as
@@ -324,7 +329,7 @@ def cache_phases(table: dict, cfg, te_weights: dict[str, float], vae_w: float, t
     whole; trained encoders never leave (their outputs are not cached then, but they are resident).
     Clips are encoded one window at a time (data/video_dataset.py), images dataset.latent_cache_batch_size."""
     ds = cfg.dataset
-    text_cached = ds.cache_text_encoder_outputs and not trained_tes and not text_every_step(table, cfg)
+    text_cached = ds.cache_text_encoder_outputs and not trained_tes and not text_every_step(table, cfg, arch)
     on_gpu = {"text encoders": sum(te_weights.values()), "vae": vae_w}
     if offload:
         on_gpu = {"text encoders": sum(w for n, w in te_weights.items() if n in trained_tes), "vae": 0.0}

@@ -67,6 +67,7 @@ class Krea2Family(FlowFamily):
     control_images = "optional"   # pairs train editing, caption-only images text-to-image, in one run
     control_image_argument = "image"
     max_control_images = 3        # as the community edit LoRA's trainer and ComfyUI nodes take
+    text_reads_control = True     # Qwen3-VL reads a pair's references before its caption (text.py)
     # every block's attention (with its output gate) and SwiGLU MLP (the text-fusion blocks' too: same names)
     default_targets = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_gate", "attn.to_out.0", "ff.gate", "ff.up",
                        "ff.down")
@@ -136,9 +137,21 @@ class Krea2Family(FlowFamily):
     def t5_length(self, model) -> int:
         return model.text_max_length or DEFAULT_TEXT_LENGTH
 
-    def tokenize(self, model, captions, max_token_length):
-        """The pipeline's fixed block: [prefix | caption | padding to length | suffix]."""
+    def tokenize(self, model, captions, max_token_length, controls=None):
+        """The pipeline's fixed block: [prefix | caption | padding to length | suffix]; with `controls` (an edit
+        pair's references: [B, 3·N, H, W] pixels in [-1, 1], or per caption a list of PIL images) the
+        references' vision tokens before each caption (text.py)."""
         import torch
+        if controls is not None:
+            from ...data.pairs import per_reference
+            from ..qwen_image.text import to_pil
+            from .text import tokenize as with_references
+            vision_tower_loaded(model.text_encoders[0])
+            if not isinstance(controls, list):
+                images = to_pil(per_reference(controls, 3))
+                n = len(images) // len(captions)
+                controls = [images[i * n:(i + 1) * n] for i in range(len(captions))]
+            return with_references(model.tokenizers[0], list(captions), controls, template())
         prefix, suffix, start, n_suffix = template()
         tok = model.tokenizers[0]
         text = tok([prefix + c for c in captions], truncation=True, padding="max_length",
@@ -147,9 +160,25 @@ class Krea2Family(FlowFamily):
         return [torch.cat([text.input_ids, tail.input_ids], dim=1),
                 torch.cat([text.attention_mask, tail.attention_mask], dim=1)]
 
+    def tokenize_batch(self, model, batch, max_token_length):
+        """A pair's caption with its references (decoded from their latents when those are cached)."""
+        import torch
+        from ...data.pairs import joined_references, per_reference
+        controls = batch.get("control_pixel_values")
+        if controls is None and batch.get("control_latents") is not None:
+            latents = batch["control_latents"]
+            with torch.no_grad():
+                pixels = self.decode_latents(model, per_reference(latents, model.vae.config.z_dim).to(
+                    _device(model.vae)))
+            controls = joined_references(pixels, latents.shape[0])
+        return self.tokenize(model, list(batch["caption"]), max_token_length, controls=controls)
+
     def encode_text(self, model, input_ids, encoders=None):
         import torch
         encoder = (encoders or model.text_encoders)[0]
+        if len(input_ids) > 2:  # an edit pair: its references' vision tokens before the caption
+            from .text import encode
+            return encode(encoder, input_ids, self.select_layers(model), template()[2])
         encoder = getattr(encoder, "module", encoder)  # DDP
         ids, mask = (t.to(_device(encoder)) for t in input_ids)
         mask = mask.bool()
@@ -229,6 +258,16 @@ class Krea2Family(FlowFamily):
     def export_single_file(self, model, single_file, dtype, metadata) -> Path:
         from ..sd.single_file import META_ARCH
         return super().export_single_file(model, single_file, dtype, {**(metadata or {}), META_ARCH: self.name})
+
+
+def vision_tower_loaded(encoder) -> None:
+    """An edit pair's caption is read with its references by Qwen3-VL's vision tower: a text encoder file without
+    one (ComfyUI's separate files may hold the language model alone: components.py loads zeros) is refused."""
+    weight = getattr(encoder, "module", encoder).visual.patch_embed.proj.weight
+    if weight.device.type != "meta" and not bool(weight.detach().any()):
+        raise ConfigError("dataset.control_path: Krea 2 edit pairs are read by Qwen3-VL's vision tower, and the text "
+                          "encoder loaded holds none (model.text_encoder's file has no visual.* weights): give a "
+                          "Qwen3-VL-4B file with its vision tower, or a Krea 2 diffusers folder")
 
 
 KREA2 = Krea2Family()
