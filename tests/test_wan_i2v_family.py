@@ -55,7 +55,7 @@ def test_samples_start_from_the_first_trained_frame(i2v):
     grey = family.pipeline_call_options(model)["image"]  # before any step: a plain frame
     assert np.asarray(grey).std() == 0
     clip = torch.rand(1, 3, 9, 32, 32, generator=torch.Generator().manual_seed(2)) * 2 - 1
-    with torch.no_grad():  # a cached batch (latents, no pixels): the first frame comes back through the VAE
+    with torch.no_grad():  # latents without pixels or a cached condition: the first frame comes back through the VAE
         latents = family.encode_latents(model, clip, None)
         family.predict(model, model.denoiser, torch.randn_like(latents), torch.tensor([500.0]),
                        {"prompt_embeds": torch.zeros(1, 4, 32)}, {"latents": latents}, torch.float32)
@@ -84,7 +84,7 @@ def test_an_offloaded_wan_vae_still_compresses_time():
 
 
 def test_both_experts_train_from_cached_clips_with_first_frame_samples(tmp_path, i2v):
-    """model.expert = both on cached clip latents (the condition comes back through the VAE): one LoRA per
+    """model.expert = both on cached clip latents (and their cached first-frame conditions): one LoRA per
     expert, each loading into WanImageToVideoPipeline and changing its clip; the run's samples are clips."""
     from diffusers import WanImageToVideoPipeline
     from PIL import Image

@@ -27,7 +27,7 @@ def collate(samples: list[dict]) -> dict:
     latents [B,C,h,w] (paired images: control_pixel_values or control_latents alike); caption (alias captions)
     list[str]; original_size / crop_top_left / target_size as long tensors [B,2] (h,w / top,left / h,w);
     is_class bool [B]; text (when cached) stacked per key; mask [B,1,H,W] (pixels) or [B,1,h,w] (cached
-    latents' grid) with loss.masked."""
+    latents' grid) with loss.masked; conditions (cached with the latents) stacked per name."""
     import torch
     captions = [s["caption"] for s in samples]
     batch: dict = {"caption": captions, "captions": captions,  # both spellings: same list
@@ -40,4 +40,6 @@ def collate(samples: list[dict]) -> dict:
     if "text" in samples[0]:
         from .cache import stack_text
         batch["text"] = stack_text([s["text"] for s in samples])
+    if "conditions" in samples[0]:  # cached with the latents (Family.pixel_conditions), stacked per name
+        batch["conditions"] = {k: torch.stack([s["conditions"][k] for s in samples]) for k in samples[0]["conditions"]}
     return batch

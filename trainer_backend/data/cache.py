@@ -19,6 +19,16 @@ from ..config import ConfigError, TrainConfig
 
 CACHE_FORMAT = 2          # bump when the pixel pipeline changes in a way the key does not capture (2: + std)
 _HEAD_BYTES = 1 << 16
+CONDITION = "condition."  # a cache file's tensors named so are conditions stored beside the latents
+
+
+def unpack_encoded(encoded) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """A cache pass's `encode` result -> (latents, the posterior's std or None, conditions): it gives the
+    latents, (latents, std), or (latents, std, {name: condition}) (Family.pixel_conditions), batch first."""
+    if not isinstance(encoded, tuple):
+        return encoded, None, {}
+    mean, std, *rest = encoded
+    return mean, std, (rest[0] if rest else {})
 
 
 def file_fingerprint(path: Path) -> str:
@@ -84,12 +94,24 @@ class DiskLatents:
         return load_file(self.path(key)).get("std")
 
     def has_std(self, key: str) -> bool:
+        return "std" in self._names(key)
+
+    def _names(self, key: str) -> set[str]:
         from safetensors import safe_open
         with safe_open(str(self.path(key)), framework="pt") as f:
-            return "std" in f.keys()
+            return set(f.keys())
+
+    def has_conditions(self, key: str, names) -> bool:
+        """The file exists and holds every named condition (a file written by a family that wanted fewer,
+        e.g. Wan T2V's for the same clip and VAE, is re-encoded with them)."""
+        return self.has(key) and {CONDITION + n for n in names} <= self._names(key)
+
+    def load_conditions(self, key: str) -> dict[str, torch.Tensor]:
+        """The conditions stored beside the latents (Family.pixel_conditions), {} when none."""
+        return {k[len(CONDITION):]: v for k, v in load_file(self.path(key)).items() if k.startswith(CONDITION)}
 
     def save(self, key: str, latents: torch.Tensor, mask: torch.Tensor | None = None,
-             std: torch.Tensor | None = None) -> None:
+             std: torch.Tensor | None = None, conditions: dict[str, torch.Tensor] | None = None) -> None:
         target = self.path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
@@ -100,6 +122,8 @@ class DiskLatents:
                 tensors["mask"] = mask.contiguous().cpu()
             if std is not None:  # each step draws latents + std · eps (diffusion/posterior.py)
                 tensors["std"] = std.contiguous().cpu()
+            for name, tensor in (conditions or {}).items():  # Family.pixel_conditions (I2V's first-frame one)
+                tensors[CONDITION + name] = tensor.contiguous().cpu()
             save_file(tensors, tmp)
             with open(tmp, "rb") as f:  # on disk before it gets its name: after a power loss a cache
                 os.fsync(f.fileno())     # file is whole or absent, never short

@@ -18,7 +18,8 @@ from PIL import Image
 from ..config import TrainConfig
 from ..launch.plan import DataCounts
 from .buckets import resize_size, train_crop
-from .cache import DiskLatents, check_outside, file_fingerprint, latent_key, pad_text_entries, split_text_outputs
+from .cache import (DiskLatents, check_outside, file_fingerprint, latent_key, pad_text_entries, split_text_outputs,
+                    unpack_encoded)
 from .captions import augment_caption
 from .images import BadImage, load_rgb
 from .masks import mask_sources, render_mask, source_identity, to_grid
@@ -76,6 +77,8 @@ class TrainDataset(torch.utils.data.Dataset):
         self._latent_keys: dict[tuple[int, bool], str] = {}
         self._control_latents: dict[tuple[int, bool], torch.Tensor] = {}   # paired images' control latents
         self._latent_stds: dict[tuple[int, bool], torch.Tensor] = {}  # the posterior's std (diffusion/posterior.py)
+        self._latent_conditions: dict[tuple[int, bool], dict] = {}  # Family.pixel_conditions, cached with latents
+        self._condition_names: tuple[str, ...] = ()
         self._control_keys: dict[tuple[int, bool], str] = {}
         self._disk: DiskLatents | None = None
         self._fixed_crops: dict[int, tuple[int, int]] = {}
@@ -135,6 +138,8 @@ class TrainDataset(torch.utils.data.Dataset):
             std = self._cached_std(item_idx, flip)
             if std is not None:  # the step draws latents + std · eps, as the VAE would sample
                 sample["latents_std"] = std
+            if self._condition_names:  # what the step would build from the pixels (Family.pixel_conditions)
+                sample["conditions"] = self._cached_conditions(item_idx, flip)
             if item.control is not None:
                 sample["control_latents"] = self._cached_latents(item_idx, flip, control=True)
             sample["crop_top_left"] = self._flipped_crop(item, (top, left), flip)
@@ -226,11 +231,15 @@ class TrainDataset(torch.utils.data.Dataset):
     # ------------------------------------------------------------------ latent cache
 
     def cache_latents(self, encode: Callable[[torch.Tensor], torch.Tensor], cache_dir: Path | None = None,
-                      progress: bool = True, vae_id: str = "", batch_size: int = 4) -> None:
+                      progress: bool = True, vae_id: str = "", batch_size: int = 4,
+                      conditions: tuple[str, ...] = ()) -> None:
         """Encode every image once (both orientations when flip is on and dataset.cache_both_flips)
         and serve latents from memory, or from safetensors files in cache_dir (reused across runs).
         Random crops are frozen per image while cached. A paired image's control image is encoded with
-        it (the same crop and flip; `encode` gives the posterior mean) under a key of its own file."""
+        it (the same crop and flip; `encode` gives the posterior mean) under a key of its own file.
+        `conditions`: the names of the conditions `encode` gives beside the latents (data/cache.unpack_encoded;
+        Family.pixel_condition_names), stored with them and served as sample["conditions"]."""
+        self._condition_names = tuple(conditions)
         from tqdm.auto import tqdm
 
         any_flip = any(self._group(item).flip for item in self.items)
@@ -267,7 +276,8 @@ class TrainDataset(torch.utils.data.Dataset):
                     control_key = latent_key(control_print, item.control, item.bucket, resized, crop, flip, vae_id,
                                              self.background, role="control")
                     self._control_keys[(idx, flip)] = control_key
-                if self._disk is None or not all(self._disk.has(k) for k in (key, control_key) if k):
+                if self._disk is None or not all(self._disk.has(k) for k in (key, control_key) if k) or (
+                        conditions and not self._disk.has_conditions(key, conditions)):
                     todo.setdefault(item.bucket, []).append((idx, flip, key, control_key))
         total = sum(len(v) for v in todo.values())
         bar = tqdm(total=total, desc="caching latents", disable=not progress or total == 0, unit="img")
@@ -276,12 +286,15 @@ class TrainDataset(torch.utils.data.Dataset):
                 chunk = jobs[start:start + batch_size]
                 rendered = [self._pixels_with_fallback(idx, (0.5, 0.5), flip)[:2] for idx, flip, _, _ in chunk]
                 with torch.no_grad():
-                    latents, stds = _mean_and_std(encode(torch.stack([pixels for pixels, _ in rendered])))
+                    latents, stds, conds = _unpacked(encode(torch.stack([pixels for pixels, _ in rendered])))
                     controls = self._encode_controls(encode, [control for _, control in rendered])
                 for j, ((idx, flip, key, control_key), lat) in enumerate(zip(chunk, latents)):
                     std = None if stds is None else stds[j].clone()
+                    cond = {name: t[j].clone() for name, t in conds.items()}
                     if std is not None and self._disk is None:
                         self._latent_stds[(idx, flip)] = std
+                    if cond and self._disk is None:
+                        self._latent_conditions[(idx, flip)] = cond
                     mask = None
                     if self._mask_sources is not None:  # on the latent grid, like the loss resizes it
                         mask = to_grid(self.mask(idx, self._fixed_crops[idx], flip), tuple(lat.shape[-2:]))
@@ -290,7 +303,8 @@ class TrainDataset(torch.utils.data.Dataset):
                         if not k or value is None:
                             continue
                         if self._disk is not None:
-                            self._disk.save(k, value.clone(), mask=m, std=std if k == key else None)
+                            self._disk.save(k, value.clone(), mask=m, std=std if k == key else None,
+                                            conditions=cond if k == key else None)
                         else:
                             store[(idx, flip)] = value.clone()
                             if m is not None:
@@ -300,7 +314,7 @@ class TrainDataset(torch.utils.data.Dataset):
         if any(item.clip is not None for item in self.items):
             from .video_items import cache_clip_latents
             total += cache_clip_latents(self, encode, self._disk.folder if self._disk is not None else None,
-                                        progress, vae_id)
+                                        progress, vae_id, conditions=self._condition_names)
         self._latents = memory if self._disk is None else None
         self.cached_count, self.encoded_count = len(self._latent_keys), total
 
@@ -315,7 +329,7 @@ class TrainDataset(torch.utils.data.Dataset):
         out: dict[int, torch.Tensor] = {}
         for positions in by_count.values():
             stacked = torch.stack([rendered[j] for j in positions])
-            mean, _ = _mean_and_std(encode(per_reference(stacked, 3)))  # a condition: its mean alone
+            mean, _, _ = _unpacked(encode(per_reference(stacked, 3)))  # a condition: its mean alone
             latents = joined_references(mean, len(positions))
             out.update(zip(positions, latents))
         return out
@@ -333,6 +347,12 @@ class TrainDataset(torch.utils.data.Dataset):
         if self._latents is not None:
             return self._latent_stds.get((item_idx, flip))
         return self._disk.load_std(self._latent_keys[(item_idx, flip)])
+
+    def _cached_conditions(self, item_idx: int, flip: bool) -> dict[str, torch.Tensor]:
+        flip = flip and self._flip_allowed
+        if self._latents is not None:
+            return self._latent_conditions[(item_idx, flip)]
+        return self._disk.load_conditions(self._latent_keys[(item_idx, flip)])
 
     def _cached_mask(self, item_idx: int, flip: bool) -> torch.Tensor:
         flip = flip and self._flip_allowed
@@ -390,7 +410,8 @@ class TrainDataset(torch.utils.data.Dataset):
         return len(store)
 
 
-def _mean_and_std(encoded) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A cache pass's `encode` gives the latents, or (latents, the posterior's std in their layout)."""
-    mean, std = encoded if isinstance(encoded, tuple) else (encoded, None)
-    return mean.detach().float().cpu(), None if std is None else std.detach().float().cpu()
+def _unpacked(encoded) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
+    """A cache pass's `encode` result (data/cache.unpack_encoded) as fp32 CPU tensors."""
+    mean, std, conditions = unpack_encoded(encoded)
+    return (mean.detach().float().cpu(), None if std is None else std.detach().float().cpu(),
+            {name: t.detach().float().cpu() for name, t in conditions.items()})

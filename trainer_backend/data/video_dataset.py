@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from .buckets import train_crop
-from .cache import DiskLatents, file_fingerprint
+from .cache import DiskLatents, file_fingerprint, unpack_encoded
 from .video import decode_frames
 from .video_scan import ClipWindow, VideoOptions, clip_latent_key, sequence_fingerprint
 
@@ -49,10 +49,11 @@ class ClipLatents:
     layout: diffusion/posterior.py); `vae_id` names the VAE in the key."""
 
     def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], vae_id: str, opts: VideoOptions,
-                 folder: Path | None = None):
+                 folder: Path | None = None, conditions: tuple[str, ...] = ()):
         self.encode, self.vae_id, self.opts = encode, vae_id, opts
+        self.conditions = tuple(conditions)   # names `encode` gives beside the latents (Family.pixel_conditions)
         self.disk = DiskLatents(folder) if folder is not None else None
-        self.memory: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.memory: dict[str, tuple[torch.Tensor, torch.Tensor | None, dict]] = {}
         self.encoded = 0  # how many windows were encoded (not read back): the tests and the progress line use it
 
     def key(self, window: ClipWindow, indices: list[int]) -> str:
@@ -63,20 +64,25 @@ class ClipLatents:
 
     def get_with_std(self, window: ClipWindow, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(latents, the posterior's std or None) of the window's frames this epoch."""
+        return self.get_entry(window, epoch)[:2]
+
+    def get_entry(self, window: ClipWindow, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+        """(latents, the posterior's std or None, {name: condition}) of the window's frames this epoch."""
         indices = window.indices(self.opts.fps, epoch, self.opts.seed)
         key = self.key(window, indices)
         if key in self.memory:
             return self.memory[key]
-        if self.disk is not None and self.disk.has(key):
-            return self.disk.load(key), self.disk.load_std(key)
+        if self.disk is not None and self.disk.has_conditions(key, self.conditions):
+            conditions = self.disk.load_conditions(key) if self.conditions else {}
+            return self.disk.load(key), self.disk.load_std(key), conditions
         with torch.no_grad():
-            encoded = self.encode(window_pixels(window, indices).unsqueeze(0))
-        mean, std = encoded if isinstance(encoded, tuple) else (encoded, None)
+            mean, std, conditions = unpack_encoded(self.encode(window_pixels(window, indices).unsqueeze(0)))
         latents = mean[0].detach().float().cpu()
         std = None if std is None else std[0].detach().float().cpu()
+        conditions = {name: t[0].detach().float().cpu() for name, t in conditions.items()}
         self.encoded += 1
         if self.disk is not None:
-            self.disk.save(key, latents, std=std)
+            self.disk.save(key, latents, std=std, conditions=conditions)
         else:
-            self.memory[key] = (latents, std)
-        return latents, std
+            self.memory[key] = (latents, std, conditions)
+        return latents, std, conditions

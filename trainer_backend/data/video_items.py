@@ -117,9 +117,11 @@ def clip_sample(dataset, item, sample: dict, flip: bool, crop01: tuple[float, fl
     window = item.clip
     sample["crop_top_left"] = (0, 0)
     if dataset._clip_latents is not None:  # fixed at the first draw (a random window) while cached
-        sample["latents"], std = dataset._clip_latents.get_with_std(window, epoch=0)
+        sample["latents"], std, conditions = dataset._clip_latents.get_entry(window, epoch=0)
         if std is not None:  # each step draws latents + std · eps, as the VAE would sample (diffusion/posterior.py)
             sample["latents_std"] = std
+        if conditions:  # what the step would build from the pixels (Family.pixel_conditions: I2V's first frame)
+            sample["conditions"] = conditions
         return
     from .video_dataset import window_pixels
     spec = dataset._group(item)
@@ -154,11 +156,13 @@ def _bucket_clips(dataset) -> dict[tuple, list[int]]:
     return found
 
 
-def cache_clip_latents(dataset, encode, folder: Path | None, progress: bool, vae_id: str) -> int:
-    """Encode every clip window once (flips off for clips while cached); returns how many were encoded."""
+def cache_clip_latents(dataset, encode, folder: Path | None, progress: bool, vae_id: str,
+                       conditions: tuple[str, ...] = ()) -> int:
+    """Encode every clip window once (flips off for clips while cached); returns how many were encoded.
+    conditions: the names `encode` gives beside the latents (Family.pixel_conditions), cached with them."""
     from tqdm.auto import tqdm
     from .video_dataset import ClipLatents
-    cache = ClipLatents(encode, vae_id, dataset.video, folder)
+    cache = ClipLatents(encode, vae_id, dataset.video, folder, conditions=conditions)
     windows = list(dict.fromkeys(item.clip for item in dataset.items if item.clip is not None))
     if any(dataset._group(item).flip for item in dataset.items if item.clip is not None):
         LOG.warning("dataset: clips are not flipped while their latents are cached")

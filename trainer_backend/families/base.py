@@ -194,6 +194,15 @@ class Family:
         cfg = model.vae.config
         return encode_with_vae(model.vae, pixels, eps, cfg.scaling_factor, getattr(cfg, "shift_factor", None) or 0.0)
 
+    def pixel_conditions(self, model: LoadedModel, pixels: "torch.Tensor") -> dict[str, "torch.Tensor"]:
+        """Conditioning a step builds from the batch's pixels besides the latents (Wan I2V: the first frame's
+        VAE condition), batch first; with dataset.cache_latents it is computed with the latents, stored beside
+        them and served as `batch["conditions"][name]`, so a cached step runs no VAE. `predict` uses it when
+        present. Names in `pixel_condition_names`."""
+        return {}
+
+    pixel_condition_names: tuple[str, ...] = ()
+
     # ---- the objective and the forward call
     def objective(self, model: LoadedModel) -> "Objective":
         raise NotImplementedError

@@ -204,9 +204,16 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
     if cfg.dataset.cache_text_encoder_outputs:
         cache_text_outputs(cfg, dataset, model)
     if cfg.dataset.cache_latents:
+        family = model.family
+        names = family.pixel_condition_names if family is not None else ()
+
         @torch.no_grad()
         def encode(pixels: torch.Tensor):  # the posterior's mean and std: each step draws its own sample
-            mean, std = encode_posterior(model, pixels.to(accelerator.device))
+            pixels = pixels.to(accelerator.device)
+            mean, std = encode_posterior(model, pixels)
+            if names:  # what a step would build from these pixels (Family.pixel_conditions), cached beside them
+                conditions = {k: v.cpu() for k, v in family.pixel_conditions(model, pixels).items()}
+                return mean.cpu(), None if std is None else std.cpu(), conditions
             return mean.cpu() if std is None else (mean.cpu(), std.cpu())
 
         from ..families.weights_identity import weights_identity
@@ -215,7 +222,7 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
                   else weights_identity(model.source, subfolder="vae"))
         with accelerator.main_process_first():
             dataset.cache_latents(encode, latent_cache_dir(cfg), progress=run.is_main, vae_id=vae_id,
-                                  batch_size=cfg.dataset.latent_cache_batch_size)
+                                  batch_size=cfg.dataset.latent_cache_batch_size, conditions=names)
     if cfg.dataset.cache_text_encoder_outputs and model.family is not None and model.family.text_reads_control:
         cache_pair_text(cfg, dataset, model)
     return dataset

@@ -4,9 +4,11 @@ its own first frame as diffusers' WanImageToVideoPipeline conditions at sampling
 followed by black frames through the VAE, a mask marking the first latent frame, both concatenated to the
 noisy latents on the channels (16 + 4 + 16 = 36 for the real transformer).
 
-The condition comes from the batch's pixels; with cached latents (dataset.cache_latents) the first frame
-is decoded from the first latent frame (the causal VAE's first latent frame encodes the first frame alone)
-and encoded again, so it is a VAE round trip of the frame rather than the frame itself.
+The condition comes from the batch's pixels. With cached latents (dataset.cache_latents) it is built from the
+clip's own first frame once, when the latents are cached, and stored beside them (`pixel_conditions`,
+`batch["conditions"]["i2v_condition"]`): a cached step runs no VAE and sees exactly the uncached step's
+condition. (A batch with cached latents but no cached condition, e.g. from a caller that caches latents
+alone, decodes the first frame from the first latent frame and encodes it again: a VAE round trip.)
 
 Samples are drawn by WanImageToVideoPipeline from a sample prompt's `--control <image>`, else from the first
 frame of the first clip this run trained on (before the first step: a mid-grey frame).
@@ -20,6 +22,8 @@ from .family import Wan22Family
 from .i2v import first_frame_condition, i2v_input
 
 SAMPLE_IMAGE = "first_frame"   # model.options key: the samples' input image (PIL)
+SAMPLE_LATENT = "first_latent_frame"  # ... or, from a cached run, the first latent frame it is decoded from
+CONDITION = "i2v_condition"    # batch["conditions"] key of the cached condition
 
 
 class Wan22I2VFamily(Wan22Family):
@@ -61,10 +65,27 @@ class Wan22I2VFamily(Wan22Family):
         latents = batch["latents"][:, :, :1].to(device_of(model.vae))
         return self.decode_latents(model, latents)[:, :, 0]
 
+    pixel_condition_names = (CONDITION,)
+
+    def pixel_conditions(self, model, pixels) -> dict:
+        """The condition an uncached step builds from these pixels ((B, 3, H, W) images or (B, 3, F, H, W)
+        clips), computed once while the latents are cached and stored beside them."""
+        import torch
+        first, frames = (pixels[:, :, 0], pixels.shape[2]) if pixels.ndim == 5 else (pixels, 1)
+        with torch.no_grad():
+            return {CONDITION: first_frame_condition(model.vae, first.to(device_of(model.vae)), frames,
+                                                     self.frame_step)}
+
     def condition(self, model, batch, latent_frames: int):
         """The I2V condition (B, 4 + C, F', h, w) of the batch's clips, as WanImageToVideoPipeline.prepare_latents
-        builds it from the first frame."""
+        builds it from the first frame (cached with the latents: read back, no VAE)."""
         import torch
+        cached = batch.get("conditions", {}).get(CONDITION)
+        if cached is not None:
+            if SAMPLE_IMAGE not in model.options and SAMPLE_LATENT not in model.options:
+                # the samples' start frame: decoded when a sample is drawn, not in the step
+                model.options[SAMPLE_LATENT] = batch["latents"][:1, :, :1].detach().cpu()
+            return cached
         with torch.no_grad():
             first = self.first_frames(model, batch).to(device_of(model.vae))
             if SAMPLE_IMAGE not in model.options and first.device.type != "meta":
@@ -79,6 +100,11 @@ class Wan22I2VFamily(Wan22Family):
     # ---- sampling
     def pipeline_call_options(self, model) -> dict:
         from PIL import Image
+        if model is not None and SAMPLE_IMAGE not in model.options and SAMPLE_LATENT in model.options:
+            import torch
+            with torch.no_grad():
+                latent = model.options.pop(SAMPLE_LATENT).to(device_of(model.vae))
+                model.options[SAMPLE_IMAGE] = _to_pil(self.decode_latents(model, latent)[0, :, 0])
         image = model.options.get(SAMPLE_IMAGE) if model is not None else None
         return {"image": image if image is not None else Image.new("RGB", (64, 64), (128, 128, 128))}
 
