@@ -20,7 +20,8 @@ class Memory(Section):
            "full fine-tune use optimizer.fused_backward so the step runs on the GPU). Use it with "
            "precision.gradient_checkpointing: without it autograd keeps the swapped blocks' weights on the GPU "
            "until the backward and the peak does not fall (SDXL on an H200: 0.558x with, 1.032x without). "
-           "One process only. See docs/memory.md.", ge=0, le=1000, resume="safe")
+           "A quantized base (model.quantize) swaps at its quantized size. One process only. See docs/memory.md.",
+        ge=0, le=1000, resume="safe")
     offload_encoders: bool = F(
         False, "Keep the frozen text encoders and the VAE in CPU memory and move each part to the GPU only "
                "while it runs (text encoders being trained stay on the GPU). Saves their GPU memory for the "
