@@ -4,7 +4,8 @@ e4m3 weight keeps the file's own bytes and scale (per row, per tensor or none), 
 converter (renames, fused rows split); any other is quantized per row as it arrives, bit for bit what
 quantize_ makes of the loaded model. place_denoiser's quantize_module then leaves them as they are; the result
 equals the bf16 route's quantized model within e4m3 rounding; the peak while loading is the float8 model the
-planner counts plus a tensor, never the bf16 model; and a LoRA run trains on it."""
+planner counts plus a tensor, never the bf16 model; a Qwen3-VL text encoder file with
+model.quantize_text_encoders = float8 arrives so too; and a LoRA run trains on both."""
 from __future__ import annotations
 
 import json
@@ -76,6 +77,7 @@ def _assert_near_bf16_route(stored, bf16_route, keep):
         assert a[name].dtype == torch.bfloat16
     rest = {k: v for k, v in stored.state_dict().items() if k.removesuffix(".weight") not in a}
     assert all(torch.equal(v, bf16_route.state_dict()[k]) for k, v in rest.items())
+    return a, b
 
 
 @pytest.mark.parametrize("layout", ["per_row", "per_tensor", "plain_e4m3"])
@@ -201,32 +203,84 @@ def test_loading_an_fp8_file_into_float8_storage_peaks_at_what_the_planner_count
     path = _save(state, tmp_path / "fp8_scaled.safetensors", json.dumps(config))
     del state
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "MALLOC_MMAP_THRESHOLD_": "65536"}
-    got = {}
-    for kind in ("float8", "none"):
-        out = subprocess.run([sys.executable, "-c", MEASURE, path, json.dumps(config), kind, json.dumps(keep)],
-                             capture_output=True, text=True, env=env, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        got[kind] = json.loads(out.stdout.strip().splitlines()[-1])
+    out = subprocess.run([sys.executable, "-c", MEASURE, path, json.dumps(config), "float8", json.dumps(keep)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
     entry = component_entry(meta, keep)
-    assert entry["params"] > 30e6 and got["float8"]["float8"] == entry["quantizable"][2]
-    assert got["float8"]["bytes"] == weight_bytes(entry, "bf16", "float8")   # what the planner counts
-    assert got["none"]["bytes"] == weight_bytes(entry, "bf16")
-    print("measured", json.dumps(got), "largest tensor", largest)
-    assert got["float8"]["peak"] <= got["float8"]["bytes"] + 4 * largest, (got, largest)
-    assert got["float8"]["peak"] < got["none"]["bytes"]  # below the bf16 model the old route held first
+    assert entry["params"] > 30e6 and got["float8"] == entry["quantizable"][2]
+    assert got["bytes"] == weight_bytes(entry, "bf16", "float8")   # what the planner counts
+    print("measured", json.dumps(got), "largest tensor", largest, "bf16 model", weight_bytes(entry, "bf16"))
+    assert got["peak"] <= got["bytes"] + 4 * largest, (got, largest)
+    assert got["peak"] < weight_bytes(entry, "bf16")  # below the bf16 model the previous route held first
 
 
-def test_a_lora_run_on_an_fp8_file_with_model_quantize_float8(ideogram, tmp_path, data):  # noqa: F811
+def _fp8_text_encoder(te, path) -> str:
+    """The Qwen3-VL text encoder as ComfyUI's scaled-fp8 file (its names; Ideogram 4 reads neither the vision
+    tower nor the final norm, so the file leaves them out, as the published one may)."""
+    from trainer_backend.families.qwen3vl_file import comfy_name
+    state = {comfy_name(k): v for k, v in te.state_dict().items()
+             if ".visual." not in f".{k}" and not k.endswith("language_model.norm.weight")}
+    return _save(_fp8(state), path, te.config.to_json_string())
+
+
+def test_an_fp8_text_encoder_file_arrives_in_float8_storage_with_quantize_text_encoders(ideogram, tmp_path):  # noqa: F811
+    model, folder, files = ideogram
+    keep = get_family("ideogram4").keep_unquantized
+    path = _fp8_text_encoder(model.text_encoders[0], tmp_path / "qwen3vl_fp8_scaled.safetensors")
+    args = dict(vae=files["vae"], tokenizer=str(folder), text_encoder_files={"text_encoder": path})
+    stored = load_model(files["transformer"], frozen_quantize_text_encoders="float8", **args).text_encoders[0]
+    layers = _float8_layers(stored)
+    assert set(layers) == set(quantizable_linears(stored, keep)) and any(".visual." in f".{n}" for n in layers)
+    q, s = _file_rows(path, "model.layers.0.self_attn.q_proj.weight")
+    first = layers["language_model.layers.0.self_attn.q_proj"]
+    assert torch.equal(first.qdata.view(torch.uint8), q.view(torch.uint8)) and torch.equal(first.scale, s)
+    # the vision tower the file leaves out: zeros, in float8 storage as well
+    assert all(w.dequantize().abs().max() == 0 for n, w in layers.items() if ".visual." in f".{n}")
+    bf16_route = load_model(files["transformer"], **args).text_encoders[0]
+    assert not _float8_layers(bf16_route)
+    a, b = _assert_near_bf16_route(stored, bf16_route, keep)
+    vision = [n for n in a if ".visual." in f".{n}"]  # left out: zeros both ways (compute/quantize.zero_rows_kept)
+    assert vision and all(a[n].dequantize().abs().max() == 0 == b[n].dequantize().abs().max() for n in vision)
+
+
+@pytest.mark.parametrize("route", ["quantize_module", "as_it_arrives"])
+def test_an_all_zero_row_stays_zero_in_float8(route):
+    """torchao gives an all-zero row the scale 0 and stores 0/0: without the repair the layer outputs NaN."""
+    from trainer_backend.compute.quantize import float8_from
+    weight = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    weight[1] = 0
+    layer = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    layer[0].weight.data = weight.clone()
+    if route == "quantize_module":
+        quantize_module(layer, "float8", device="cpu", compute_dtype=torch.bfloat16)
+    else:
+        layer.to(torch.bfloat16)
+        layer[0].weight = torch.nn.Parameter(float8_from(weight, torch.bfloat16), requires_grad=False)
+    got = layer[0].weight.dequantize().float()
+    assert torch.equal(got[1], torch.zeros(8)) and torch.isfinite(got).all()
+    assert ((got - weight).abs().amax(1) <= E4M3_ROUNDING * weight.abs().amax(1)).all()
+    out = layer(torch.randn(2, 8, dtype=torch.bfloat16))
+    assert torch.isfinite(out).all() and torch.equal(out[:, 1], layer[0].bias.expand(2, 4)[:, 1])
+
+
+def test_a_lora_run_on_fp8_files_with_model_quantize_float8(ideogram, tmp_path, data):  # noqa: F811
     from method_runs import train_run
     from trainer_backend.families.ideogram4.original_file import to_original
     model, folder, files = ideogram
     original = {"model.diffusion_model." + k: v for k, v in to_original(model.denoiser.state_dict()).items()}
     path = _save(_fp8(original), tmp_path / "ideogram4_fp8_scaled.safetensors", _config_json(model.denoiser))
+    te = _fp8_text_encoder(model.text_encoders[0], tmp_path / "qwen3vl_fp8_scaled.safetensors")
     run, events, _ = train_run(tmp_path, path, data, "fp8", "model.quantize=float8", f"model.vae={files['vae']}",
-                               f"model.text_encoder={files['text_encoder']}", f"model.tokenizer={folder}",
+                               "model.quantize_text_encoders=float8", f"model.text_encoder={te}",
+                               f"model.tokenizer={folder}",
                                "schedule.max_steps=2")  # fp32 compute: the bf16-made float8 layers follow it
     log = (run / "train.log").read_text()
-    layers = len(quantizable_linears(model.denoiser, get_family("ideogram4").keep_unquantized))
+    keep = get_family("ideogram4").keep_unquantized
+    layers = len(quantizable_linears(model.denoiser, keep))
     assert f"model.quantize = float8: {layers} linear layers" in log
     assert f"; {layers} arrived stored so from the model file" in log
+    te_layers = len(quantizable_linears(model.text_encoders[0], keep))
+    assert f"model.quantize_text_encoders = float8: {te_layers} linear layers" in log
+    assert f"; {te_layers} arrived stored so from the model file" in log
     assert len([e for e in events if e["event"] == "step"]) == 2 and (run / "fp8.safetensors").is_file()

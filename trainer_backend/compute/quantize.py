@@ -94,7 +94,19 @@ def float8_rows(qdata: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 def float8_from(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A Linear weight quantized as Float8WeightOnlyConfig quantizes it (per-row scale), one layer at a time."""
     from torchao.quantization import Float8Tensor, PerRow
-    return Float8Tensor.from_hp(weight.to(dtype), float8_dtype=torch.float8_e4m3fn, granularity=PerRow())
+    return zero_rows_kept(Float8Tensor.from_hp(weight.to(dtype), float8_dtype=torch.float8_e4m3fn,
+                                               granularity=PerRow()))
+
+
+def zero_rows_kept(weight):
+    """A float8 weight whose all-zero rows stay zero: torchao (0.18) gives such a row the scale 0 and stores
+    0/0, so the layer's output turns NaN (a left-out part filled with zeros, a zero-initialised layer). Those
+    rows get scale 1 and zero values; every other row is left as torchao made it."""
+    zero = weight.scale == 0
+    if bool(zero.any()):
+        weight.scale.masked_fill_(zero, 1.0)
+        weight.qdata.view(torch.uint8).masked_fill_(zero.expand(weight.qdata.shape), 0)
+    return weight
 
 
 def _stored_float8(layer: torch.nn.Module, kind: str, dtype: torch.dtype) -> bool:
@@ -132,6 +144,9 @@ def _torchao(module: torch.nn.Module, names: list[str], kind: str, device: torch
         quantize_(module, config, filter_fn=lambda m, fqn: fqn in wanted, device=device)
     except (RuntimeError, NotImplementedError, AssertionError) as e:
         raise ConfigError(f"{key}: torchao could not quantize to {kind} on {device.type}: {e}") from None
+    if kind == "float8":
+        for name in names:
+            zero_rows_kept(module.get_submodule(name).weight)
 
 
 def _to_nf4(module: torch.nn.Module, names: list[str], device: torch.device, compute_dtype: torch.dtype,

@@ -76,11 +76,12 @@ def repo_files(probe_folder: Path, files: list[str]) -> tuple[list[str], str]:
 
 def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: str = "auto", tokenizer: str = "",
                text_encoder_files: dict[str, str] | None = None, model_options: dict | None = None,
-               frozen_quantize: str = "none"):
+               frozen_quantize: str = "none", frozen_quantize_text_encoders: str = "none"):
     """Detect the family, check it against `model.arch`, and let the family load the model (fp32).
     text_encoder_files: model.<option> -> path of separate text-encoder files (Flux single files).
     frozen_quantize: the storage the run will quantize the frozen denoiser to (model.quantize); a
-    transformer file read tensor by tensor arrives in it (float8: component_files.frozen_storage)."""
+    transformer file read tensor by tensor arrives in it (float8: component_files.frozen_storage); likewise
+    frozen_quantize_text_encoders (model.quantize_text_encoders) for a text-encoder file read so."""
     from ..errors import ConfigError
     family = detect_family(path)
     if arch not in ("auto", family.name) and family_accepts_file(arch, resolve_model_path(path)):
@@ -95,7 +96,7 @@ def load_model(path: str, arch: str = "auto", vae: str = "", prediction_type: st
     options = {"text_encoder_files": files} if family.text_encoder_file_options else {}
     options.update({k: v for k, v in (model_options or {}).items() if k in family.model_options})
     from .component_files import frozen_storage
-    with frozen_storage(frozen_quantize, getattr(family, "keep_unquantized", ())):
+    with frozen_storage(frozen_quantize, getattr(family, "keep_unquantized", ()), frozen_quantize_text_encoders):
         return family.load(resolve_model_path(path), vae=vae, prediction_type=prediction_type, tokenizer=tokenizer,
                            **options)
 
@@ -109,10 +110,10 @@ def family_accepts_file(arch: str, src: Path) -> bool:
     return get_family(arch).detect_file(*read_keys_and_metadata(src))
 
 
-def load_configured(model_section, frozen_quantize: str = "none"):
+def load_configured(model_section, frozen_quantize: str = "none", frozen_quantize_text_encoders: str = "none"):
     """load_model with a config's [model] section (its path, arch, vae, prediction_type, tokenizer and
-    every family's text-encoder file options). `frozen_quantize`: model.quantize when the run will quantize
-    the frozen base (load_model)."""
+    every family's text-encoder file options). `frozen_quantize(_text_encoders)`: model.quantize(_text_encoders)
+    when the run will quantize the frozen base (load_model)."""
     m = model_section
     families = all_families()
     options = {name for f in families for name in f.text_encoder_file_options}
@@ -120,7 +121,7 @@ def load_configured(model_section, frozen_quantize: str = "none"):
     return load_model(m.path, arch=m.arch, vae=m.vae, prediction_type=m.prediction_type, tokenizer=m.tokenizer,
                       text_encoder_files={name: getattr(m, name, "") for name in sorted(options)},
                       model_options={name: getattr(m, name) for name in sorted(own) if hasattr(m, name)},
-                      frozen_quantize=frozen_quantize)
+                      frozen_quantize=frozen_quantize, frozen_quantize_text_encoders=frozen_quantize_text_encoders)
 
 
 def build_tiny_model(arch: str, out_dir, seed: int = 0, **options) -> Path:

@@ -140,7 +140,12 @@ def stream_into(option: str, path: Path, module, convert_one, expected: dict, wh
                 progress(n)
     for key in optional:
         if key in expected and key not in done:
-            _assign(module, key, torch.zeros(expected[key], dtype=dtype))
+            if key in float8:  # zeros in float8 storage too: a left-out part never exists in bf16 either
+                from ..compute.quantize import float8_rows
+                zeros = torch.zeros(expected[key], dtype=torch.float8_e4m3fn)
+                _assign(module, key, float8_rows(zeros, torch.ones(expected[key][0]), dtype))
+            else:
+                _assign(module, key, torch.zeros(expected[key], dtype=dtype))
     left = [k for k in expected if k not in done and k not in optional]
     if left:
         raise ConfigError(f"{option}: {path.name} has no {left[0]}")
@@ -160,25 +165,27 @@ def stream_transformer(model_class, option: str, path: Path, config: dict, conve
     return model
 
 
-_STORAGE: ContextVar[tuple[str, tuple]] = ContextVar("frozen_storage", default=("none", ()))
+_STORAGE: ContextVar[tuple[dict, tuple]] = ContextVar("frozen_storage", default=({}, ()))
 
 
 @contextmanager
-def frozen_storage(kind: str, keep=()):
+def frozen_storage(kind: str, keep=(), text_encoders: str = "none"):
     """While a model loads for a run whose frozen base model.quantize stores as `kind` (the family keeping
-    `keep` unquantized): stream_transformer stores the Linear weights compute/quantize.py would quantize in
-    that storage as they arrive (float8 only), so the whole model never exists in bf16 first."""
-    token = _STORAGE.set((kind, tuple(keep)))
+    `keep` unquantized) and whose text encoders model.quantize_text_encoders stores as `text_encoders`: the
+    readers that stream a file (stream_transformer, qwen3vl_file) store the Linear weights compute/quantize.py
+    would quantize in that storage as they arrive (float8 only), so the whole model never exists in bf16 first."""
+    token = _STORAGE.set(({"denoiser": kind, "text_encoder": text_encoders}, tuple(keep)))
     try:
         yield
     finally:
         _STORAGE.reset(token)
 
 
-def stored_float8(model) -> set[str]:
-    """The weights (module keys) of `model` to store as float8 in this load (frozen_storage), else none."""
-    kind, keep = _STORAGE.get()
-    if kind != "float8":
+def stored_float8(model, part: str = "denoiser") -> set[str]:
+    """The weights (module keys) of `model` (the `part`: "denoiser" or "text_encoder") to store as float8 in
+    this load (frozen_storage), else none."""
+    kinds, keep = _STORAGE.get()
+    if kinds.get(part) != "float8":
         return set()
     from ..compute.quantize import quantizable_linears
     return {f"{name}.weight" for name in quantizable_linears(model, keep)}

@@ -8,14 +8,15 @@ under `text_encoders.qwen3vl_8b.transformer.`; files saved by transformers (`mod
 written by this project carries (`sd_studio.config`). The file is checked key by key before anything
 loads and read one tensor at a time (fp8 weights × their scales; component_files.stream_into). A file
 without the vision tower loads for families that never run it (`vision_needed=False`): its weights are
-zeros then; without the final norm likewise where the taps stop before it."""
+zeros then; without the final norm likewise where the taps stop before it. With model.quantize_text_encoders =
+"float8" the Linear weights arrive in float8 storage (component_files.frozen_storage)."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 from ..errors import ConfigError
-from .component_files import header, own_config, refuse_packed, stream_into, weights_on_meta
+from .component_files import header, own_config, refuse_packed, stored_float8, stream_into, weights_on_meta
 
 PREFIX_RE = re.compile(r"^text_encoders\.qwen3vl_\w+?\.transformer\.")
 
@@ -64,5 +65,6 @@ def load_qwen3vl(path_str: str, model_class, bundled_config: dict, label: str, h
         optional |= {k for k in expected if k.endswith("language_model.norm.weight")}
     refuse_packed("model.text_encoder", path, "the bf16 or fp8_scaled file")
     stream_into("model.text_encoder", path, model, lambda n, t: {hf_name(n, conditional): t}, expected,
-                f"Qwen3-VL text encoder of {label}'s size", optional=optional)
+                f"Qwen3-VL text encoder of {label}'s size", optional=optional,
+                float8=stored_float8(model, "text_encoder"))  # model.quantize_text_encoders = float8
     return model

@@ -45,8 +45,9 @@ def load_method_model(cfg: TrainConfig):
         from .vae import load_vae_model
         return load_vae_model(cfg)
     from ..families import load_configured
-    # the frozen denoiser's storage, as training/setup.py's place_denoiser will quantize it
-    model = load_configured(cfg.model, frozen_quantize=cfg.model.quantize if cfg.network.type != "full" else "none")
+    # the frozen parts' storage, as training/setup.py's place_denoiser and place_encoders will quantize them
+    model = load_configured(cfg.model, frozen_quantize=cfg.model.quantize if cfg.network.type != "full" else "none",
+                            frozen_quantize_text_encoders=cfg.model.quantize_text_encoders)
     model.text_max_length = cfg.model.t5_max_length
     if cfg.model.clip_skip > 1:
         from ..config.rules import clip_skip_refusal
