@@ -56,7 +56,7 @@ class Krea2EditPipeline(Krea2Pipeline):
         out = encode(self.text_encoder, inputs, tuple(self.text_encoder_select_layers), template[2])
         return out["hidden"], out["mask"].bool()
 
-    def __call__(self, prompt=None, negative_prompt=None, image=None, **kwargs):
+    def __call__(self, prompt=None, negative_prompt=None, *, image=None, **kwargs):
         if image is None:
             return super().__call__(prompt=prompt, negative_prompt=negative_prompt, **kwargs)
         images = list(image) if isinstance(image, (list, tuple)) else [image]
