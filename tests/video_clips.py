@@ -21,11 +21,20 @@ def moving_square(frames: int, size: int, seed: int) -> np.ndarray:
     return out
 
 
-def make_clip_dataset(folder: Path, n: int = 3, size: int = 32, frames: int = 9, fps: int = 16) -> Path:
-    """n mp4 clips (`clip000.mp4`, …) with captions 'a <colour> square on a plain background'."""
+def sine_tone(seconds: float, hz: float, rate: int = 16000, channels: int = 1) -> np.ndarray:
+    """(channels, samples) float32: a sine tone at 0.3 of full scale."""
+    t = np.arange(round(seconds * rate)) / rate
+    return np.repeat((0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)[None], channels, axis=0)
+
+
+def make_clip_dataset(folder: Path, n: int = 3, size: int = 32, frames: int = 9, fps: int = 16,
+                      audio: int = 0, rate: int = 16000) -> Path:
+    """n mp4 clips (`clip000.mp4`, …) with captions 'a <colour> square on a plain background'; the first
+    `audio` of them with a mono AAC track: a sine tone (220 Hz, 330 Hz, ...) as long as the clip."""
     from trainer_backend.data.video import write_clip
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(n):
-        write_clip(folder / f"clip{i:03d}.mp4", moving_square(frames, size, seed=i), fps=fps)
+        tone = (sine_tone(frames / fps, 220.0 * (i + 2) / 2, rate), rate) if i < audio else None
+        write_clip(folder / f"clip{i:03d}.mp4", moving_square(frames, size, seed=i), fps=fps, audio=tone)
         (folder / f"clip{i:03d}.txt").write_text(f"a {WORDS[i % len(WORDS)]} square on a plain background")
     return folder

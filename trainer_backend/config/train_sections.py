@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from ..families.registry import DDPM_FAMILIES, FLOW_FAMILIES
+from ..families.registry import AUDIO_FAMILIES, DDPM_FAMILIES, FLOW_FAMILIES
 from .base import F, Section
 
 FUSED_OPTIMIZERS = ("adamw", "sgd")  # torch.optim's with a fused implementation among optimizer.name's
@@ -129,6 +129,11 @@ class Loss(Section):
                             "dataset.mask_path), normalised by the mask's mean so the loss keeps its scale. White "
                             "trains, black is ignored. See docs/dataset.md.", resume="safe")
     noise_offset: float = F(0.0, "Noise offset (helps very dark/bright images).", ge=0.0, le=1.0, resume="safe")
+    audio_loss_weight: float = F(1.0, "Models with an audio stream (LTX-2), clips with an audio track "
+                                      "(dataset.video_audio): a sample's loss is its video term + this weight x its "
+                                      "audio term (Lightricks' trainer adds the two: 1). 0 = the audio stream runs "
+                                      "with the clip's audio but is not trained toward it.", ge=0.0, le=100.0,
+                                 resume="safe", when={"model.arch": AUDIO_FAMILIES})
     min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0, resume="safe",
                              when={"model.arch": DDPM_FAMILIES})
     timestep_min: int = F(0, "Lowest training timestep.", ge=0, le=999, advanced=True, resume="safe")

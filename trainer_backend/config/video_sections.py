@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..families.registry import VIDEO_FAMILIES
+from ..families.registry import AUDIO_FAMILIES, VIDEO_FAMILIES
 from .base import F, Section
 
 VIDEO = {"model.arch": VIDEO_FAMILIES}
+AUDIO = {"model.arch": AUDIO_FAMILIES}   # models with an audio stream (LTX-2)
 # the Wan 2.2 models with two experts (high-noise `transformer`, low-noise `transformer_2`)
 TWO_EXPERT_FAMILIES = ("wan22_t2v", "wan22_i2v")
 
@@ -35,6 +36,11 @@ class VideoDatasetOptions(Section):
     video_sequence_fps: float = F(16.0, "The frame rate of an image-sequence clip (a <name>.frames folder of "
                                         "numbered images).", gt=0.0, le=240.0, advanced=True,
                                   resume="unsafe:samples", when=VIDEO)
+    video_audio: bool = F(True, "Train the clips' audio tracks with their frames (models with an audio stream: "
+                                "LTX-2): each window's audio, the same seconds as its frames, goes through the "
+                                "model's audio VAE and the loss gets an audio term (loss.audio_loss_weight). Clips "
+                                "without an audio track train video only; the plan says how many. Off: video only.",
+                          resume="unsafe:samples", when=AUDIO)
 
 
 class VideoModelOptions(Section):

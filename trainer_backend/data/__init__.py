@@ -42,4 +42,8 @@ def collate(samples: list[dict]) -> dict:
         batch["text"] = stack_text([s["text"] for s in samples])
     if "conditions" in samples[0]:  # cached with the latents (Family.pixel_conditions), stacked per name
         batch["conditions"] = {k: torch.stack([s["conditions"][k] for s in samples]) for k in samples[0]["conditions"]}
+    for key, time_dim in (("audio_latents", 0), ("audio_waveform", 1)):  # a clip window's audio (data/audio.py)
+        if key in samples[0]:
+            from .audio import stack_cropped
+            batch[key] = stack_cropped([s[key] for s in samples], time_dim)
     return batch

@@ -72,6 +72,7 @@ class TrainDataset(torch.utils.data.Dataset):
         self.bucket_sizes = list(scan.buckets)                        # bucket id -> (w, h[, clip frames])
         self.video = scan.video                                       # clip options (video families)
         self._clip_latents = None                                     # data/video_dataset.ClipLatents
+        self.audio = None  # the run's audio encoder (data/audio.AudioEncoding) for clips that train their audio
         self._flip_allowed = True
         self._latents: dict[tuple[int, bool], torch.Tensor] | None = None
         self._latent_keys: dict[tuple[int, bool], str] = {}

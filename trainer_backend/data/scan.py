@@ -44,11 +44,12 @@ class ImageItem:
 
     @property
     def batch_bucket(self) -> tuple[int, ...]:
-        """What batches never mix: the (width, height) bucket, and a clip's frame count after it; an edit pair
+        """What batches never mix: the (width, height) bucket, and a clip's frame count after it (then 1 when
+        its audio track trains: a batch never mixes clips with and without audio); an edit pair
         carries (0, its number of reference images) after its size, so a dataset of pairs and caption-only
         images (Family.control_images = "optional") never stacks the two kinds in one batch."""
         if self.clip is not None:
-            return (*self.bucket, self.clip.frames)
+            return (*self.bucket, self.clip.frames) + ((1,) if self.clip.audio else ())
         return self.bucket if self.control is None else (*self.bucket, 0, 1 + len(self.extra_controls))
 
     @property

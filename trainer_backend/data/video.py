@@ -191,9 +191,11 @@ def decode_frames(path: Path, indices: list[int]) -> np.ndarray:
     return np.stack([got[i] for i in indices])
 
 
-def write_clip(path: Path, frames: np.ndarray, fps: int = 16, codec: str = "libx264") -> Path:
+def write_clip(path: Path, frames: np.ndarray, fps: int = 16, codec: str = "libx264",
+               audio: tuple[np.ndarray, int] | None = None) -> Path:
     """Writes uint8 RGB frames (F, H, W, 3) as a video file (mp4/h264 by default; the sample clips
-    and the tests' generated datasets use it). Odd sizes are padded by one pixel for yuv420p."""
+    and the tests' generated datasets use it). Odd sizes are padded by one pixel for yuv420p.
+    audio: (float (channels, samples) in [-1, 1], rate): an AAC track beside the frames (data/audio.py)."""
     import av
     frames = np.asarray(frames, dtype=np.uint8)
     _, h, w, _ = frames.shape
@@ -205,11 +207,17 @@ def write_clip(path: Path, frames: np.ndarray, fps: int = 16, codec: str = "libx
         stream = container.add_stream(codec, rate=fps)
         stream.width, stream.height = w, h
         stream.pix_fmt = "yuv420p"
+        write_audio = None
+        if audio is not None:  # every stream exists before the first packet is muxed
+            from .audio import audio_track
+            write_audio = audio_track(container, *audio)
         for image in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if write_audio is not None:
+            write_audio()
     return path
 
 
@@ -235,10 +243,12 @@ def clip_strip(path: Path, count: int = 8, height: int = 96):
     return frame_strip(decode_frames(path, picks), count=count, height=height)
 
 
-def write_sample(stem: Path, frames: np.ndarray, fps: int = 16) -> list[Path]:
-    """A video sample: `<stem>.mp4` and its frame strip `<stem>.strip.png` (uint8 RGB frames (F, H, W, 3));
-    both paths go in the sample event, so the Run page plays the clip and shows the strip."""
-    clip = write_clip(stem.with_name(stem.name + ".mp4"), frames, fps=fps)
+def write_sample(stem: Path, frames: np.ndarray, fps: int = 16,
+                 audio: tuple[np.ndarray, int] | None = None) -> list[Path]:
+    """A video sample: `<stem>.mp4` (with the generated audio track when `audio` is given) and its frame strip
+    `<stem>.strip.png` (uint8 RGB frames (F, H, W, 3)); both paths go in the sample event, so the Run page
+    plays the clip and shows the strip."""
+    clip = write_clip(stem.with_name(stem.name + ".mp4"), frames, fps=fps, audio=audio)
     strip = stem.with_name(stem.name + ".strip.png")
     frame_strip(frames).save(strip)
     return [clip, strip]

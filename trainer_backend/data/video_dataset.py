@@ -5,7 +5,9 @@ function as images (data/buckets.train_crop, one crop for every frame of the cli
 kept), and given as (C, F, H, W) in [-1, 1], the layout the video VAEs take. With an encoder the
 latents are cached per window under a key of the clip's file, the source frames, the bucket and the
 VAE (data/video_scan.clip_latent_key): the video VAE is the slow part, so a second epoch or a second
-run with the same data decodes nothing.
+run with the same data decodes nothing. A window that trains its audio track (ClipWindow.audio, with an
+audio encoder: data/audio.AudioEncoding) keeps its audio latents in the same file (`condition.audio_latents`),
+under a key that names the audio encoder too.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .audio import AudioEncoding, window_audio
 from .buckets import train_crop
 from .cache import DiskLatents, file_fingerprint, unpack_encoded
 from .video import decode_frames
@@ -46,18 +49,23 @@ def _fingerprint(path: Path) -> str:
 class ClipLatents:
     """Window -> latents, encoded once and kept on disk (or in memory when `folder` is None).
     `encode(pixels (1, 3, F, H, W)) -> latents (1, C, F', H', W')`, or (latents, the posterior's std in their
-    layout: diffusion/posterior.py); `vae_id` names the VAE in the key."""
+    layout: diffusion/posterior.py); `vae_id` names the VAE in the key. `audio`: the run's audio encoder, for
+    the windows that train their audio track."""
 
     def __init__(self, encode: Callable[[torch.Tensor], torch.Tensor], vae_id: str, opts: VideoOptions,
-                 folder: Path | None = None, conditions: tuple[str, ...] = ()):
-        self.encode, self.vae_id, self.opts = encode, vae_id, opts
+                 folder: Path | None = None, conditions: tuple[str, ...] = (), audio: AudioEncoding | None = None):
+        self.encode, self.vae_id, self.opts, self.audio = encode, vae_id, opts, audio
         self.conditions = tuple(conditions)   # names `encode` gives beside the latents (Family.pixel_conditions)
         self.disk = DiskLatents(folder) if folder is not None else None
         self.memory: dict[str, tuple[torch.Tensor, torch.Tensor | None, dict]] = {}
         self.encoded = 0  # how many windows were encoded (not read back): the tests and the progress line use it
 
+    def _with_audio(self, window: ClipWindow) -> bool:
+        return window.audio and self.audio is not None
+
     def key(self, window: ClipWindow, indices: list[int]) -> str:
-        return clip_latent_key(_fingerprint(window.path), window, self.opts.fps, indices, self.vae_id)
+        vae_id = f"{self.vae_id}|audio={self.audio.identity}" if self._with_audio(window) else self.vae_id
+        return clip_latent_key(_fingerprint(window.path), window, self.opts.fps, indices, vae_id)
 
     def get(self, window: ClipWindow, epoch: int = 0) -> torch.Tensor:
         return self.get_with_std(window, epoch)[0]
@@ -72,11 +80,15 @@ class ClipLatents:
         key = self.key(window, indices)
         if key in self.memory:
             return self.memory[key]
-        if self.disk is not None and self.disk.has_conditions(key, self.conditions):
-            conditions = self.disk.load_conditions(key) if self.conditions else {}
+        required = self.conditions + (("audio_latents",) if self._with_audio(window) else ())
+        if self.disk is not None and self.disk.has_conditions(key, required):
+            conditions = self.disk.load_conditions(key) if required else {}
             return self.disk.load(key), self.disk.load_std(key), conditions
         with torch.no_grad():
             mean, std, conditions = unpack_encoded(self.encode(window_pixels(window, indices).unsqueeze(0)))
+            if self._with_audio(window):  # from the window's audio track, not its pixels (data/audio.py)
+                wave = window_audio(window, self.opts.fps, indices, self.audio.rate, self.audio.channels)
+                conditions = {**conditions, "audio_latents": self.audio.encode(torch.from_numpy(wave).unsqueeze(0))}
         latents = mean[0].detach().float().cpu()
         std = None if std is None else std[0].detach().float().cpu()
         conditions = {name: t[0].detach().float().cpu() for name, t in conditions.items()}

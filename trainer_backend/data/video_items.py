@@ -21,12 +21,14 @@ from .video_scan import VideoOptions, _windows_of
 LOG = logging.getLogger(__name__)
 
 
-def video_options(ds, frame_step: int, seed: int = 0) -> VideoOptions:
-    """The [dataset] section's video_* options with the family's frame rule."""
+def video_options(ds, frame_step: int, seed: int = 0, audio_stream: bool = False) -> VideoOptions:
+    """The [dataset] section's video_* options with the family's frame rule; `audio_stream`: the model has one
+    (Family.audio_stream), so the clips' audio tracks train unless dataset.video_audio is off."""
     return VideoOptions(frame_step=frame_step, fps=ds.video_fps, max_frames=ds.video_frames,
                         clip_mode=ds.video_clip_mode, max_windows=ds.video_max_windows,
                         sequence_fps=ds.video_sequence_fps, caption_extension=ds.caption_extension, seed=seed,
-                        frame_buckets=tuple(sorted(set(ds.video_frame_buckets))))
+                        frame_buckets=tuple(sorted(set(ds.video_frame_buckets))),
+                        audio=audio_stream and ds.video_audio)
 
 
 def planned_video_options(cfg) -> VideoOptions | None:
@@ -36,8 +38,9 @@ def planned_video_options(cfg) -> VideoOptions | None:
     from ..families.registry import FAMILY_NAMES, entry
     from ..launch.model_size import planning_arch
     arch = planning_arch(cfg)
-    step = entry(arch).frame_step if arch in FAMILY_NAMES else 0
-    return video_options(cfg.dataset, step, cfg.schedule.seed) if step else None
+    known = entry(arch) if arch in FAMILY_NAMES else None
+    step = known.frame_step if known is not None else 0
+    return video_options(cfg.dataset, step, cfg.schedule.seed, known.audio_stream) if step else None
 
 
 def is_clip_file(path: Path) -> bool:
@@ -107,19 +110,25 @@ def clip_summary(items: list, opts: VideoOptions) -> dict:
     return {"clips": len(clips), "windows": len(windows),
             "duration_s": round(sum(info.duration for info in clips.values()), 2),
             "with_audio": sum(info.has_audio for info in clips.values()),
+            "audio_trained": len({w.path for w in windows if w.audio}),
             "images_as_frames": sum(1 for item in items if item.clip is None and not item.is_class),
             "clip_mode": opts.clip_mode, "fps": opts.fps, "frame_rule": f"{opts.frame_step}k+1",
             "frame_buckets": dict(sorted(Counter(w.frame_bucket for w in windows).items()))}
 
 
 def clip_sample(dataset, item, sample: dict, flip: bool, crop01: tuple[float, float]) -> None:
-    """A clip window's pixels (3, F, H, W) in [-1, 1] (or its cached latents) into `sample`."""
+    """A clip window's pixels (3, F, H, W) in [-1, 1] (or its cached latents) into `sample`; a window that trains
+    its audio track adds its audio: `audio_latents` (L, D) when cached, else `audio_waveform` (channels, samples)
+    at the audio encoder's rate (data/audio.py)."""
     window = item.clip
     sample["crop_top_left"] = (0, 0)
     if dataset._clip_latents is not None:  # fixed at the first draw (a random window) while cached
         sample["latents"], std, conditions = dataset._clip_latents.get_entry(window, epoch=0)
         if std is not None:  # each step draws latents + std · eps, as the VAE would sample (diffusion/posterior.py)
             sample["latents_std"] = std
+        conditions = dict(conditions)
+        if "audio_latents" in conditions:  # the window's audio track (data/audio.py), read by diffusion/loss.py
+            sample["audio_latents"] = conditions.pop("audio_latents")
         if conditions:  # what the step would build from the pixels (Family.pixel_conditions: I2V's first frame)
             sample["conditions"] = conditions
         return
@@ -136,6 +145,13 @@ def clip_sample(dataset, item, sample: dict, flip: bool, crop01: tuple[float, fl
         try:
             indices = source.indices(dataset.video.fps, dataset.epoch, dataset.video.seed)
             sample["pixel_values"] = window_pixels(source, indices, spec.center_crop, crop01, flip)
+            audio = dataset.audio
+            if source.audio and audio is not None:
+                import torch
+
+                from .audio import window_audio
+                wave = window_audio(source, dataset.video.fps, indices, audio.rate, audio.channels)
+                sample["audio_waveform"] = torch.from_numpy(wave)
             return
         except (BadClip, OSError) as e:
             dataset._failed.add(k)
@@ -162,7 +178,7 @@ def cache_clip_latents(dataset, encode, folder: Path | None, progress: bool, vae
     conditions: the names `encode` gives beside the latents (Family.pixel_conditions), cached with them."""
     from tqdm.auto import tqdm
     from .video_dataset import ClipLatents
-    cache = ClipLatents(encode, vae_id, dataset.video, folder, conditions=conditions)
+    cache = ClipLatents(encode, vae_id, dataset.video, folder, conditions=conditions, audio=dataset.audio)
     windows = list(dict.fromkeys(item.clip for item in dataset.items if item.clip is not None))
     if any(dataset._group(item).flip for item in dataset.items if item.clip is not None):
         LOG.warning("dataset: clips are not flipped while their latents are cached")

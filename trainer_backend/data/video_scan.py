@@ -35,6 +35,7 @@ class VideoOptions:
     caption_extension: str = ".txt"
     seed: int = 0                # random windows: drawn from (seed, epoch, clip)
     frame_buckets: tuple[int, ...] = ()  # the frame counts windows may have (empty: any the rule allows)
+    audio: bool = False          # the clips' audio tracks train too (dataset.video_audio, a model with an audio stream)
 
     def __post_init__(self):
         if self.clip_mode not in CLIP_MODES:
@@ -53,6 +54,7 @@ class ClipWindow:
     frames: int
     bucket: Size                 # (width, height)
     random_start: bool = False
+    audio: bool = False          # its audio track trains with it (data/audio.py); False: video only
 
     @property
     def frame_bucket(self) -> str:
@@ -97,9 +99,10 @@ def _windows_of(path: Path, info: ClipInfo, caption: str, opts: VideoOptions, sp
     if frames < max(1, opts.min_frames):
         return []
     bucket = assign_bucket(info.width, info.height, spec, buckets)
+    audio = opts.audio and info.has_audio
     if opts.clip_mode == "random" and available > frames:
-        return [ClipWindow(path, caption, info, 0, frames, bucket, random_start=True)]
-    return [ClipWindow(path, caption, info, start, frames, bucket)
+        return [ClipWindow(path, caption, info, 0, frames, bucket, random_start=True, audio=audio)]
+    return [ClipWindow(path, caption, info, start, frames, bucket, audio=audio)
             for start in window_starts(available, frames, opts.clip_mode, opts.max_windows)]
 
 

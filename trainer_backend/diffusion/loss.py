@@ -1,6 +1,8 @@
 """The diffusion training loss for one batch, for any family: the family's latents, text
 conditioning and forward call under its objective (families/objectives.py, where the
-per-sample randomness rule lives)."""
+per-sample randomness rule lives). A batch of clips that train their audio track (a family with an audio
+stream: LTX-2) adds the audio term: the audio latents noised at the sample's timestep with their own
+noise, both streams predicted in one call, loss = video + loss.audio_loss_weight x audio."""
 from __future__ import annotations
 
 import torch
@@ -44,9 +46,19 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
         input_ids = [to_device(ids, device) for ids in family.tokenize_batch(model, batch, cfg.dataset.max_token_length)]
         text = family.encode_text(model, input_ids, text_encoders)
 
-    pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype, cfg=cfg)
+    audio = audio_latents(model, batch, device)
+    if audio is not None:
+        audio_noise = to_device(audio_noise_of(indices, seed, epoch, tuple(audio.shape[1:])), device)
+        noisy_audio = objective.noisy(audio, audio_noise, timesteps)  # the video's timestep (LTX2Pipeline's sigmas)
+        pred, audio_pred = family.predict_audio_video(model, denoiser, noisy, noisy_audio, timesteps, text, batch,
+                                                      weight_dtype, cfg=cfg)
+    else:
+        pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype, cfg=cfg)
     target = objective.target(latents, noise, timesteps)
     per_sample = per_sample_loss(pred, target, batch.get("mask"))
+    if audio is not None:
+        audio_loss = per_sample_loss(audio_pred, objective.target(audio, audio_noise, timesteps))
+        per_sample = per_sample + cfg.loss.audio_loss_weight * audio_loss
     weights = objective.weights(timesteps, cfg.loss)
     if weights is not None:
         per_sample = per_sample * weights
@@ -56,6 +68,31 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
         weights = torch.where(to_device(batch["is_class"], device), cfg.dataset.prior_loss_weight, 1.0)
         per_sample = per_sample * weights
     return per_sample.mean()
+
+
+def audio_latents(model, batch: dict, device) -> torch.Tensor | None:
+    """The batch's audio latents (B, L, D): cached, or encoded from its waveforms; None when it trains no audio."""
+    if "audio_latents" in batch:
+        return to_device(batch["audio_latents"], device).float()
+    if "audio_waveform" in batch:
+        with torch.no_grad():
+            return model.family.encode_audio(model, to_device(batch["audio_waveform"], device)).float()
+    return None
+
+
+def audio_noise_of(indices: list[int], seed: int, epoch: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Each sample's audio noise, from its own generator (seeded apart from the video's draws, so the two
+    streams' noises are independent), as families/objectives.py draws per sample: batch-size independent."""
+    from ..families.objectives import sample_generator
+    noises = []
+    for index in indices:
+        g = sample_generator(seed, epoch, index)
+        g.manual_seed(g.initial_seed() ^ _AUDIO_STREAM)
+        noises.append(torch.randn(shape, generator=g))
+    return torch.stack(noises)
+
+
+_AUDIO_STREAM = 0x5EED_A0D1_0000  # xor'ed into a sample's seed for its audio noise
 
 
 def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -60,12 +60,15 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> list:
+def generate(pipe, device: torch.device, weight_dtype: torch.dtype, audio_out: list | None = None, **call) -> list:
     """PIL images from a pipeline call: denoising under autocast in the compute dtype, decoding by
-    the fp32 VAE outside it (an fp16 VAE overflows, SDXL's above all)."""
+    the fp32 VAE outside it (an fp16 VAE overflows, SDXL's above all). `audio_out`: a list that gets each
+    sample's generated audio, (float (channels, samples), rate), from a pipeline that generates audio too."""
     pipe = run_on(pipe, device)  # on `device` even where the VAE or text encoders wait in CPU memory
     with autocast(device, weight_dtype):
         out = pipe(output_type="latent", **call)
+    if audio_out is not None and getattr(out, "audio", None) is not None:
+        audio_out.extend(decode_audio(pipe, out.audio))
     latents = out.images if hasattr(out, "images") else out.frames  # a video pipeline's output has frames
     vae = pipe.vae
     cfg = vae.config
@@ -93,6 +96,15 @@ def generate(pipe, device: torch.device, weight_dtype: torch.dtype, **call) -> l
         images = images[:, :, 0]
     processor = getattr(pipe, "image_processor", None) or pipe.video_processor  # video pipelines have the latter
     return processor.postprocess(images.float(), output_type="pil")
+
+
+def decode_audio(pipe, audio_latents: torch.Tensor) -> list[tuple]:
+    """A pipeline's audio latents (its output_type="latent" audio: LTX2Pipeline's [B, C, L, M]) -> per sample
+    (float32 (channels, samples) in [-1, 1], rate), through its audio VAE and vocoder as the pipeline decodes."""
+    mel = pipe.audio_vae.decode(audio_latents.to(pipe.audio_vae.dtype), return_dict=False)[0]
+    waves = pipe.vocoder(mel.to(next(pipe.vocoder.parameters()).dtype)).float().clamp(-1, 1).cpu().numpy()
+    rate = int(pipe.vocoder.config.output_sampling_rate)
+    return [(wave.reshape(-1, wave.shape[-1]), rate) for wave in waves]
 
 
 def frame_count(frames: int, step: int) -> int:
@@ -168,6 +180,7 @@ class SampleImages:
         self.dir = Path(run.dir) / SAMPLES_DIR
         self.control = Path(run.dir) / CONTROL_DIR / Control.SAMPLE_NOW.value
         self.last_step = -1
+        self.last_audio: list | None = None  # the last render's generated audio (a model with an audio stream)
 
     @staticmethod
     def check_schedule(cfg: TrainConfig, prompts: list[SamplePrompt]) -> None:
@@ -218,8 +231,10 @@ class SampleImages:
         # a video family's sample is a clip: `--f` frames, else the family's default (rounded to its rule)
         frames = {"num_frames": frame_count(p.frames or family.sample_frames, family.frame_step)} \
             if family.frame_step else {}
-        (image,) = generate(pipe, self.accelerator.device, self.weight_dtype, **prompts, **control, **frames,
-                            width=p.width,
+        # a model with an audio stream trained on the clips' audio: the sample clip carries the generated audio
+        self.last_audio = [] if family.audio_stream and self.cfg.dataset.video_audio else None
+        (image,) = generate(pipe, self.accelerator.device, self.weight_dtype, self.last_audio, **prompts, **control,
+                            **frames, width=p.width,
                             height=p.height, num_inference_steps=p.steps,
                             **model.family.guidance_arguments(model, p.cfg_scale),
                             generator=torch.Generator("cpu").manual_seed(p.seed))
@@ -248,7 +263,8 @@ class SampleImages:
                 stem = self.dir / f"step-{step:08d}_p{i:02d}"
                 if isinstance(image, np.ndarray) and image.ndim == 4:  # a clip: mp4 + its frame strip
                     from ..data.video import frame_strip, write_sample
-                    written = write_sample(stem, image, fps=round(self.model.family.default_fps))
+                    audio = self.last_audio[0] if self.last_audio else None
+                    written = write_sample(stem, image, fps=round(self.model.family.default_fps), audio=audio)
                     paths, rows = paths + written, rows + [i] * len(written)
                     self.run.events.image(f"samples/p{i:02d}", np.asarray(frame_strip(image)), step)
                     continue

@@ -119,11 +119,29 @@ class Family:
     sample_frames: int = 17       # a sample prompt's frames without `--f`
     # [model] fields passed to `load` as keyword arguments (model.<name>) and kept on LoadedModel.options
     model_options: tuple[str, ...] = ()
+    # the model generates audio beside the video (LTX-2): a clip window with an audio track trains both streams
+    # (data/audio.py decodes it; `audio_format`, `encode_audio`, `predict_audio_video`); equal to the registry's
+    audio_stream: bool = False
 
-    def clip_audio(self, clips_with_audio: int) -> str:
+    def clip_audio(self, clips_with_audio: int, clips: int = 0, trained: int = 0) -> str:
         """What a video run does with its clips' audio tracks, as the plan says it (the scan summary's
-        video "audio"): a model without an audio stream ignores them."""
+        video "audio"): `clips` clips, `clips_with_audio` with an audio track, `trained` of them training it.
+        A model without an audio stream ignores them."""
         return "ignored (the model has no audio stream)"
+
+    def audio_format(self, model: LoadedModel) -> tuple[int, int]:
+        """An audio-stream family: (sample rate, channels) its audio encoder takes."""
+        raise NotImplementedError
+
+    def encode_audio(self, model: LoadedModel, waveform: "torch.Tensor") -> "torch.Tensor":
+        """An audio-stream family: waveforms (B, channels, samples) at audio_format's rate -> the audio latents
+        the denoiser takes and predicts, batch first (cached per clip window like the video latents)."""
+        raise NotImplementedError
+
+    def predict_audio_video(self, model: LoadedModel, denoiser, noisy: "torch.Tensor", noisy_audio: "torch.Tensor",
+                            timesteps: "torch.Tensor", text: dict, batch: dict, dtype, cfg=None) -> tuple:
+        """An audio-stream family: `predict` with both streams, (video prediction, audio prediction)."""
+        raise NotImplementedError
 
     def trainable_text_encoders(self) -> tuple[str, ...]:
         """The text encoders network.train_text_encoder trains (none when the family keeps them frozen)."""

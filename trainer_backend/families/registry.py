@@ -41,6 +41,9 @@ class FamilyEntry:
     # image-to-video: the sampling pipeline starts from an image, so a sample prompt may give one with `--control`
     # (training takes no control folder: control_images stays ""); the same value as the Family's
     takes_start_image: bool = False
+    # the model has an audio stream (LTX-2): a clip's audio track trains with its frames (dataset.video_audio);
+    # the same value as the Family's `audio_stream`
+    audio_stream: bool = False
 
 
 FAMILIES: tuple[FamilyEntry, ...] = (
@@ -78,7 +81,7 @@ FAMILIES: tuple[FamilyEntry, ...] = (
                 "WAN22_I2V", "flow", ("diffusers", "kohya"), text_encoder_training=False, frame_step=4,
                 takes_start_image=True),
     FamilyEntry("ltx2", "LTX-2 (video; audio stream kept)", "trainer_backend.families.ltx2", "LTX2", "flow",
-                ("diffusers", "kohya"), text_encoder_training=False, frame_step=8),
+                ("diffusers", "kohya"), text_encoder_training=False, frame_step=8, audio_stream=True),
 )
 FAMILY_NAMES: tuple[str, ...] = tuple(e.name for e in FAMILIES)
 ARCH_CHOICES: tuple[str, ...] = ("auto", *FAMILY_NAMES)
@@ -92,6 +95,7 @@ LORA_LAYOUT_CHOICE_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if
 # paired control images (families/base.py Family.control_images): the families that take them at all
 CONTROL_IMAGE_MODES: tuple[str, ...] = ("", "optional", "required")
 VIDEO_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.frame_step)
+AUDIO_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.audio_stream)
 CONTROL_FAMILIES: tuple[str, ...] = tuple(e.name for e in FAMILIES if e.control_images)
 # builtin:<name> tiny models: name -> (family, variant; "" = the family's default tiny model)
 BUILTIN_TINY: dict[str, tuple[str, str]] = {

@@ -178,16 +178,16 @@ def scan_data(cfg: TrainConfig, family=None):
     video = None
     if getattr(family, "frame_step", 0):
         from ..data.video_items import video_options
-        video = video_options(cfg.dataset, family.frame_step, cfg.schedule.seed)
+        video = video_options(cfg.dataset, family.frame_step, cfg.schedule.seed, family.audio_stream)
     # a model that generates and edits trains a paired folder's images without a control image on their captions
     captions_only = None if family is None else family.control_images == "optional"
     scan = scan_dataset(cfg, video=video, captions_only=captions_only)
     for warning in scan.warnings:
         LOG.warning(warning)
     clips = scan.summary.get("video") if video is not None else None
-    if clips and clips.get("with_audio"):  # the plan says what the clips' audio tracks train (Family.clip_audio)
-        clips["audio"] = family.clip_audio(clips["with_audio"])
-        LOG.info("%d clips with an audio track: %s", clips["with_audio"], clips["audio"])
+    if clips and (clips.get("with_audio") or family.audio_stream):  # the plan says what the audio tracks train
+        clips["audio"] = family.clip_audio(clips["with_audio"], clips["clips"], clips.get("audio_trained", 0))
+        LOG.info("audio: %s", clips["audio"])
     return scan
 
 
@@ -201,6 +201,8 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
     if model.family is not None:   # a VAE fine-tune trains no family's denoiser and reads no control images
         check_reference_limit(scan.items, scan.groups, model.family.max_control_images, model.family.label)
     dataset = TrainDataset(scan, cfg, counts=counts)
+    if model.family is not None and model.family.audio_stream and scan.video is not None and scan.video.audio:
+        dataset.audio = audio_encoding(model, accelerator)
     if cfg.dataset.cache_text_encoder_outputs:
         cache_text_outputs(cfg, dataset, model)
     if cfg.dataset.cache_latents:
@@ -226,6 +228,18 @@ def build_dataset(cfg: TrainConfig, scan, counts, model, accelerator, run: Run):
     if cfg.dataset.cache_text_encoder_outputs and model.family is not None and model.family.text_reads_control:
         cache_pair_text(cfg, dataset, model)
     return dataset
+
+
+def audio_encoding(model, accelerator):
+    """The audio encoder of a family with an audio stream, for the clips that train their audio track."""
+    from ..data.audio import AudioEncoding
+    from ..families.weights_identity import weights_identity
+    rate, channels = model.family.audio_format(model)
+
+    @torch.no_grad()
+    def encode(waveform: torch.Tensor) -> torch.Tensor:
+        return model.family.encode_audio(model, waveform.to(accelerator.device)).cpu()
+    return AudioEncoding(rate, channels, encode, weights_identity(model.source, subfolder="audio_vae"))
 
 
 def cache_pair_text(cfg: TrainConfig, dataset, model) -> None:

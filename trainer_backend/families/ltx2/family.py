@@ -3,8 +3,11 @@ normalised latents of the LTX-2 video VAE (32x spatial, 8x temporal in the full 
 are 8k+1), packed into tokens and shifted as LTX2Pipeline samples them (latents.py); Gemma 3 text (frozen)
 through the pipeline's text connectors, which give the video and the audio stream their own embeddings.
 
-The transformer always runs its audio stream. A video-only run (clips without audio training) runs it on
-one empty audio token with the audio<->video cross-attentions off (`isolate_modalities`), the way
+The transformer always runs its audio stream. A clip window with an audio track (dataset.video_audio) trains
+both: its audio's tokens (audio.py: log-mel -> audio VAE -> packed, normalised) are noised at the video's
+timestep with their own noise, both streams attend to each other, and the loss adds the audio term
+(diffusion/loss.py, loss.audio_loss_weight). A video-only sample (no audio track, or audio off) runs the audio
+stream on one empty token with the audio<->video cross-attentions off (`isolate_modalities`), the way
 Lightricks' trainer runs the video stream alone: the video prediction does not depend on made-up audio.
 LoRA files: diffusers' layout (`transformer.…`, LTX2Pipeline.load_lora_weights) or ComfyUI's (lora_keys.py).
 """
@@ -17,6 +20,7 @@ from ..base import LoadedModel
 from ..folder_outputs import FolderOutputs
 from ..flow_common import FlowFamily, device_of, unwrap
 from ..objectives import FlowMatchObjective
+from . import audio as aud
 from . import latents as lat
 
 DEFAULT_TEXT_LENGTH = 1024   # LTX2Pipeline's max_sequence_length
@@ -60,9 +64,23 @@ class LTX2Family(FolderOutputs, FlowFamily):
     default_fps = 24.0
     sample_frames = 17
 
-    def clip_audio(self, clips_with_audio: int) -> str:
-        return ("not trained: the LoRA trains the video stream only (audio-track training through the audio "
-                "VAE is not built yet; docs/video.md)")
+    audio_stream = True
+
+    def clip_audio(self, clips_with_audio: int, clips: int = 0, trained: int = 0) -> str:
+        clips = max(clips, clips_with_audio)
+        if not trained:
+            why = "dataset.video_audio is off" if clips_with_audio else "no clip has an audio track"
+            return f"not trained ({why}): the video stream only"
+        silent = clips - trained
+        return (f"trained on {trained} of {clips} clips" +
+                (f"; {silent} {'has' if silent == 1 else 'have'} no audio track (video only)" if silent else ""))
+
+    def audio_format(self, model) -> tuple[int, int]:
+        return aud.audio_format(model.options["audio_vae"])
+
+    def encode_audio(self, model, waveform):
+        vae = model.options["audio_vae"].to(waveform.device)  # small (the full model's: 0.1B): joins the clip
+        return aud.encode(vae, waveform)
 
     # ---- detection and loading
     def detect_folder(self, folder: Path, index: dict) -> bool:
@@ -167,21 +185,32 @@ class LTX2Family(FolderOutputs, FlowFamily):
         return float(fps) if fps else self.default_fps
 
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
+        return self._forward(denoiser, noisy, None, timesteps, text, dtype, cfg)[0]
+
+    def predict_audio_video(self, model, denoiser, noisy, noisy_audio, timesteps, text, batch, dtype, cfg=None):
+        return self._forward(denoiser, noisy, noisy_audio, timesteps, text, dtype, cfg)
+
+    def _forward(self, denoiser, noisy, noisy_audio, timesteps, text, dtype, cfg):
+        """The transformer on (B, C, F', h, w) video latents and (B, L, D) audio tokens at one timestep per
+        sample (None: video only, the audio stream isolated on one empty token); (video, audio) predictions."""
         import torch
         config = unwrap(denoiser).config
         p, pt = config.patch_size, config.patch_size_t
         b, _, f, h, w = noisy.shape
         tokens = lat.pack(noisy.to(dtype), p, pt)
-        audio = torch.zeros(b, 1, config.audio_in_channels, device=noisy.device, dtype=dtype)
+        isolated = noisy_audio is None
+        audio = torch.zeros(b, 1, config.audio_in_channels, device=noisy.device, dtype=dtype) if isolated \
+            else noisy_audio.to(noisy.device, dtype)
         t = timesteps.to(noisy.device, dtype)
         mask = text["prompt_attention_mask"].to(noisy.device)
-        video, _ = denoiser(hidden_states=tokens, audio_hidden_states=audio,
-                            encoder_hidden_states=text["prompt_embeds"].to(noisy.device, dtype),
-                            audio_encoder_hidden_states=text["audio_prompt_embeds"].to(noisy.device, dtype),
-                            timestep=t, sigma=t, encoder_attention_mask=mask, audio_encoder_attention_mask=mask,
-                            num_frames=f, height=h, width=w, fps=self.conditioning_fps(cfg), audio_num_frames=1,
-                            isolate_modalities=True, return_dict=False)
-        return lat.unpack(video, f // pt, h // p, w // p, p, pt)
+        video, audio_out = denoiser(
+            hidden_states=tokens, audio_hidden_states=audio,
+            encoder_hidden_states=text["prompt_embeds"].to(noisy.device, dtype),
+            audio_encoder_hidden_states=text["audio_prompt_embeds"].to(noisy.device, dtype),
+            timestep=t, sigma=t, encoder_attention_mask=mask, audio_encoder_attention_mask=mask,
+            num_frames=f, height=h, width=w, fps=self.conditioning_fps(cfg), audio_num_frames=audio.shape[1],
+            isolate_modalities=isolated, return_dict=False)
+        return lat.unpack(video, f // pt, h // p, w // p, p, pt), (None if isolated else audio_out)
 
     def use_plain_attention(self, model) -> None:
         pass  # LTX-2's attention processor is its own (rotary embeddings inside)

@@ -43,7 +43,8 @@ def tiny_components(seed: int = 0) -> dict:
         decoder_inject_noise=(False,) * 4, downsample_type=("spatiotemporal",) * 3,
         upsample_type=("spatiotemporal",) * 3, upsample_residual=(False,) * 3, upsample_factor=(1, 1, 1),
         patch_size=1, patch_size_t=1, decoder_causal=False)
-    audio_vae = AutoencoderKLLTX2Audio(base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1,
+    # three levels: the 4x time and mel compression LTX2Pipeline assumes (8 mel bins -> 2, 4 time steps -> 1)
+    audio_vae = AutoencoderKLLTX2Audio(base_channels=4, output_channels=2, ch_mult=(1, 1, 1), num_res_blocks=1,
                                        resolution=32, latent_channels=2, mel_bins=8)
     vocoder = LTX2Vocoder(in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
                           upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
