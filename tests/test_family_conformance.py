@@ -50,9 +50,10 @@ def _image(pipe, family=None) -> torch.Tensor:
 
 
 def _data(folder, family, n: int, size: int):
-    """The training data: images, or for a video family (Family.frame_step) generated 9-frame clips."""
+    """The training data: images, or for a video family (Family.frame_step) generated 9-frame clips (with an
+    audio track each for a model with an audio stream: LTX-2 then trains both streams)."""
     if family.frame_step:
-        return make_clip_dataset(folder, n=n, size=size, frames=9)
+        return make_clip_dataset(folder, n=n, size=size, frames=9, audio=n if family.audio_stream else 0)
     return make_dataset(folder, n=n, size=size)
 
 

@@ -163,15 +163,15 @@ def _write_clip_with_audio(path, frames: int = 9, size: int = 32, fps: int = 16,
 
 
 def test_the_run_says_what_the_clips_audio_tracks_train(tmp_path, caplog):
-    """Clips with an audio track: the scan's video summary (and train.log) say the LTX-2 LoRA is video-only;
-    a family without an audio stream says it has none."""
+    """Clips with an audio track: the scan's video summary (and train.log) say the LTX-2 LoRA trains it (the
+    audio itself: tests/test_ltx2_audio.py); a family without an audio stream says it has none."""
     from trainer_backend.config import load_config
     from trainer_backend.training.setup import scan_data
     data = tmp_path / "data"
     data.mkdir()
     _write_clip_with_audio(data / "tone.mp4")
     (data / "tone.txt").write_text("a grey frame with a tone")
-    for arch, said in (("ltx2", "not trained: the LoRA trains the video stream only"),
+    for arch, said in (("ltx2", "trained on 1 of 1 clips"),
                        ("wan22_t2v", "ignored (the model has no audio stream)")):
         cfg = load_config(None, [f"model.arch={arch}", f"dataset.path={data}", "dataset.resolution=32"])
         with caplog.at_level("INFO"):

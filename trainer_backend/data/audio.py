@@ -1,5 +1,6 @@
 """A clip window's audio track: the same time span as the window's frames, decoded with PyAV and resampled
-(libswresample) to the rate and channel count the model's audio encoder takes; and the mp4 audio of a sample.
+(libswresample) to the rate and channel count the model's audio encoder takes (a sample mp4's audio track is
+written by data/video.write_clip).
 
 Families with an audio stream (Family.audio_stream: LTX-2) train a window's audio when its clip has an audio
 track and dataset.video_audio is on (VideoOptions.audio; ClipWindow.audio). The family turns the waveform into
@@ -84,22 +85,3 @@ def stack_cropped(tensors: list, dim: int):
     import torch
     shortest = min(t.shape[dim] for t in tensors)
     return torch.stack([t.narrow(dim, 0, shortest) for t in tensors])
-
-
-def audio_track(container, audio: np.ndarray, rate: int) -> Callable[[], None]:
-    """Adds an AAC track for float (channels, samples) audio in [-1, 1] to an open output container (before
-    anything is muxed); returns the call that encodes and muxes it."""
-    import av
-    audio = np.ascontiguousarray(np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)[:2])
-    layout = "mono" if audio.shape[0] == 1 else "stereo"
-    stream = container.add_stream("aac", rate=rate)
-    stream.codec_context.layout = layout
-
-    def write() -> None:
-        frame = av.AudioFrame.from_ndarray(audio, format="fltp", layout=layout)
-        frame.sample_rate, frame.pts = rate, 0
-        for packet in stream.encode(frame):
-            container.mux(packet)
-        for packet in stream.encode(None):
-            container.mux(packet)
-    return write

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -209,7 +210,6 @@ def write_clip(path: Path, frames: np.ndarray, fps: int = 16, codec: str = "libx
         stream.pix_fmt = "yuv420p"
         write_audio = None
         if audio is not None:  # every stream exists before the first packet is muxed
-            from .audio import audio_track
             write_audio = audio_track(container, *audio)
         for image in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
@@ -219,6 +219,25 @@ def write_clip(path: Path, frames: np.ndarray, fps: int = 16, codec: str = "libx
         if write_audio is not None:
             write_audio()
     return path
+
+
+def audio_track(container, audio: np.ndarray, rate: int) -> Callable[[], None]:
+    """Adds an AAC track for float (channels, samples) audio in [-1, 1] to an open output container (before
+    anything is muxed); returns the call that encodes and muxes it."""
+    import av
+    audio = np.ascontiguousarray(np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0)[:2])
+    layout = "mono" if audio.shape[0] == 1 else "stereo"
+    stream = container.add_stream("aac", rate=rate)
+    stream.codec_context.layout = layout
+
+    def write() -> None:
+        frame = av.AudioFrame.from_ndarray(audio, format="fltp", layout=layout)
+        frame.sample_rate, frame.pts = rate, 0
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return write
 
 
 def frame_strip(frames: np.ndarray, count: int = 8, height: int = 96):
