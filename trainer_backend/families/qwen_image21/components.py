@@ -61,8 +61,8 @@ _MIDDLE = (("middle.0.", "mid_block.resnets.0."), ("middle.1.", "mid_block.atten
 _ENDS = (("conv1.", "conv_in."), ("head.0.", "norm_out."), ("head.2.", "conv_out."))
 _TOP = (("conv1.", "quant_conv."), ("conv2.", "post_quant_conv."))
 _BLOCK = re.compile(r"(encoder|decoder)\.(downsamples|upsamples)\.(\d+)\.(?:downsamples|upsamples)\.(\d+)\.(.*)")
-_DIFFUSERS_BLOCK = re.compile(r"(encoder|decoder)\.(?:down_blocks|up_blocks)\.(\d+)\.(resnets\.(\d+)|downsampler|upsampler)"
-                              r"\.(.*)")
+_DIFFUSERS_BLOCK = re.compile(r"(encoder|decoder)\.(?:down_blocks|up_blocks)\.(\d+)\."
+                              r"(resnets\.(\d+)|downsampler|upsampler)\.(.*)")
 
 
 def _swap(name: str, pairs, reverse: bool = False) -> str:
@@ -99,7 +99,9 @@ def vae_name_from_original(name: str) -> str:
         _, _, i, j, tail = block.groups()
         _, blocks, sampler = _STAGES[part]
         renamed = _swap(tail, _RESIDUAL)
-        return f"{part}.{blocks}.{i}.resnets.{j}.{renamed}" if renamed != tail else f"{part}.{blocks}.{i}.{sampler}.{tail}"
+        if renamed != tail:
+            return f"{part}.{blocks}.{i}.resnets.{j}.{renamed}"
+        return f"{part}.{blocks}.{i}.{sampler}.{tail}"
     if rest.startswith("middle."):
         index, tail = rest[:len("middle.0.")], rest[len("middle.0."):]
         return f"{part}.{_swap(index, _MIDDLE)}{_swap(tail, _RESIDUAL)}"
