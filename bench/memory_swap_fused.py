@@ -1,7 +1,7 @@
 """Peak memory and step time with and without memory.block_swap, memory.offload_encoders and
 optimizer.fused_backward, each mode a real `train(cfg)` in a fresh process (peaks do not mix).
 
-    .venv/bin/python bench/memory_swap_fused.py --tiny [--arch sd1] [--swap 2] [--steps 3]
+    .venv/bin/python bench/memory_swap_fused.py --tiny [--arch sd1] [--swap 2] [--steps 3] [--quantize int8]
     python bench/memory_swap_fused.py --device cuda --arch sdxl [--swap 5] [--resolution 1024]   # SDXL has 7 blocks
 
 --tiny trains the family's tiny random model on the CPU; without it the full-size model is built with
@@ -13,7 +13,9 @@ random weights from the bundled configs (bench/gpubench/models.py; sd15, sdxl, f
   the CPU too);
 - gradients: the most trained-weight gradient bytes alive at once (what fused_backward lowers);
 - s/step: median seconds per step after the first.
-Ratios are against the plain mode of the same method (LoRA or full fine-tune).
+Ratios are against the plain mode of the same method (LoRA or full fine-tune). --quantize KIND adds
+"lora, KIND" and "lora, KIND, block_swap=N" (model.quantize: the swapped blocks move at their quantized size;
+quantized weights are counted by their real bytes, inner tensors and nf4 quant_state included).
 """
 from __future__ import annotations
 
@@ -30,10 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def modes(swap: int) -> dict[str, list[str]]:
+def modes(swap: int, quantize: str = "") -> dict[str, list[str]]:
     full = ["network.type=full", "optimizer.max_grad_norm=0"]
+    quantized = {f"lora, {quantize}": [f"model.quantize={quantize}"],
+                 f"lora, {quantize}, block_swap={swap}": [f"model.quantize={quantize}", f"memory.block_swap={swap}"]}
     return {
         "lora": [],
+        **(quantized if quantize else {}),
         f"lora, block_swap={swap}": [f"memory.block_swap={swap}"],
         "lora, offload_encoders": ["memory.offload_encoders=true"],
         "full": full,
@@ -50,6 +55,10 @@ def measure(args: list[str]) -> dict:
     from trainer_backend.config.checks import validate_for_run
     from trainer_backend.training import loop, memory_setup
     from trainer_backend.compute import devices
+    from trainer_backend.compute.weight_storage import leaves, quant_state_leaves, quant_state_of, storage_of
+
+    def parts(t) -> list:
+        return [*leaves(storage_of(t)), *quant_state_leaves(quant_state_of(t))]
 
     cfg = validate_for_run(load_config(None, args))
     device = torch.device("cpu") if cfg.hardware.cpu else devices.as_device()
@@ -61,8 +70,12 @@ def measure(args: list[str]) -> dict:
         tensors = [*model.denoiser.parameters(), *model.denoiser.buffers()]
 
         def on_device_bytes(*_):
-            total = sum(t.numel() * t.element_size() for t in tensors
-                        if swap is None or id(t) not in swap.host or t.data_ptr() != swap.host[id(t)].data_ptr())
+            total = 0
+            for t in tensors:
+                now = parts(t)
+                home = swap is not None and id(t) in swap.host and {x.data_ptr() for x in now} == {
+                    x.data_ptr() for x in (*leaves(swap.host[id(t)]), *quant_state_leaves(swap.host_states.get(id(t))))}
+                total += 0 if home else sum(x.numel() * x.element_size() for x in now)
             found["device_bytes"] = max(found["device_bytes"], total)
 
         for block in model.family.blocks(model):
@@ -102,6 +115,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--resolution", type=int, default=32)
     parser.add_argument("--only", default="", help="mode names separated by | (default: all)")
+    parser.add_argument("--quantize", default="", help="also the modes 'lora, KIND' and 'lora, KIND, block_swap=N'")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every mode, e.g. precision.gradient_checkpointing=true")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # internal: JSON overrides, run in a child
@@ -123,7 +137,8 @@ def main() -> int:
             model = build(args.arch, work / "model", args.device, tiny=False)
         data = make_dataset(work / "data", n=4, size=args.resolution)
         results = {}
-        chosen = {n: m for n, m in modes(args.swap).items() if not args.only or n in args.only.split("|")}
+        chosen = {n: m for n, m in modes(args.swap, args.quantize).items()
+                  if not args.only or n in args.only.split("|")}
         for name, mode in chosen.items():
             child = [f"model.path={model}", f"dataset.path={data}", f"dataset.resolution={args.resolution}",
                      f"output.dir={work / 'runs'}", f"output.name=m{len(results)}", "logging.tensorboard=false",
