@@ -31,6 +31,7 @@ def test_filters_pages_and_edit_pairs(tmp_path):
     # a dataset of edit pairs and plain captions (Qwen-Image 2.1): the unpaired images are caption-only items
     uncontrolled = next(item for item in view.items if item["path"] == "img_00002.png")
     assert uncontrolled["controls"] == [] and "Qwen-Image 2.1" in uncontrolled["flags"]["control_missing"]
+    assert "Krea 2" in uncontrolled["flags"]["control_missing"]  # every family that generates and edits
     assert FLAG_LABELS["control_missing"] == "no control image (caption only)"
     shown, page, pages = page_of(list(range(130)), 5, size=60)
     assert (shown[0], len(shown), page, pages) == (120, 10, 2, 3)

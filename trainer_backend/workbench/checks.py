@@ -192,6 +192,12 @@ def settings_dict(settings: CheckSettings) -> dict:
     return asdict(settings)
 
 
+def generate_and_edit() -> str:
+    """The families whose control images are optional (registry.py), by name: "Flux.2, Qwen-Image 2.1, …"."""
+    from ..families.registry import FAMILIES
+    return ", ".join(e.label.split(" (")[0] for e in FAMILIES if e.control_images == "optional")
+
+
 def pair_flags(folder: Path, control_root: Path, records: list[dict]) -> dict[str, dict[str, str]]:
     """Edit pairs (data/pairs.py's matching): path -> {"control_missing" | "control_size": message} and
     `controls`: the control images' paths, for every image of the folder."""
@@ -207,7 +213,7 @@ def pair_flags(folder: Path, control_root: Path, records: list[dict]) -> dict[st
         entry: dict = {"controls": [str(c) for c in controls]}
         if not controls:
             entry["control_missing"] = ("no control image: an edit model skips this image; one that generates "
-                                        "and edits (Qwen-Image 2.1, Flux.2) trains it on its caption alone")
+                                        f"and edits ({generate_and_edit()}) trains it on its caption alone")
         elif "width" in r:
             for c in controls:
                 try:
