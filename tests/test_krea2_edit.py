@@ -90,6 +90,17 @@ def test_the_edit_pipeline_without_an_image_is_krea2pipeline(raw):
     with_reference = pipe(**call, image=Image.new("RGB", (48, 80), (200, 30, 30)),
                           generator=torch.Generator().manual_seed(0)).images[0]
     assert with_reference.shape == a.shape and np.abs(with_reference - a).max() > 1e-3
+    # a reference keeps its aspect at the output's area (as many tokens as training gives it), never stretched
+    assert pipe.reference_size(Image.new("RGB", (48, 80)), 64, 64) == (80, 48)
+    assert pipe.reference_size(Image.new("RGB", (256, 256)), 64, 64) == (64, 64)
+
+
+def test_references_of_different_sizes_each_keep_their_own_grid():
+    from trainer_backend.families.krea2.references import pack_references
+    tokens, positions = pack_references([torch.zeros(1, 4, 4, 6), torch.zeros(1, 4, 6, 2)], "cpu", torch.float32)
+    assert tokens.shape == (1, 6 + 3, 16)
+    assert positions.tolist() == [[1, 0, 0], [1, 0, 1], [1, 0, 2], [1, 1, 0], [1, 1, 1], [1, 1, 2],
+                                  [2, 0, 0], [2, 1, 0], [2, 2, 0]]
 
 
 def test_a_pairs_caption_is_read_after_its_references_as_the_edit_pipeline_reads_it(raw):

@@ -2,7 +2,8 @@
 image or a list of up to three), for the studio's samples of an edit run and for trying an edit LoRA.
 Without `image` it is Krea2Pipeline, call for call. With it, the prompt (and the negative prompt) is read
 by Qwen3-VL after the references (text.py, as training reads a pair's caption), and each reference is
-resized to the output's size (training pairs a control image with its target at the target's bucket, data/pairs.py), encoded by
+resized, its aspect kept, to the output's area (training pairs a control image with its target at the
+target's bucket, data/pairs.py: as many tokens), encoded by
 the pipeline's VAE into normalised latents as training encodes them, and attached to every transformer
 call of the denoising loop (references.py: after the target's tokens, positions (i + 1, h, w), t = 0),
 the negative-prompt pass included. Folders it saves are plain Krea2Pipeline folders (the family's
@@ -26,20 +27,30 @@ def padded_alike(*embeds):
 
 class Krea2EditPipeline(Krea2Pipeline):
 
+    def reference_size(self, image, height: int, width: int) -> tuple[int, int]:
+        """(height, width) a reference is encoded at: its own aspect at the output's area (the token count
+        training gives a reference: the dataset pairs it at its target's size), in multiples of 16 px."""
+        h, w = (image.shape[-2], image.shape[-1]) if hasattr(image, "shape") else (image.height, image.width)
+        multiple = self.vae_scale_factor * self.patch_size
+        scale = (height * width / (h * w)) ** 0.5
+        return (max(multiple, round(h * scale / multiple) * multiple),
+                max(multiple, round(w * scale / multiple) * multiple))
+
     def reference_latents(self, images, height: int, width: int) -> list:
-        """Each reference image (PIL, or a [3, H, W] / [1, 3, H, W] tensor in [-1, 1]) -> [1, C, h, w] latents,
-        resized to height × width and normalised per channel as training's control latents are."""
+        """Each reference image (PIL, or a [3, H, W] / [1, 3, H, W] tensor in [-1, 1]) -> [1, C, h, w] latents at
+        reference_size, normalised per channel as training's control latents are."""
         import torch
         from ..qwen_image.family import latent_stats
         vae = self.vae
         device = next(vae.parameters()).device
         out = []
         for image in images:
+            size = self.reference_size(image, height, width)
             if isinstance(image, torch.Tensor):
-                pixels = torch.nn.functional.interpolate(image.reshape(1, 3, *image.shape[-2:]).float(),
-                                                         size=(height, width), mode="bilinear", antialias=True)
+                pixels = torch.nn.functional.interpolate(image.reshape(1, 3, *image.shape[-2:]).float(), size=size,
+                                                         mode="bilinear", antialias=True)
             else:
-                pixels = self.image_processor.preprocess(image, height=height, width=width)
+                pixels = self.image_processor.preprocess(image, height=size[0], width=size[1])
             with torch.no_grad():
                 mean = vae.encode(pixels.to(device, vae.dtype).unsqueeze(2)).latent_dist.mean[:, :, 0].float()
             shift, scale = latent_stats(vae, mean)

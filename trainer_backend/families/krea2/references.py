@@ -23,25 +23,26 @@ import contextlib
 REFERENCE_TIMESTEP = 0.0  # the references are clean latents
 
 
-def reference_positions(count: int, grid_height: int, grid_width: int, device):
-    """(count · h · w, 3) rotary coordinates of `count` references on an h × w packed grid: the i-th at
-    (i + 1, row, column)."""
+def reference_positions(count: int, grid_height: int, grid_width: int, device, first: int = 0):
+    """(count · h · w, 3) rotary coordinates of `count` references on an h × w packed grid: the i-th (counted
+    from `first`) at (i + 1, row, column)."""
     import torch
     rows = torch.arange(grid_height, device=device).repeat_interleave(grid_width)
     cols = torch.arange(grid_width, device=device).repeat(grid_height)
     grid = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).float()
-    return torch.cat([grid + torch.tensor([i + 1.0, 0.0, 0.0], device=device) for i in range(count)], dim=0)
+    return torch.cat([grid + torch.tensor([i + 1.0, 0.0, 0.0], device=device)
+                      for i in range(first, first + count)], dim=0)
 
 
 def pack_references(references: list, device, dtype):
-    """A list of [B, C, h, w] reference latents -> (tokens [B, N·h·w/4, 4C], positions [N·h·w/4, 3])."""
+    """A list of [B, C, h_i, w_i] reference latents (sizes may differ: each keeps its own grid) ->
+    (tokens [B, Σ h_i·w_i/4, 4C], positions [Σ h_i·w_i/4, 3])."""
     import torch
     from ..qwen_image.family import pack
     tokens = torch.cat([pack(r.to(device, dtype)) for r in references], dim=1)
-    h, w = references[0].shape[-2:]
-    if any(r.shape[-2:] != (h, w) for r in references):
-        raise ValueError("the references of one call must share one latent size")
-    return tokens, reference_positions(len(references), h // 2, w // 2, device)
+    positions = torch.cat([reference_positions(1, r.shape[-2] // 2, r.shape[-1] // 2, device, first=i)
+                           for i, r in enumerate(references)], dim=0)
+    return tokens, positions
 
 
 @contextlib.contextmanager
