@@ -284,3 +284,18 @@ def test_a_lora_run_on_fp8_files_with_model_quantize_float8(ideogram, tmp_path, 
     assert f"model.quantize_text_encoders = float8: {te_layers} linear layers" in log
     assert f"; {te_layers} arrived stored so from the model file" in log
     assert len([e for e in events if e["event"] == "step"]) == 2 and (run / "fp8.safetensors").is_file()
+
+
+def test_a_block_scaled_fp8_file_is_refused_in_one_line(ideogram, tmp_path):  # noqa: F811
+    from trainer_backend.errors import ConfigError
+    from trainer_backend.families.ideogram4.original_file import to_original
+    model, folder, files = ideogram
+    state = _fp8(to_original(model.denoiser.state_dict()))
+    name = "layers.0.feed_forward.w1.weight"
+    state[name.removesuffix(".weight") + ".weight_scale"] = torch.ones(2, 2)  # 2 x 2 blocks, not rows
+    path = _save(state, tmp_path / "blocks.safetensors", _config_json(model.denoiser))
+    with pytest.raises(ConfigError, match=r"^model.path: blocks.safetensors scales layers.0.feed_forward.w1.weight by "
+                                          r"blocks \(layers.0.feed_forward.w1.weight_scale is \[2, 2\]\); only fp8 "
+                                          r"files scaled per tensor or per row are read$"):
+        load_model(path, vae=files["vae"], tokenizer=str(folder), text_encoder_files={"text_encoder": files["text_encoder"]},
+                   frozen_quantize="float8")

@@ -131,6 +131,9 @@ def stream_into(option: str, path: Path, module, convert_one, expected: dict, wh
             t = f.get_tensor(n)
             scale = next((n.rsplit(".", 1)[0] + s for s in FP8_SCALES if n.rsplit(".", 1)[0] + s in scales), None)
             s = f.get_tensor(scale).to(torch.float32) if scale is not None and kinds[n] in FP8_DTYPES else None
+            if s is not None and s.numel() not in (1, t.shape[0]):
+                raise ConfigError(f"{option}: {path.name} scales {n} by blocks ({scale} is {list(s.shape)}); only "
+                                  "fp8 files scaled per tensor or per row are read")
             for key, value in _converted(n[len(prefix):], t, s, kinds[n], convert_one, float8, dtype).items():
                 if key in expected:
                     _assign(module, key, value)
