@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from urllib.parse import quote
 
+from trainer_backend.workbench.clips import clip_label
 from trainer_backend.workbench.index import thumb_name
 
 from gui.datasets_model import FLAG_LABELS, placeholder
@@ -99,7 +100,7 @@ GRID_JS = """() => { if (window.__datasetGrid) return; window.__datasetGrid = tr
 
 def grid_cells(cache: Path, items: list[dict], indices: list[int]) -> list[tuple[str, str]]:
     """(thumbnail name under the cache's thumbs/ folder, label) of the items at `indices`. An image
-    indexed has its thumbnail (a missing one shows the placeholder in the browser: the script's
+    or clip indexed has its thumbnail (a missing one shows the placeholder in the browser: the script's
     onerror), so no file is looked at: 10,000 cells in tens of ms."""
     pending, unreadable = (placeholder(cache, kind).name for kind in ("pending", "unreadable"))
     out = []
@@ -107,7 +108,7 @@ def grid_cells(cache: Path, items: list[dict], indices: list[int]) -> list[tuple
         item = items[i]
         sha = item.get("sha256")
         thumb = thumb_name(sha) if sha else unreadable if "unreadable" in item["flags"] else pending
-        name = item["path"].rsplit("/", 1)[-1]
+        name = clip_label(item["path"].rsplit("/", 1)[-1], item)   # a clip: 'walk.mp4 ▶ 2.4 s, 38 f'
         marks = ", ".join(FLAG_LABELS[k] for k in item["flags"] if k in FLAG_LABELS)
         out.append((thumb, f"{name} ⚠ {marks}" if marks else name))
     return out

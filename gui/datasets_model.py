@@ -7,6 +7,7 @@ The view is rebuilt only when the index grew, a caption was saved or the setting
 page change is a slice of a list."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,10 +19,11 @@ from PIL import Image, ImageDraw
 
 from trainer_backend.data.buckets import bucket_name
 from trainer_backend.data.images import BadImage, load_rgb
-from trainer_backend.workbench import (CheckSettings, annotate, crop_of, entries, list_images, read_index,
-                                       tag_frequency, thumb_path)
+from trainer_backend.workbench import (CheckSettings, annotate, crop_of, entries, read_index, tag_frequency,
+                                       thumb_path)
 from trainer_backend.workbench.checks import FLAG_KINDS, pair_flags
-from trainer_backend.workbench.index import index_path, is_current
+from trainer_backend.workbench.clips import family_of, is_clip_name, options_of, windows_summary
+from trainer_backend.workbench.index import index_path, is_current, list_media
 
 PAGE_SIZE = 60
 DETAIL_SIDE = 768
@@ -42,6 +44,14 @@ class View:
     indexed: int
     stamp: tuple = ()
     tags: list[tuple[str, int]] = field(default_factory=list)
+    # clips: the Training form's family (name, label, frame step: 0 = trains images only), its video
+    # options and the clips scan's summary (data/video_scan.py's keys) of the indexed clips and images
+    family: tuple[str, str, int] = ("auto", "", 0)
+    video_options: object = None
+    clip_summary: dict | None = None
+
+    def clip_count(self) -> int:
+        return sum(1 for i in self.items if is_clip_name(i["path"]))
 
     def filtered(self, flag: str = "", tag: str = "", bucket: str = "") -> list[int]:
         """Indices of the items passing the filters ("" = any)."""
@@ -88,9 +98,13 @@ class Views:
         return (mtime(index_path(self.cache, folder)), mtime(folder), journal[0].id if journal else "",
                 sum(e.undone for e in journal))
 
-    def get(self, folder: Path, settings: CheckSettings, control_root: str = "", force: bool = False) -> View:
+    def get(self, folder: Path, settings: CheckSettings, control_root: str = "", force: bool = False,
+            video: dict | None = None) -> View:
+        """`video`: the Training form's model.arch / model.path and [dataset] video_* values (what a clip's
+        windows depend on)."""
         folder = Path(folder)
-        key = (str(folder), settings, control_root)
+        video = video or {}
+        key = (str(folder), settings, control_root, json.dumps(video, sort_keys=True, default=str))
         stamp = self._stamp(folder)
         with self._lock:
             view = self._views.get(key)
@@ -98,7 +112,7 @@ class Views:
                 return view
             known = read_index(self.cache, folder)
             records = []
-            for path in list_images(folder):
+            for path in list_media(folder):
                 rel = path.relative_to(folder).as_posix()
                 record = known.get(rel)
                 records.append(record if is_current(record, path) else {"path": rel, "flags": {}, "pending": True})
@@ -109,10 +123,21 @@ class Views:
                     extra = pairs.get(item["path"], {})
                     item["controls"] = extra.get("controls", [])
                     item["flags"].update({k: v for k, v in extra.items() if k != "controls"})
+            arch, step = family_of(video)
+            opts = options_of(video, step) if step else None
+            summary = None
+            if opts is not None and any(is_clip_name(r["path"]) for r in records):
+                summary = windows_summary(folder, records, opts, settings.spec_and_buckets()[0])
             view = View(folder, settings, items, groups, sum(1 for r in records if not r.get("pending")), stamp,
-                        tag_frequency([i.get("caption") for i in items]))
+                        tag_frequency([i.get("caption") for i in items]), (arch, family_label(arch), step), opts,
+                        summary)
             self._views[key] = view
             return view
+
+
+def family_label(arch: str) -> str:
+    from trainer_backend.families.registry import FAMILY_NAMES, entry
+    return entry(arch).label if arch in FAMILY_NAMES else ""
 
 
 def page_of(indices: list[int], page: int, size: int = PAGE_SIZE) -> tuple[list[int], int, int]:

@@ -15,10 +15,12 @@ import pandas as pd
 
 from trainer_backend.data.caption_json import readable
 from trainer_backend.workbench import CheckSettings, EditError, JournalError, read_index, save_caption
+from trainer_backend.workbench.clips import is_clip_name
 from trainer_backend.workbench.library import LibraryError, exclude, list_datasets, within
 
 from gui.datasets_model import FLAG_LABELS, PAGE_SIZE, Indexer, Views, detail_picture, grid_label, page_of, \
     thumb_or_placeholder
+from gui.datasets_clips import VIDEO_KEYS, clip_detail, clip_lines
 from gui.datasets_grid import GRID_JS, grid_cells, grid_html
 from gui.shared_state import Studio
 from gui.widgets import FormWidgets
@@ -85,7 +87,7 @@ class DatasetsPage:
     def view(self, chosen: str, settings: dict, control_root: str = ""):
         """The dataset's view; starts the background indexer when files are not indexed yet."""
         folder = self.folder_of(chosen)
-        view = self.views.get(folder, CheckSettings.from_values(settings), control_root)
+        view = self.views.get(folder, CheckSettings.from_values(settings), control_root, video=settings)
         if view.indexed < len(view.items):
             self.indexer.ensure(folder)
         return view
@@ -94,19 +96,24 @@ class DatasetsPage:
 def settings_from_form(form: FormWidgets, payload) -> dict:
     """The [dataset] values of the Training form that decide buckets and crops."""
     values = dict(zip([f.dotted for f in form.fields], form.read(payload)))
-    return {k: values[f"dataset.{k}"] for k in SETTING_KEYS if f"dataset.{k}" in values}
+    out = {k: values[f"dataset.{k}"] for k in (*SETTING_KEYS, *VIDEO_KEYS) if f"dataset.{k}" in values}
+    out.update({k: values[k] for k in ("model.arch", "model.path") if k in values})   # a clip's frame rule
+    return out
 
 
 def summary_markdown(view, running: bool) -> str:
     counts = view.counts()
     captioned = sum(1 for i in view.items if i.get("caption") is not None)
     flagged = sum(1 for i in view.items if i["flags"])
-    head = (f"**{len(view.items)} images** · {captioned} captioned · {flagged} flagged"
+    clips = view.clip_count()
+    what = f"{len(view.items) - clips} images, {clips} clips" if clips else f"{len(view.items)} images"
+    head = (f"**{what}** · {captioned} captioned · {flagged} flagged"
             + (f" · thumbnails {view.indexed}/{len(view.items)} (making the rest in the background)"
                if view.indexed < len(view.items) or running else ""))
     details = [f"{FLAG_LABELS[k]} {n}" for k, n in counts.items() if n]
     dup = len(view.groups)
-    return head + (f"  \n{' · '.join(details)}" if details else "") + (f"  \n{dup} duplicate groups" if dup else "")
+    return (head + (f"  \n{' · '.join(details)}" if details else "") + (f"  \n{dup} duplicate groups" if dup else "")
+            + "".join(f"  \n{line}" for line in clip_lines(view)))
 
 
 def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main_tabs: gr.Tabs, tab: gr.Tab):
@@ -140,6 +147,8 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
         with gr.Column(scale=3):
             picture = gr.Image(type="pil", interactive=False, label="The crop the trainer takes (red)",
                                elem_id="ds-picture", height=460)
+            player = gr.Video(label="The clip (its first window, as the trainer samples it)", elem_id="ds-clip",
+                              interactive=False, autoplay=True, loop=True, visible=False, height=300)
         with gr.Column(scale=2):
             info = gr.Markdown("Click an image.", elem_id="ds-info")
             caption = gr.Textbox(label="Caption (Alt+←/→ previous/next, Ctrl+S save)", lines=4, elem_id="ds-caption")
@@ -203,11 +212,17 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     def show_item(chosen, settings_value, state_value, control_value, position):
         indices = state_value.get("indices", [])
         if not indices:
-            return [None, "No image.", "", state_value, []]
+            return [None, "No image.", "", state_value, [], gr.update(visible=False, value=None)]
         position = min(max(0, position), len(indices) - 1)
         view = page.view(chosen, settings_value, control_value)
         item = view.items[indices[position]]
-        image, text = detail_picture(view.folder, item, view.settings)
+        if is_clip_name(item["path"]):   # a clip: the strip of its training windows, and the clip playing
+            image, preview, text = clip_detail(page.cache, view, item)
+            clip = gr.update(visible=preview is not None, value=preview)
+            picture_label = "The windows the trainer takes (a row each)"
+        else:
+            (image, text), clip = detail_picture(view.folder, item, view.settings), gr.update(visible=False, value=None)
+            picture_label = "The crop the trainer takes (red)"
         structured = readable(item.get("caption") or "")  # a JSON caption (Ideogram 4), readably
         text = f"{text}\n\n{structured}" if structured else text
         partners = [(thumb_or_placeholder(page.cache, other), grid_label(other)) for g in view.groups
@@ -216,9 +231,10 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
         partners += [(c, f"control {Path(c).name}") for c in item.get("controls", [])]
         new_state = dict(state_value, selected=position, loaded=item.get("caption"),
                          page=position // PAGE_SIZE)
-        return [image, text, item.get("caption") or "", new_state, partners]
+        return [gr.update(value=image, label=picture_label), text, item.get("caption") or "", new_state, partners,
+                clip]
 
-    detail_out = [picture, info, caption, state, partner]
+    detail_out = [picture, info, caption, state, partner, player]
     detail_in = [chooser, settings, state, control]
 
     def on_pick(chosen, settings_value, state_value, control_value, position):

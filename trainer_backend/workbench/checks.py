@@ -75,7 +75,7 @@ def settings_flags(record: dict, settings: CheckSettings) -> dict[str, str]:
     spec, _ = settings.spec_and_buckets()
     bucket, crop = crop_of(w, h, settings)
     out = {}
-    if too_small(w, h, spec):
+    if too_small(w, h, spec) and "clip" not in record:   # the clip scan keeps small clips (upscaled)
         out["too_small"] = (f"{w}×{h}: shorter side below {spec.min_side} px (dataset.bucket_min_side): "
                             f"the trainer skips it")
     elif crop.scale > 1.0001:
@@ -177,7 +177,8 @@ def report(folder: Path, items: list[dict], groups: list[dict]) -> dict:
     """The JSON `dataset check --json` prints: counts, the paths per flag, the duplicate groups."""
     def having(kind: str) -> list[str]:
         return [i["path"] for i in items if kind in i["flags"]]
-    out = {"folder": str(folder), "images": len(items),
+    out = {"folder": str(folder), "images": sum(1 for i in items if "clip" not in i),
+           "clips": sum(1 for i in items if "clip" in i),
            "captioned": sum(1 for i in items if i.get("caption") is not None),
            "duplicates": [g["paths"] for g in groups],
            "duplicate_groups": groups}

@@ -89,7 +89,8 @@ def check_folder(folder: Path, settings: CheckSettings, cache: Path | None = Non
 
 
 def _print_check(result: dict) -> None:
-    print(f"{result['folder']}: {result['images']} images, {result['captioned']} captioned")
+    clips = f", {result['clips']} clips" if result.get("clips") else ""
+    print(f"{result['folder']}: {result['images']} images{clips}, {result['captioned']} captioned")
     for key in ("unreadable", "too_small", "uncaptioned", "extreme_aspect", "crop_cuts", "animated", "caption"):
         if result[key]:
             print(f"  {key}: {len(result[key])} ({', '.join(result[key][:3])}{' …' if len(result[key]) > 3 else ''})")
@@ -107,9 +108,9 @@ def run(args) -> int:
             result = check_folder(folder, settings, Path(args.cache) if args.cache else None)
             print(json.dumps(result, indent=1)) if args.json else _print_check(result)
         elif args.dataset_command == "edit":
-            from .index import list_images
+            from .index import list_media
             op = operation_of(args)
-            images = [p.relative_to(folder).as_posix() for p in list_images(folder)]
+            images = [p.relative_to(folder).as_posix() for p in list_media(folder)]   # clips' captions too
             changes = plan_edit(folder, images, op, args.caption_extension)
             print(preview(changes))
             if changes and not args.dry_run:

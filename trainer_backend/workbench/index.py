@@ -1,4 +1,4 @@
-"""Per-image facts of a dataset folder, made once per file content and kept on disk.
+"""Per-image (and per-clip) facts of a dataset folder, made once per file content and kept on disk.
 
 `inspect_file` opens one image the way the trainer does (data/images.py: EXIF rotation, CMYK,
 alpha, 16-bit, the megapixel guard), decodes it (a truncated file fails here), and from that one
@@ -11,7 +11,8 @@ record per file, appended as files are done, so a page can show the first thumbn
 rest are still being made. A record is reused while the file's size and mtime are unchanged;
 thumbnails are named by the content's sha256, so a renamed or copied file costs nothing.
 `build_index` runs in a pool of processes; `python -m trainer_backend dataset index FOLDER` is
-the background process the studio starts.
+the background process the studio starts. Clips (video files, `<name>.frames` folders) are indexed
+beside the images by clips.py's `inspect_clip` (PyAV: duration, frames, a first-frame thumbnail).
 """
 from __future__ import annotations
 
@@ -53,6 +54,13 @@ def thumb_path(cache: Path, sha256: str) -> Path:
 def list_images(folder: Path) -> list[Path]:
     """The dataset's image files (recursively, dot folders skipped, sorted): the trainer's own walk."""
     return walk_images(Path(folder), [])
+
+
+def list_media(folder: Path) -> list[Path]:
+    """The dataset's images and clips, in the walk's order (a folder's entries by name)."""
+    from .clips import list_clips
+    folder = Path(folder)
+    return sorted([*list_images(folder), *list_clips(folder)], key=lambda p: p.relative_to(folder).parts)
 
 
 def _sha256(path: Path) -> tuple[str, int]:
@@ -134,16 +142,20 @@ def read_index(cache: Path, folder: Path) -> dict[str, dict]:
 
 
 def is_current(record: dict | None, path: Path) -> bool:
+    from .clips import clip_stat
     try:
-        st = path.stat()
+        size, mtime = clip_stat(path)
     except OSError:
         return False
-    return bool(record) and record.get("bytes") == st.st_size and record.get("mtime_ns") == st.st_mtime_ns
+    return bool(record) and record.get("bytes") == size and record.get("mtime_ns") == mtime
 
 
 def _inspect_job(args: tuple) -> dict:
     path, folder, cache, max_pixels = args
+    from .clips import inspect_clip, is_clip
     try:
+        if is_clip(path):
+            return inspect_clip(path, folder, (lambda sha: thumb_path(cache, sha)) if cache is not None else None)
         return inspect_file(path, folder, cache, max_pixels)
     except OSError as e:  # vanished or unreadable between the walk and the read
         return {"path": path.relative_to(folder).as_posix(), "flags": {"unreadable": f"unreadable ({e})"}}
@@ -152,10 +164,10 @@ def _inspect_job(args: tuple) -> dict:
 def build_index(folder: Path, cache: Path | None, *, workers: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
                 progress: Callable[[int, int], None] | None = None, paths: Iterable[Path] | None = None
                 ) -> list[dict]:
-    """Records for every image of the folder, in the walk's order: the cached ones reused, the rest
-    made in a pool of processes (and appended to the cache's index as they come)."""
+    """Records for every image and clip of the folder, in the walk's order: the cached ones reused, the
+    rest made in a pool of processes (and appended to the cache's index as they come)."""
     folder = Path(folder)
-    images = list(paths) if paths is not None else list_images(folder)
+    images = list(paths) if paths is not None else list_media(folder)
     known = read_index(cache, folder) if cache is not None else {}
     records: dict[str, dict] = {}
     todo = []

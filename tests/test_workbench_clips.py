@@ -1,0 +1,111 @@
+"""Clips in the dataset workbench: generated clips (tests/video_clips.py) beside images in a dataset
+folder are indexed with their durations and first-frame thumbnails, the grid's data names them with
+their duration, the summary is the `clips` scan's own, a caption edit on a clip is written and undone,
+and an unreadable clip is flagged with the scan's reason."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from gui.datasets_grid import grid_cells
+from gui.datasets_model import Views
+from gui.datasets_page import summary_markdown
+from tests.video_clips import make_clip_dataset, moving_square
+from tests.workbench_images import write_dataset
+from trainer_backend.data.buckets import bucket_spec
+from trainer_backend.data.video import write_clip
+from trainer_backend.data.video_scan import VideoOptions, scan_clips, summary_lines
+from trainer_backend.workbench import CheckSettings, build_index, read_index, save_caption, thumb_path, undo
+from trainer_backend.workbench.clips import family_of, options_of, windows_of, windows_summary
+
+
+def _dataset(folder: Path) -> Path:
+    """Three 9-frame mp4 clips, a 25-frame one, a 5-frame image sequence, two images, a broken .mov."""
+    make_clip_dataset(folder, n=3, size=32, frames=9)
+    write_clip(folder / "long.mp4", moving_square(25, 48, seed=7), fps=16)
+    (folder / "long.txt").write_text("a long clip")
+    seq = folder / "spin.frames"
+    seq.mkdir()
+    for i, frame in enumerate(moving_square(5, 32, seed=9)):
+        Image.fromarray(frame).save(seq / f"{i:04d}.png")
+    (folder / "spin.txt").write_text("it spins")
+    write_dataset(folder, 2, size=(32, 32))
+    (folder / "broken.mov").write_bytes(b"\x00" * 300)
+    return folder
+
+
+def test_index_has_clip_durations_thumbnails_and_the_scans_reason(tmp_path):
+    folder, cache = _dataset(tmp_path / "clips"), tmp_path / "cache"
+    records = {r["path"]: r for r in build_index(folder, cache, workers=1)}
+    assert sorted(records) == ["broken.mov", "clip000.mp4", "clip001.mp4", "clip002.mp4", "img_00000.png",
+                               "img_00001.png", "long.mp4", "spin.frames"]
+    walk = records["clip000.mp4"]
+    assert walk["clip"] == {"kind": "video", "frames": 9, "fps": 16.0, "duration_s": 0.562, "audio": False}
+    assert (walk["width"], walk["height"]) == (32, 32)
+    thumb = Image.open(thumb_path(cache, walk["sha256"]))
+    # the thumbnail is the clip's first frame: the square's colour over the background, as generated
+    first = moving_square(9, 32, seed=0)[0].astype(int)
+    assert np.abs(np.asarray(thumb.convert("RGB").resize((32, 32))).astype(int) - first).mean() < 12
+    assert records["spin.frames"]["clip"]["kind"] == "frames" and records["spin.frames"]["clip"]["frames"] == 5
+    assert thumb_path(cache, records["spin.frames"]["sha256"]).is_file()
+    assert "clip" not in records["img_00000.png"]
+    # the unreadable clip carries the reason the `clips` scan gives for skipping it
+    scan = scan_clips(folder, VideoOptions(), bucket_spec(32, True, step=16))
+    (skipped,) = scan.summary["skipped"]
+    assert Path(skipped["file"]).name == "broken.mov"
+    assert records["broken.mov"]["flags"] == {"unreadable": skipped["reason"]}
+    # indexed again with nothing changed: the records are reused (a frames folder included)
+    assert {r["path"]: r for r in build_index(folder, cache, workers=1)} == records
+    # a frame added to the sequence makes it stale
+    Image.fromarray(moving_square(1, 32, seed=3)[0]).save(folder / "spin.frames" / "0005.png")
+    again = {r["path"]: r for r in build_index(folder, cache, workers=1)}
+    assert again["spin.frames"]["clip"]["frames"] == 6
+
+
+def test_summary_windows_and_grid_labels_follow_the_training_settings(tmp_path):
+    folder, cache = _dataset(tmp_path / "clips"), tmp_path / "cache"
+    build_index(folder, cache, workers=1)
+    values = {"model.arch": "wan22_t2v", "dataset.video_frames": 9, "dataset.video_fps": 16,
+              "dataset.video_clip_mode": "uniform", "dataset.resolution": 32, "dataset.bucketing": True,
+              "dataset.bucket_step": 16}
+    arch, step = family_of(values)
+    assert (arch, step) == ("wan22_t2v", 4)
+    opts = options_of(values, step)
+    spec = bucket_spec(32, True, step=16)
+    records = list(read_index(cache, folder).values())
+    # the workbench's summary from the index is the `clips` scan's summary of the folder
+    assert windows_summary(folder, records, opts, spec) == scan_clips(folder, opts, spec).summary
+    long = read_index(cache, folder)["long.mp4"]
+    assert [w.start for w in windows_of(folder, long, opts, spec)] == [0, 8, 16]   # 25 frames: 3 windows of 9
+
+    views = Views(cache)
+    view = views.get(folder, CheckSettings(resolution=32, bucketing=True, bucket_step=16), video=values)
+    labels = [label for _, label in grid_cells(cache, view.items, list(range(len(view.items))))]
+    assert "clip000.mp4 ▶ 0.6 s, 9 f" in labels and "long.mp4 ▶ 1.6 s, 25 f" in labels
+    assert "spin.frames ▶ 5 f at 16 fps" in labels
+    assert any(label.startswith("broken.mov ⚠ unreadable") for label in labels)
+    assert "img_00000.png" in labels
+    text = summary_markdown(view, running=False)
+    assert "**2 images, 6 clips**" in text
+    for line in summary_lines(scan_clips(folder, opts, spec).summary)[:2]:
+        assert line in text
+    assert "bucket 9x32x32" in text and "unreadable 1" in text
+
+    # an image family: the clips are counted, and the line says they are not trained
+    image_view = views.get(folder, CheckSettings(resolution=32), video={"model.arch": "flux"})
+    text = summary_markdown(image_view, running=False)
+    assert "6 clips" in text and "Flux.1 (dev, schnell) trains images only" in text
+    assert "windows" not in text
+
+
+def test_a_clips_caption_is_edited_and_undone_like_an_images(tmp_path):
+    folder = make_clip_dataset(tmp_path / "clips", n=1)
+    caption = folder / "clip000.txt"
+    before = caption.read_text()
+    entry = save_caption(folder, "clip000.mp4", "a red square, edited", before, ".txt")
+    assert entry and caption.read_text() == "a red square, edited"
+    undo(folder)
+    assert caption.read_text() == before
+    assert (folder / "clip000.mp4").stat().st_size > 0   # the clip itself is never touched
