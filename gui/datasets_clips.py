@@ -86,4 +86,4 @@ def clip_detail(cache: Path, view, item: dict):
                              f"the first window as the trainer samples it.")
         except (BadClip, OSError) as e:
             lines.append(f"cannot be shown: {e}")
-    return strip, (str(preview) if preview else None), "\n".join(lines)
+    return strip, (str(preview) if preview else None), "  \n".join(lines)

@@ -106,7 +106,8 @@ def summary_markdown(view, running: bool) -> str:
     captioned = sum(1 for i in view.items if i.get("caption") is not None)
     flagged = sum(1 for i in view.items if i["flags"])
     clips = view.clip_count()
-    what = f"{len(view.items) - clips} images, {clips} clips" if clips else f"{len(view.items)} images"
+    images = len(view.items) - clips
+    what = (f"{images} images, {clips} clips" if images else f"{clips} clips") if clips else f"{images} images"
     head = (f"**{what}** · {captioned} captioned · {flagged} flagged"
             + (f" · thumbnails {view.indexed}/{len(view.items)} (making the rest in the background)"
                if view.indexed < len(view.items) or running else ""))
