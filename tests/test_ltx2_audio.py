@@ -175,7 +175,12 @@ def test_an_audio_lora_trains_the_audio_stream_and_changes_the_pipelines_audio(t
                                  "dataset.video_fps=16", "loss.audio_loss_weight=2",
                                  "samples.prompts=a red square --f 9 --w 32 --h 32 --s 2",
                                  "samples.every_n_steps=3")
-    assert any("audio: trained on 2 of 3 clips" in line for line in (run / "train.log").read_text().splitlines())
+    said = "trained on 2 of 3 clips; 1 has no audio track (video only)"
+    assert any(f"audio: {said}" in line for line in (run / "train.log").read_text().splitlines())
+    (plan,) = [e for e in events if e["event"] == "plan"]
+    assert plan["video"]["audio"] == said and plan["video"]["audio_trained"] == 2
+    steps = [e for e in events if e["event"] == "step"]
+    assert sum("loss_audio" in e for e in steps) == 2  # batches of one clip: the silent clip's step has none
     (sample,) = [e for e in events if e["event"] == "sample"]
     assert probe_clip(run / "samples" / sample["paths"][0].rsplit("/", 1)[-1]).has_audio
 
@@ -203,3 +208,10 @@ def test_an_audio_lora_trains_the_audio_stream_and_changes_the_pipelines_audio(t
     before = audio(pipe)
     pipe.load_lora_weights(str(run / "av.safetensors"))
     assert (audio(pipe) - before).abs().max() > 1e-4, "the LoRA did not change the audio"
+
+    # without the cache each step decodes and encodes the window's audio: the very same steps (the three
+    # clips, two of them with audio, one each)
+    _, uncached, _ = train_run(tmp_path, model_dir, data, "av-uncached", "schedule.max_steps=3", "optimizer.lr=3e-2",
+                               "dataset.video_fps=16", "loss.audio_loss_weight=2")
+    losses = [[e["loss"] for e in run_events if e["event"] == "step"] for run_events in (events, uncached)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]

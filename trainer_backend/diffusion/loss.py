@@ -58,6 +58,8 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
     per_sample = per_sample_loss(pred, target, batch.get("mask"))
     if audio is not None:
         audio_loss = per_sample_loss(audio_pred, objective.target(audio, audio_noise, timesteps))
+        if parts is not None:
+            parts.add_audio(audio_loss.detach())
         per_sample = per_sample + cfg.loss.audio_loss_weight * audio_loss
     weights = objective.weights(timesteps, cfg.loss)
     if weights is not None:
@@ -123,27 +125,32 @@ class LossParts:
     """Per-sample losses of one optimizer step, summed by kind: instance samples and class
     (prior-preservation) samples, the latter before dataset.prior_loss_weight. `reduce` averages
     each over all processes: {"loss_instance": ..., "loss_prior": ...} (a part with no sample this
-    step is left out). Disabled (reduce returns {}) when the run has no class samples."""
+    step is left out). Disabled (reduce returns {}) when the run has no class samples. `audio`: the run
+    trains clips' audio tracks; "loss_audio" is then the audio term's mean (before loss.audio_loss_weight)
+    over this step's samples with audio."""
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.totals = torch.zeros(4, dtype=torch.float64)  # instance sum, count, class sum, count
+    def __init__(self, enabled: bool, audio: bool = False):
+        self.enabled, self.audio = enabled, audio
+        self.totals = torch.zeros(6, dtype=torch.float64)  # instance sum, count, class sum, count, audio sum, count
 
     def add(self, per_sample: torch.Tensor, is_class: torch.Tensor) -> None:
         if not self.enabled:
             return
         losses, is_class = per_sample.detach().double().cpu(), is_class.cpu().bool()
-        self.totals += torch.stack([losses[~is_class].sum(), (~is_class).sum().double(),
-                                    losses[is_class].sum(), is_class.sum().double()])
+        self.totals[:4] += torch.stack([losses[~is_class].sum(), (~is_class).sum().double(),
+                                        losses[is_class].sum(), is_class.sum().double()])
+
+    def add_audio(self, per_sample: torch.Tensor) -> None:
+        if self.audio:
+            self.totals[4:] += torch.stack([per_sample.detach().double().cpu().sum(),
+                                            torch.tensor(float(per_sample.numel()), dtype=torch.float64)])
 
     def reduce(self, accelerator) -> dict[str, float]:
-        if not self.enabled:
+        if not (self.enabled or self.audio):  # the same on every process: a collective below or none
             return {}
         totals = self.totals
         if accelerator.num_processes > 1:
             totals = accelerator.reduce(totals.to(accelerator.device), reduction="sum").cpu()
-        out = {}
-        for name, (total, count) in (("loss_instance", totals[:2]), ("loss_prior", totals[2:])):
-            if count > 0:
-                out[name] = float(total / count)
-        return out
+        parts = ((("loss_instance", totals[0:2]), ("loss_prior", totals[2:4])) if self.enabled else ()) + \
+            ((("loss_audio", totals[4:6]),) if self.audio else ())
+        return {name: float(total / count) for name, (total, count) in parts if count > 0}

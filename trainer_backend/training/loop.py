@@ -68,7 +68,8 @@ def train(cfg: TrainConfig) -> int:
     release_cache_memory(accelerator)
     place_denoiser(model, cfg, accelerator)  # only now: the caches never share the device with it
     total_steps = plan.multi.total_steps
-    run.events.emit(Event.PLAN, **plan.to_dict())
+    clips = scan.summary.get("video")  # a video run's clips (and what their audio tracks train: Family.clip_audio)
+    run.events.emit(Event.PLAN, **plan.to_dict(), **({"video": clips} if clips else {}))
     LOG.info("plan: %d optimizer steps over %d epochs on %d process(es)", total_steps, plan.multi.epochs,
              accelerator.num_processes)
 
@@ -109,7 +110,7 @@ def train(cfg: TrainConfig) -> int:
             loader = loaders.epoch(epoch, skip=state.batch_in_epoch)
             for group in accumulation_groups(loader, cfg.schedule.grad_accum):
                 # ---- one optimizer step: forward/backward over the group, then step
-                group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0)
+                group_loss, parts = 0.0, LossParts(enabled=scan.class_samples > 0, audio=dataset.audio is not None)
                 compiled.before_step(state.global_step + 1)  # the first step compiles: its own phase
                 with host_reads.step(group):
                     for i, batch in enumerate(group):
@@ -269,7 +270,7 @@ class Progress:
         self.losses, self.waiting = StepLosses(read_every), {}  # step -> the event's other fields
 
     def step(self, state: TrainState, epoch: int, loss: torch.Tensor, lr: float, **parts: float) -> None:
-        """parts: extra terms for the event and TensorBoard (loss_instance, loss_prior, host_reads)."""
+        """parts: extra terms for the event and TensorBoard (loss_instance, loss_prior, loss_audio, host_reads)."""
         self.losses.add(state.global_step, loss)
         done = state.global_step - self.start
         rate = done / max(time.time() - self.t0, 1e-9)

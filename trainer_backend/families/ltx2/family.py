@@ -79,7 +79,7 @@ class LTX2Family(FolderOutputs, FlowFamily):
         return aud.audio_format(model.options["audio_vae"])
 
     def encode_audio(self, model, waveform):
-        vae = model.options["audio_vae"].to(waveform.device)  # small (the full model's: 0.1B): joins the clip
+        vae = model.options["audio_vae"].to(waveform.device)  # small (the full model's: 53M): joins the clip
         return aud.encode(vae, waveform)
 
     # ---- detection and loading
