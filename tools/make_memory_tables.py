@@ -44,6 +44,8 @@ BORROWED = {
     "ideogram4": {"text_encoder": ("ideogram4/text_encoder.json", None), "vae": ("flux2/vae.json", None)},
     # Krea 2 decodes with Qwen-Image's autoencoder
     "krea2": {"vae": ("qwen_image/vae", None)},
+    # Wan 2.2 TI2V-5B reads the same UMT5-XXL as the A14B models (its VAE, the Wan 2.2 one, is its own)
+    "wan22_ti2v": {"text_encoder": ("wan22_t2v/text_encoder", None)},
 }
 NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL and 16-channel VAE from the "
                    "bundled Flux configs",
@@ -72,6 +74,9 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
                  "(its vision tower loaded too) and the 1.4B text connectors counted with it, and the video VAE (32x "
                  "spatial, 8x temporal); activations per latent pixel of ONE latent frame: a clip's are x its latent "
                  "frames ((frames - 1) / 8 + 1); the VAE encodes a clip's frames at once",
+         "wan22_ti2v": "Wan 2.2 TI2V-5B: one 5.0B transformer over the 48-channel latents of the Wan 2.2 VAE (16x "
+                       "spatial, 4x temporal) with UMT5-XXL (T2V-A14B's config); activations per latent pixel of ONE "
+                       "latent frame: a clip's are x its latent frames ((frames - 1) / 4 + 1)",
          "ideogram4": "Ideogram 4's conditional transformer (9.3 B) with Qwen3-VL-8B; the unconditional transformer "
                       "(another 9.3 B) is loaded for samples only and is not counted"}
 
@@ -84,7 +89,21 @@ COMPANIONS = {"ltx2": {"text_encoder": ("connectors", "diffusers.pipelines.ltx2"
 DENOISER_COPIES = {"wan22_t2v": {"option": "model.expert", "values": {"both": 2}},
                    "wan22_i2v": {"option": "model.expert", "values": {"both": 2}}}
 # causal video VAEs that encode a clip a few frames at a time (AutoencoderKLWan: the first frame, then 4 by 4)
-VAE_FRAMES_AT_ONCE = {"wan22_t2v": 4, "wan22_i2v": 4}
+VAE_FRAMES_AT_ONCE = {"wan22_t2v": 4, "wan22_i2v": 4, "wan22_ti2v": 4}
+
+# the larger of the two square sides a family's step is probed at (the smaller is half): 1024 px, SD1/SD2 512;
+# the Wan 2.2 VAE compresses 16x, so TI2V-5B is probed on the latent grids 1024-2048 px give 8x families (smaller
+# ones hide a full fine-tune's activations under its gradients)
+PROBE_SIDES = {"sd1": 512, "sd2": 512, "wan22_ti2v": 4096}
+
+
+def probe_side(arch: str) -> int:
+    return PROBE_SIDES.get(arch, 1024)
+
+
+# an option that makes every step of a family bigger, probed again with it on (the table's "activations_if",
+# launch/memory_plan.activation_lines): TI2V-5B's start images turn on per-token timesteps
+ACTIVATIONS_IF = {"wan22_ti2v": ("dataset.video_start_image_probability", 1.0)}
 
 # families whose table describes only some of their models: the pipeline classes it was measured on
 # (memory_tables.pipeline_outside_table: a Flux.2 dev folder gets no plan rather than Klein 4B's)
@@ -167,9 +186,15 @@ def probe_family(name: str, log=print) -> dict:
     from trainer_backend.training import memory_probe as mp
     arch, loader = _full_size(name)
     spec = spec_of(name)
-    base = 1024 if arch not in ("sd1", "sd2") else 512
+    base = probe_side(arch)
     overrides = {"model": {"arch": arch}, "network": {"rank": 16}, "precision": {"mixed": "bf16"}}
     table = mp.measure_table(loader, overrides, (base // 2, base), log=log, companions=companions(name))
+    if spec["family"] in ACTIVATIONS_IF:
+        option, value = ACTIVATIONS_IF[spec["family"]]
+        section, key = option.split(".")
+        on = mp.measure_table(loader, {**overrides, section: {key: value}}, (base // 2, base), log=log,
+                              companions=companions(name))
+        table["activations_if"] = {"option": option, "lines": on["activations"]}
     table["note"] = spec["note"]
     if spec["family"] in DENOISER_COPIES:
         table["denoiser_copies"] = DENOISER_COPIES[spec["family"]]
@@ -187,7 +212,7 @@ def flops_family(name: str) -> dict:
     trainer_backend/launch/step_time.py."""
     from trainer_backend.training import memory_probe as mp
     arch, loader = _full_size(name)
-    base = 1024 if arch not in ("sd1", "sd2") else 512
+    base = probe_side(arch)
     return mp.flops_table(loader, (base // 2, base))
 
 

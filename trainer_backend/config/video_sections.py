@@ -11,6 +11,8 @@ VIDEO = {"model.arch": VIDEO_FAMILIES}
 AUDIO = {"model.arch": AUDIO_FAMILIES}   # models with an audio stream (LTX-2)
 # the Wan 2.2 models with two experts (high-noise `transformer`, low-noise `transformer_2`)
 TWO_EXPERT_FAMILIES = ("wan22_t2v", "wan22_i2v")
+# the models that generate from text alone or from a start image (Family.given_frames): Wan 2.2 TI2V-5B
+START_IMAGE_FAMILIES = ("wan22_ti2v",)
 
 
 class VideoDatasetOptions(Section):
@@ -41,6 +43,12 @@ class VideoDatasetOptions(Section):
                                 "model's audio VAE and the loss gets an audio term (loss.audio_loss_weight). Clips "
                                 "without an audio track train video only; the plan says how many. Off: video only.",
                           resume="unsafe:samples", when=AUDIO)
+    video_start_image_probability: float = F(
+        0.0, "Wan 2.2 TI2V-5B is one model for text-to-video and image-to-video: the chance that a clip trains "
+             "image-to-video, drawn for each clip at each step. Its first latent frame is then given clean, at "
+             "timestep 0, with no loss on it, as the pipeline's image-to-video mode runs. 0 = text-to-video only; "
+             "1 = image-to-video only. Images (1-frame clips) always train text-to-image.",
+        ge=0.0, le=1.0, resume="safe", when={"model.arch": START_IMAGE_FAMILIES})
 
 
 class VideoModelOptions(Section):

@@ -37,6 +37,10 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
             latents = family.encode_latents(model, pixels, to_device(eps, device))
     noise, timesteps = to_device(noise, device), to_device(timesteps, device)
     noisy = objective.noisy(latents, noise, timesteps)
+    given = family.given_frames(model, batch, tuple(noisy.shape), seed=seed, epoch=epoch, cfg=cfg)
+    if given is not None:  # image-to-video: latent frames the denoiser is given clean (Family.given_frames)
+        given = given.to(noisy.device)
+        batch = {**batch, "given_frames": given}
     if "control_pixel_values" in batch and "control_latents" not in batch:
         batch = {**batch, "control_latents": control_latents(model, batch["control_pixel_values"], device)}
 
@@ -55,7 +59,7 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
     else:
         pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype, cfg=cfg)
     target = objective.target(latents, noise, timesteps)
-    per_sample = per_sample_loss(pred, target, batch.get("mask"))
+    per_sample = per_sample_loss(pred, target, batch.get("mask"), given=given)
     if audio is not None:
         audio_loss = per_sample_loss(audio_pred, objective.target(audio, audio_noise, timesteps))
         if parts is not None:
@@ -97,16 +101,21 @@ def audio_noise_of(indices: list[int], seed: int, epoch: int, shape: tuple[int, 
 _AUDIO_STREAM = 0x5EED_A0D1_0000  # xor'ed into a sample's seed for its audio noise
 
 
-def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None,
+                    given: torch.Tensor | None = None) -> torch.Tensor:
     """Mean squared error per sample. loss.masked: each latent pixel weighted by the mask (area-resized
     to the latent grid), divided by the mask's mean, so a sample's loss is the mean over what it trains
-    on and keeps its scale (a mask of zeros gives 0)."""
+    on and keeps its scale (a mask of zeros gives 0). `given` (B, F') bool: latent frames of 5D latents
+    given clean to the denoiser, left out the same way (Family.given_frames)."""
     dims = tuple(range(1, pred.ndim))
     error = F.mse_loss(pred.float(), target.float(), reduction="none")
-    if mask is None:
+    if mask is None and given is None:
         return error.mean(dim=dims)
     from ..data.masks import to_grid
-    weights = to_grid(mask.to(error.device), tuple(error.shape[-2:]))
+    weights = None if mask is None else to_grid(mask.to(error.device), tuple(error.shape[-2:]))
+    if given is not None:  # 0 on the given latent frames of (B, C, F', h, w)
+        frames = (~given.to(error.device)).to(error.dtype)[:, None, :, None, None]
+        weights = frames if weights is None else frames * weights.unsqueeze(2)
     covered = weights.mean(dim=dims)
     return (error * weights).mean(dim=dims) / torch.where(covered > 0, covered, torch.ones_like(covered))
 

@@ -233,6 +233,15 @@ class Family:
         move it to `noisy`'s; diffusion/loss.py encodes it when latents are not cached)."""
         raise NotImplementedError
 
+    def given_frames(self, model: LoadedModel, batch: dict, latent_shape: tuple[int, ...], *, seed: int,
+                     epoch: int, cfg) -> "torch.Tensor | None":
+        """Image-to-video training with the start frame given (Wan 2.2 TI2V-5B): a (B, F') bool mask of the latent
+        frames each sample's denoiser gets clean, or None (every frame is noised and trained: the default).
+        diffusion/loss.py hands it to `predict` as batch["given_frames"] (predict puts the clean frames in) and
+        leaves those frames out of the loss. Draw it per (seed, epoch, sample index) like the objective's
+        randomness, so accumulation, several processes and resume make the same choice."""
+        return None
+
     def use_plain_attention(self, model: LoadedModel) -> None:
         """precision.attention = "default": diffusers' plain attention instead of SDPA."""
         from diffusers.models.attention_processor import AttnProcessor

@@ -80,6 +80,9 @@ FAMILIES: tuple[FamilyEntry, ...] = (
     FamilyEntry("wan22_i2v", "Wan 2.2 image-to-video (I2V-A14B, two experts)", "trainer_backend.families.wan",
                 "WAN22_I2V", "flow", ("diffusers", "kohya"), text_encoder_training=False, frame_step=4,
                 takes_start_image=True),
+    FamilyEntry("wan22_ti2v", "Wan 2.2 TI2V-5B (text- and image-to-video, one transformer)",
+                "trainer_backend.families.wan", "WAN22_TI2V", "flow", ("diffusers", "kohya"),
+                text_encoder_training=False, frame_step=4, takes_start_image=True),
     FamilyEntry("ltx2", "LTX-2 (video with audio)", "trainer_backend.families.ltx2", "LTX2", "flow",
                 ("diffusers", "kohya"), text_encoder_training=False, frame_step=8, audio_stream=True),
 )

@@ -144,6 +144,15 @@ def denoiser_copies(table: dict, cfg) -> int:
     return int(rule["values"].get(str(opt(cfg, rule["option"], "")), 1))
 
 
+def activation_lines(table: dict, cfg) -> dict:
+    """The table's activation lines, or the ones it measured with an option on that makes every step bigger
+    (Wan 2.2 TI2V-5B's start images: per-token timesteps): {"option": key, "lines": {...}}."""
+    rule = table.get("activations_if")
+    if rule and opt(cfg, rule["option"], 0):
+        return rule["lines"]
+    return table["activations"]
+
+
 def text_every_step(table: dict, cfg, arch: str = "") -> bool:
     """The text encoder runs every step although its outputs are cached: a family whose encoder reads an
     edit pair's control image (the table's text_every_step) caches a pair's text only once the latents are
@@ -277,12 +286,13 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     gc = prec.gradient_checkpointing
     suffix = "_gc" if gc else ""
     grads = n_trained * train_bytes * ((1 - net_share) if full else 1)
-    act = _act(table["activations"][("full" if full else "lora") + suffix], act_pixels)
+    lines = activation_lines(table, cfg)
+    act = _act(lines[("full" if full else "lora") + suffix], act_pixels)
     if full and fused_bw:
         # the "full" line is the probe's peak minus the gradients it leaves (right beside the gradients
         # counted below); a fused backward frees each gradient at once, so its peak is the backward's
         # start, where a full fine-tune holds at least what a LoRA run saves (each layer's input)
-        act = max(act, _act(table["activations"]["lora" + suffix], act_pixels))
+        act = max(act, _act(lines["lora" + suffix], act_pixels))
     act *= batch * act_factor
     if full and fused_bw:  # the weight being stepped in the backward: its gradient and one temporary
         act += 2 * largest_layer(den) * train_bytes

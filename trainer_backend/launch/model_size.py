@@ -175,6 +175,9 @@ def resize_table(table: dict, components: dict[str, dict]) -> dict:
     den, comps = table["denoiser"], out["components"]
     act = _widths(comps[den]) / _widths(table["components"][den])
     out["activations"] = {k: _scaled_line(v, act) for k, v in table["activations"].items()}
+    if table.get("activations_if"):  # the lines of runs with the table's option on (memory_plan.activation_lines)
+        rule = table["activations_if"]
+        out["activations_if"] = {**rule, "lines": {k: _scaled_line(v, act) for k, v in rule["lines"].items()}}
     if table.get("flops"):
         flops = _macs(comps[den]) / _macs(table["components"][den])
         vae_flops = _macs(comps["vae"]) / _macs(table["components"]["vae"])

@@ -125,9 +125,15 @@ class Wan22Family(FolderOutputs, FlowFamily):
             other = None
         return LoadedModel(family=self, denoiser=trained, vae=pipe.vae, text_encoders=[pipe.text_encoder],
                            tokenizers=[pipe.tokenizer], noise_scheduler=pipe.scheduler, prediction_type="flow",
-                           source=str(src), vae_scale_factor=2 ** len(pipe.vae.config.temperal_downsample),
+                           source=str(src), vae_scale_factor=self.spatial_compression(pipe.vae),
                            scheduler_config=dict(pipe.scheduler.config),
                            options={"expert": expert, "other_expert": other, "boundary_ratio": boundary})
+
+    @staticmethod
+    def spatial_compression(vae) -> int:
+        """Pixels per latent cell along a side: the Wan 2.1 VAE's 8 (its downsampling), the Wan 2.2 VAE's 16
+        (downsampling after a 2x2 patchify; its config says scale_factor_spatial)."""
+        return getattr(vae.config, "scale_factor_spatial", None) or 2 ** len(vae.config.temperal_downsample)
 
     def build_tiny(self, out_dir, seed: int = 0, **options) -> Path:
         from .tiny import build_tiny_wan
@@ -197,22 +203,26 @@ class Wan22Family(FolderOutputs, FlowFamily):
         return WanPipeline
 
     def build_pipeline(self, model, scheduler: str = "euler"):
+        high, low = self.experts(model)
+        pipe = self.pipeline_class()(tokenizer=model.tokenizers[0], text_encoder=model.text_encoders[0],
+                                     vae=model.vae, scheduler=self.sampling_scheduler(model, scheduler),
+                                     transformer=high, transformer_2=low,
+                                     boundary_ratio=model.options.get("boundary_ratio"))
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def sampling_scheduler(self, model, scheduler: str = "euler"):
+        """samples.scheduler: Euler at the model's shift, or the model's own scheduler ("default")."""
         from diffusers import FlowMatchEulerDiscreteScheduler
         if scheduler not in ("default", "euler"):
             raise ConfigError(f"samples.scheduler: {scheduler!r} does not apply to {self.short_name} "
                               "(use euler or default)")
         config = model.scheduler_config
         if scheduler == "default":  # the model's own (Wan-AI's folders: UniPC with its flow_shift)
-            sampler = type(model.noise_scheduler).from_config(config)
-        else:  # Euler at the model's shift (a UniPC config names it flow_shift)
-            sampler = FlowMatchEulerDiscreteScheduler.from_config(
-                config, shift=config.get("flow_shift") or config.get("shift") or 1.0)
-        high, low = self.experts(model)
-        pipe = self.pipeline_class()(tokenizer=model.tokenizers[0], text_encoder=model.text_encoders[0],
-                                     vae=model.vae, scheduler=sampler, transformer=high, transformer_2=low,
-                                     boundary_ratio=model.options.get("boundary_ratio"))
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
+            return type(model.noise_scheduler).from_config(config)
+        # Euler at the model's shift (a UniPC config names it flow_shift)
+        return FlowMatchEulerDiscreteScheduler.from_config(
+            config, shift=config.get("flow_shift") or config.get("shift") or 1.0)
 
     def experts(self, model) -> tuple:
         """(high-noise, low-noise) transformers: the trained one(s) with their adapters; a frozen other expert

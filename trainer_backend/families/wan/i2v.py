@@ -37,12 +37,31 @@ def i2v_input(noisy, condition):
     return torch.cat([noisy, condition.to(noisy)], dim=1)
 
 
-def ti2v_mix(noisy, clean, timesteps):
-    """TI2V-5B: the first latent frame is the clean image's, and its tokens' timestep is 0.
-    noisy/clean (B, C, F', h, w); timesteps (B,) -> (latents, per-token timesteps (B, F' * h/2 * w/2))."""
-    latents = noisy.clone()
-    latents[:, :, 0] = clean[:, :, 0]
+def ti2v_mix(noisy, clean, timesteps, given=None):
+    """TI2V-5B's image-to-video input, as WanImageToVideoPipeline with expand_timesteps builds it: the first
+    latent frame is the clean image's, and its tokens' timestep is 0 (the rest keep the sample's timestep).
+    noisy (B, C, F', h, w); clean (B, C, F' or 1, h, w): its first frame is used; timesteps (B,); given (B,)
+    bool: the samples that get their image (None: all) -> (latents, per-token timesteps (B, F' * h/2 * w/2),
+    the transformer's 1x2x2 patches)."""
+    import torch
     b, _, f, h, w = noisy.shape
-    per_token = timesteps.view(b, 1, 1, 1).expand(b, f, h // 2, w // 2).clone()
-    per_token[:, 0] = 0
-    return latents, per_token.reshape(b, -1)
+    given = torch.ones(b, dtype=torch.bool, device=noisy.device) if given is None else given.to(noisy.device)
+    # (no indexing by `given`: the memory probe runs this on the meta device)
+    first = given.view(b, 1) & (torch.arange(f, device=noisy.device) == 0).view(1, f)    # (B, F')
+    latents = torch.where(first.view(b, 1, f, 1, 1), clean[:, :, :1].to(noisy), noisy)
+    per_token = torch.where(first.view(b, f, 1, 1), torch.zeros_like(timesteps).view(b, 1, 1, 1),
+                            timesteps.view(b, 1, 1, 1))
+    return latents, per_token.expand(b, f, h // 2, w // 2).reshape(b, -1)
+
+
+START_IMAGE_STREAM = 0x7112   # the draws' own seed offset: the objective's per-sample draws stay as they are
+
+
+def start_image_draws(seed: int, epoch: int, indices) -> "torch.Tensor":
+    """One uniform draw in [0, 1) per sample (dataset.video_start_image_probability: the sample trains
+    image-to-video when its draw is below it), from a generator of its own per (seed, epoch, sample index),
+    as families/objectives.py's per-sample rule: the same choice in any batch, on any process, after resume."""
+    import torch
+    from ..objectives import sample_generator
+    return torch.cat([torch.rand(1, generator=sample_generator(seed + START_IMAGE_STREAM, epoch, int(i)))
+                      for i in indices])
