@@ -5,8 +5,10 @@ the expected names and shapes are written out below from published facts, not de
 
 - ComfyUI's module trees, whose `state_dict` names are the files' keys (Comfy-Org/ComfyUI: comfy/ldm/krea2/model.py,
   comfy/ldm/qwen_image21/model.py, comfy/ldm/ideogram4/model.py with comfy/ldm/lumina/model.py's FeedForward,
-  comfy/ldm/wan/vae2_2.py + vae.py built with the config comfy/sd.py gives Qwen-Image 2.1's VAE,
-  comfy/text_encoders/qwen3vl.py with llama.py's Llama2_ and qwen35.py's vision tower), at their default sizes;
+  comfy/ldm/wan/vae2_2.py + vae.py built with the configs comfy/sd.py gives Qwen-Image 2.1's VAE and a Wan
+  2.1-layout VAE (Krea 2's, Qwen-Image's), comfy/ldm/modules/diffusionmodules/model.py's Encoder/Decoder for
+  FLUX.2's VAE (Ideogram 4's), comfy/text_encoders/qwen3vl.py with llama.py's Llama2_ and qwen35.py's vision
+  tower), at their default sizes;
 - ComfyUI's detection (comfy/model_detection.py: the keys each model is recognised by and the config it reads off
   the shapes; comfy/sd.py for the VAE) and diffusers' (single_file_utils.CHECKPOINT_KEY_NAMES);
 - published header listings: Krea 2's fp8 diffusion model has 430 tensors, Ideogram 4's 458.
@@ -246,6 +248,146 @@ def test_qwen_image21_vae_file_is_the_published_layout():
     for name, tensor in original.items():
         back.update(vae_from_original_one(name, tensor))
     assert _shapes(back) == _shapes(state)
+
+
+# ------------------------------------------ Krea 2's VAE (Qwen-Image's, Wan 2.1 layout) and Ideogram 4's (FLUX.2's)
+def wan21_vae_published(dim=96, z=16, mult=(1, 2, 4, 4), res_blocks=2, temporal_down=(False, True, True),
+                        channels=3) -> dict:
+    """comfy/ldm/wan/vae.py WanVAE with the config comfy/sd.py gives a Wan 2.1-layout file: one flat `downsamples`
+    / `upsamples` sequence per side, 3-frame causal convolutions, the decoder's upsamples halving the width."""
+    out = {}
+
+    def conv(p, i, o, kernel):
+        out[f"{p}.weight"], out[f"{p}.bias"] = (o, i, *kernel), (o,)
+
+    def residual(p, i, o):
+        out[f"{p}.residual.0.gamma"], out[f"{p}.residual.3.gamma"] = (i, 1, 1, 1), (o, 1, 1, 1)
+        conv(f"{p}.residual.2", i, o, (3, 3, 3))
+        conv(f"{p}.residual.6", o, o, (3, 3, 3))
+        if i != o:
+            conv(f"{p}.shortcut", i, o, (1, 1, 1))
+
+    def middle(p, d):
+        residual(f"{p}.middle.0", d, d)
+        out[f"{p}.middle.1.norm.gamma"] = (d, 1, 1)
+        conv(f"{p}.middle.1.to_qkv", d, 3 * d, (1, 1))
+        conv(f"{p}.middle.1.proj", d, d, (1, 1))
+        residual(f"{p}.middle.2", d, d)
+
+    dims, n = [dim * m for m in (1, *mult)], 0
+    conv("encoder.conv1", channels, dims[0], (3, 3, 3))
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        for _ in range(res_blocks):
+            residual(f"encoder.downsamples.{n}", a, b)
+            a, n = b, n + 1
+        if i != len(mult) - 1:
+            conv(f"encoder.downsamples.{n}.resample.1", b, b, (3, 3))
+            if temporal_down[i]:
+                conv(f"encoder.downsamples.{n}.time_conv", b, b, (3, 1, 1))
+            n += 1
+    middle("encoder", dims[-1])
+    out["encoder.head.0.gamma"] = (dims[-1], 1, 1, 1)
+    conv("encoder.head.2", dims[-1], 2 * z, (3, 3, 3))
+    conv("conv1", 2 * z, 2 * z, (1, 1, 1))
+    conv("conv2", z, z, (1, 1, 1))
+    dims, n, temporal_up = [dim * m for m in (mult[-1], *mult[::-1])], 0, temporal_down[::-1]
+    conv("decoder.conv1", z, dims[0], (3, 3, 3))
+    middle("decoder", dims[0])
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        a = a // 2 if i in (1, 2, 3) else a
+        for _ in range(res_blocks + 1):
+            residual(f"decoder.upsamples.{n}", a, b)
+            a, n = b, n + 1
+        if i != len(mult) - 1:
+            conv(f"decoder.upsamples.{n}.resample.1", b, b // 2, (3, 3))
+            if temporal_up[i]:
+                conv(f"decoder.upsamples.{n}.time_conv", b, 2 * b, (3, 1, 1))
+            n += 1
+    out["decoder.head.0.gamma"] = (dims[-1], 1, 1, 1)
+    conv("decoder.head.2", dims[-1], channels, (3, 3, 3))
+    return out
+
+
+def test_krea2_vae_file_in_the_published_wan21_layout_reads_onto_qwen_images_autoencoder():
+    """Krea 2 decodes with Qwen-Image's autoencoder; its ComfyUI file (qwen_image_vae.safetensors) is in Wan 2.1's
+    layout, read through diffusers' convert_wan_vae_to_diffusers (qwen_image/single_file.vae_state)."""
+    from diffusers import AutoencoderKLQwenImage
+    from trainer_backend.families.qwen_image.single_file import vae_state
+    published = wan21_vae_published()
+    assert (published["encoder.conv1.weight"], published["decoder.conv1.weight"], published["decoder.head.2.weight"],
+            published["conv1.weight"]) == ((96, 3, 3, 3, 3), (384, 16, 3, 3, 3), (3, 96, 3, 3, 3), (32, 32, 1, 1, 1))
+    assert "decoder.middle.0.residual.0.gamma" in published  # ComfyUI's and diffusers' ("wan_vae") detection key
+    with weights_on_meta():
+        vae = AutoencoderKLQwenImage.from_config(bundled("qwen_image", "vae/config.json"))
+    read = vae_state({k: torch.empty(v, device="meta") for k, v in published.items()})
+    _same_layout(_shapes(read), _shapes(vae.state_dict()))
+
+
+def ldm_vae_published(ch=128, mult=(1, 2, 4, 4), res_blocks=2, z=32, channels=3) -> dict:
+    """comfy/ldm/modules/diffusionmodules/model.py's Encoder/Decoder (AutoencoderKL, double_z) as comfy/sd.py
+    builds it for a `decoder.conv_in.weight` file; FLUX.2's file keeps `encoder.quant_conv` and
+    `decoder.post_quant_conv` (sd.py moves them) and the latent batch norm's statistics (`bn.running_*`, 4z
+    channels after the 2x2 patchify)."""
+    out = {}
+
+    def conv(p, i, o, k):
+        out[f"{p}.weight"], out[f"{p}.bias"] = (o, i, k, k), (o,)
+
+    def norm(p, c):
+        out[f"{p}.weight"] = out[f"{p}.bias"] = (c,)
+
+    def resnet(p, i, o):
+        norm(f"{p}.norm1", i)
+        conv(f"{p}.conv1", i, o, 3)
+        norm(f"{p}.norm2", o)
+        conv(f"{p}.conv2", o, o, 3)
+        if i != o:
+            conv(f"{p}.nin_shortcut", i, o, 1)
+
+    def mid(p, c):
+        resnet(f"{p}.mid.block_1", c, c)
+        norm(f"{p}.mid.attn_1.norm", c)
+        for n in ("q", "k", "v", "proj_out"):
+            conv(f"{p}.mid.attn_1.{n}", c, c, 1)
+        resnet(f"{p}.mid.block_2", c, c)
+
+    conv("encoder.conv_in", channels, ch, 3)
+    block_in = ch
+    for level, m in enumerate(mult):
+        for j in range(res_blocks):
+            resnet(f"encoder.down.{level}.block.{j}", block_in, ch * m)
+            block_in = ch * m
+        if level != len(mult) - 1:
+            conv(f"encoder.down.{level}.downsample.conv", block_in, block_in, 3)
+    mid("encoder", block_in)
+    norm("encoder.norm_out", block_in)
+    conv("encoder.conv_out", block_in, 2 * z, 3)
+    block_in = ch * mult[-1]
+    conv("decoder.conv_in", z, block_in, 3)
+    mid("decoder", block_in)
+    for level in reversed(range(len(mult))):
+        for j in range(res_blocks + 1):
+            resnet(f"decoder.up.{level}.block.{j}", block_in, ch * mult[level])
+            block_in = ch * mult[level]
+        if level != 0:
+            conv(f"decoder.up.{level}.upsample.conv", block_in, block_in, 3)
+    norm("decoder.norm_out", block_in)
+    conv("decoder.conv_out", block_in, channels, 3)
+    conv("encoder.quant_conv", 2 * z, 2 * z, 1)
+    conv("decoder.post_quant_conv", z, z, 1)
+    out["bn.running_mean"] = out["bn.running_var"] = (4 * z,)
+    return out
+
+
+def test_ideogram4_vae_file_is_the_published_flux2_layout():
+    """Ideogram 4 decodes with FLUX.2's autoencoder (flux2-vae.safetensors), read through flux2/original_keys."""
+    from diffusers import AutoencoderKLFlux2
+    from trainer_backend.families.flux2.original_keys import vae_to_original
+    config = bundled("flux2", "vae.json")
+    with weights_on_meta():
+        vae = AutoencoderKLFlux2.from_config(config)
+    state = {k: v for k, v in vae.state_dict().items() if not k.endswith("num_batches_tracked")}
+    _same_layout(_shapes(vae_to_original(state, config)), ldm_vae_published())
 
 
 # ------------------------------------------------------------------------------ Qwen3-VL text encoders
