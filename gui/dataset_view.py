@@ -85,9 +85,12 @@ def _signature(cfg: TrainConfig) -> str:
 def _inspect_config(cfg: TrainConfig) -> dict:
     """A config for the scan only: the scan needs [dataset]; a missing model or more processes
     than this machine has must not stop the inspector (Start checks those)."""
+    from trainer_backend.families.registry import FAMILY_NAMES
+    from trainer_backend.launch.model_size import planning_arch
     data = to_dict(cfg)
     data["hardware"] = to_dict(TrainConfig())["hardware"]
-    data["model"]["path"] = "builtin:tiny-sd1"
+    arch = planning_arch(cfg)   # the family the model names survives the stand-in: a video family's clips count
+    data["model"]["path"] = f"builtin:tiny-{arch}" if arch in FAMILY_NAMES else "builtin:tiny-sd1"
     data["model"]["vae"] = ""
     return data
 
@@ -135,14 +138,48 @@ def inspect_dataset(cfg: TrainConfig, python: str = sys.executable, cwd: str | P
 
 # ----------------------------------------------------------------------------- rendering
 
+def clip_lines(video: dict) -> list[str]:
+    """A video family's clips as the scan counted them (data/video_items.clip_summary): clips, seconds, audio
+    tracks, windows and frame buckets (the lines the Datasets page and the `clips` CLI show)."""
+    clips = video.get("clips", 0)
+    audio = video.get("with_audio", 0)
+    trained = f" ({video['audio_trained']} trained)" if video.get("audio_trained") else ""
+    images = video.get("images_as_frames", 0)
+    lines = [f"clips: {clips}" + (f" (and {images} images as 1-frame clips)" if images else "")
+             + f", {video.get('duration_s', 0):g} s in all, mean {video.get('duration_s', 0) / max(1, clips):.2f} s "
+             f"a clip, {audio} with an audio track{trained}",
+             f"windows: {video.get('windows', 0)} ({video.get('clip_mode')}, {video.get('frame_rule')} frames at "
+             f"{video.get('fps', 0):g} fps)"]
+    buckets = video.get("frame_buckets") or {}
+    if buckets:
+        lines.append("frame buckets: " + " · ".join(f"{name}: {n}" for name, n in buckets.items()))
+    return lines
+
+
+def untrained_clips(summary: dict) -> int:
+    """The clips (video files, `<name>.frames` folders) in the scanned folders, for an image family's scan."""
+    from trainer_backend.workbench.clips import list_clips
+    return len({clip for s in summary.get("subsets", [])
+                if s.get("source", "folders") == "folders" and not s.get("is_class") and Path(s.get("path") or "").is_dir()
+                for clip in list_clips(Path(s["path"]))})
+
+
 def summary_markdown(summary: dict) -> str:
-    lines = [f"**{summary.get('images', 0)} images**, {summary.get('samples_per_epoch', 0)} samples per epoch"
+    video = summary.get("video")
+    if video:   # a video family's scan: its items are clip windows and images
+        head = (f"**{video.get('clips', 0)} clips ({video.get('windows', 0)} windows) and "
+                f"{video.get('images_as_frames', 0)} images**")
+    else:
+        head = f"**{summary.get('images', 0)} images**"
+    lines = [f"{head}, {summary.get('samples_per_epoch', 0)} samples per epoch"
              + (f", {summary.get('class_images')} class images" if summary.get("class_images") else "")
              + (f" ({summary['class_images_to_generate']} generated before training)"
                 if summary.get("class_images_to_generate") else "")
              + (f", {summary.get('validation_images')} held out for validation" if summary.get("validation_images")
                 else ""), "",
-             "| subset | images | repeats | samples/epoch | missing captions |", "|---|---|---|---|---|"]
+             *([*(f"{line}  " for line in clip_lines(video)), ""] if video else []),
+             f"| subset | {'windows + images' if video else 'images'} | repeats | samples/epoch | missing captions |",
+             "|---|---|---|---|---|"]
     for s in summary.get("subsets", []):
         kind = " (class)" if s.get("is_class") else ""
         lines.append(f"| `{s.get('name')}`{kind} | {s.get('images', 0)} | {s.get('repeats', 1)} | "
@@ -162,6 +199,11 @@ def summary_markdown(summary: dict) -> str:
         lines.append(f"\n⚠️ {summary['skipped_count']} files skipped ({kinds}).")
         for item in (summary.get("skipped") or [])[:10]:
             lines.append(f"- `{Path(item.get('file', '')).name}`: {item.get('reason', '')}")
+    unused = 0 if video else untrained_clips(summary)
+    if unused:
+        from trainer_backend.families.registry import VIDEO_FAMILIES
+        lines.append(f"\nℹ️ {unused} clips in the dataset are not trained: the model's family trains images only "
+                     f"(a video family does: model.arch = {', '.join(VIDEO_FAMILIES)}).")
     if summary.get("filtered_count"):
         lines.append(f"\n{summary['filtered_count']} images filtered out by the metadata filters.")
     for note in summary.get("notes") or []:

@@ -109,3 +109,25 @@ def test_a_clips_caption_is_edited_and_undone_like_an_images(tmp_path):
     undo(folder)
     assert caption.read_text() == before
     assert (folder / "clip000.mp4").stat().st_size > 0   # the clip itself is never touched
+
+
+def test_the_training_pages_inspector_shows_the_clip_lines_for_a_video_family(tmp_path):
+    from gui import dataset_view as dv
+    from trainer_backend.config import from_dict
+    folder = _dataset(tmp_path / "clips")
+    wan = tmp_path / "Wan2.2-T2V"   # a Wan 2.2 folder (arch auto): the family the inspector plans for
+    wan.mkdir()
+    (wan / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
+    dataset = {"path": str(folder), "resolution": 32, "video_frames": 9, "video_clip_mode": "uniform"}
+    inspection = dv.inspect_dataset(from_dict({"model": {"path": str(wan)}, "dataset": dataset}),
+                                    cwd=Path(__file__).resolve().parent.parent)
+    video = inspection.summary["video"]
+    assert (video["clips"], video["windows"], video["images_as_frames"]) == (5, 7, 2)  # long.mp4: 3 windows
+    text = dv.summary_markdown(inspection.summary)
+    assert "**5 clips (7 windows) and 2 images**" in text
+    assert "clips: 5 (and 2 images as 1-frame clips), 3.56 s in all, mean 0.71 s a clip, 0 with an audio track" in text
+    assert "windows: 7 (uniform, 4k+1 frames at 16 fps)" in text and "9x32x32: 6" in text
+    assert "`broken.mov`: cannot read the video" in text          # the scan's skipped line, as before
+    # an image family: the scan leaves the clips out, and the inspector says so
+    images_only = dv.summary_markdown({**inspection.summary, "video": None})
+    assert "6 clips in the dataset are not trained: the model's family trains images only" in images_only
