@@ -25,7 +25,7 @@ from gui.datasets_grid import GRID_JS, grid_cells, grid_html
 from gui.shared_state import Studio
 from gui.widgets import FormWidgets
 
-DATASET_COLUMNS = ["dataset", "images", "captioned", "flagged", "made here"]
+DATASET_COLUMNS = ["dataset", "images", "clips", "captioned", "flagged", "made here"]
 SETTING_KEYS = ("resolution", "bucketing", "bucket_min_side", "bucket_max_side", "bucket_step", "bucket_no_upscale",
                 "center_crop", "caption_extension")
 KEYS_JS = """() => { if (window.__datasetKeys) return; window.__datasetKeys = true;
@@ -76,7 +76,7 @@ class DatasetsPage:
         for info in list_datasets(self.root) if self.root.is_dir() else []:
             known = read_index(self.cache, info.path)
             flagged = sum(1 for r in known.values() if r.get("flags"))
-            rows.append([info.name, info.images, info.captioned, f"{flagged} of {len(known)} checked",
+            rows.append([info.name, info.images, info.clips, info.captioned, f"{flagged} of {len(known)} checked",
                          "yes" if info.made_here else "no"])
         return pd.DataFrame(rows, columns=DATASET_COLUMNS)
 
@@ -157,7 +157,7 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
                 prev_img = gr.Button("◀ Previous", elem_id="ds-prev")
                 save = gr.Button("Save caption", variant="primary", elem_id="ds-save")
                 next_img = gr.Button("Next ▶", elem_id="ds-next")
-            exclude_btn = gr.Button("Exclude this image (moved to .workbench/excluded)", elem_id="ds-exclude",
+            exclude_btn = gr.Button("Exclude this image or clip (moved to .workbench/excluded)", elem_id="ds-exclude",
                                     size="sm")
             partner = gr.Gallery(label="Its duplicate / control images", columns=3, height=200, allow_preview=False,
                                  elem_id="ds-partner")

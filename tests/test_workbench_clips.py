@@ -17,7 +17,10 @@ from tests.workbench_images import write_dataset
 from trainer_backend.data.buckets import bucket_spec
 from trainer_backend.data.video import write_clip
 from trainer_backend.data.video_scan import VideoOptions, scan_clips, summary_lines
-from trainer_backend.workbench import CheckSettings, build_index, read_index, save_caption, thumb_path, undo
+from trainer_backend.workbench import (CheckSettings, Operation, apply_plan, build_index, plan_edit, read_index,
+                                       save_caption, thumb_path, undo)
+from trainer_backend.workbench.index import list_media
+from trainer_backend.workbench.library import exclude, excluded, list_datasets, restore
 from trainer_backend.workbench.clips import family_of, options_of, windows_of, windows_summary
 
 
@@ -108,7 +111,28 @@ def test_a_clips_caption_is_edited_and_undone_like_an_images(tmp_path):
     assert entry and caption.read_text() == "a red square, edited"
     undo(folder)
     assert caption.read_text() == before
+    # a bulk edit over the page's items (clips among them), undone as one entry
+    changes = plan_edit(folder, ["clip000.mp4"], Operation("prepend", "ohwx"))
+    apply_plan(folder, changes, "prepend 'ohwx'")
+    assert caption.read_text() == f"ohwx, {before}"
+    undo(folder)
+    assert caption.read_text() == before
     assert (folder / "clip000.mp4").stat().st_size > 0   # the clip itself is never touched
+
+
+def test_a_clip_or_sequence_is_excluded_and_restored_with_its_caption(tmp_path):
+    folder = _dataset(tmp_path / "clips")
+    (info,) = list_datasets(tmp_path)
+    assert (info.images, info.clips, info.captioned) == (2, 6, 7)
+    exclude(folder, "clip001.mp4")
+    exclude(folder, "spin.frames")
+    assert excluded(folder) == ["clip001.mp4", "spin.frames"]     # the sequence's frames are not listed as images
+    assert not (folder / "clip001.txt").exists() and not (folder / "spin.frames").exists()
+    assert [p.name for p in list_media(folder)].count("spin.frames") == 0
+    restore(folder, "spin.frames")
+    restore(folder, "clip001.mp4")
+    assert (folder / "spin.txt").read_text() == "it spins" and len(list((folder / "spin.frames").iterdir())) == 5
+    assert (folder / "clip001.txt").is_file() and excluded(folder) == []
 
 
 def test_the_training_pages_inspector_shows_the_clip_lines_for_a_video_family(tmp_path):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..data.images import IMAGE_EXTENSIONS, BadImage, probe
 from ..data.subsets import CONCEPT_DIR
+from .clips import is_clip, list_clips
 from .index import DEFAULT_MAX_PIXELS, list_images
 from .journal import WORKBENCH_DIR
 
@@ -45,6 +46,7 @@ class DatasetInfo:
     images: int
     captioned: int
     made_here: bool      # created by the studio (may be deleted from the page)
+    clips: int = 0
 
 
 def check_name(name: str, what: str = "dataset name") -> str:
@@ -77,8 +79,9 @@ def list_datasets(root: Path) -> list[DatasetInfo]:
     root = Path(root)
     out = []
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []:
-        images = list_images(folder)
-        out.append(DatasetInfo(folder.name, folder, len(images), count_captioned(images), made_here(folder)))
+        images, clips = list_images(folder), list_clips(folder)
+        out.append(DatasetInfo(folder.name, folder, len(images), count_captioned(images + clips), made_here(folder),
+                               len(clips)))
     return out
 
 
@@ -303,11 +306,12 @@ EXCLUDED_DIR = "excluded"
 
 
 def exclude(dataset: Path, image_rel: str) -> Path:
-    """Take one image (and its captions) out of the training set without deleting it: it moves to
-    `.workbench/excluded/` (a dot folder the trainer never reads); `restore` brings it back."""
+    """Take one image or clip (and its captions) out of the training set without deleting it: it moves
+    to `.workbench/excluded/` (a dot folder the trainer never reads); `restore` brings it back."""
     dataset = Path(dataset)
     source = dataset / image_rel
-    if not source.is_file() or not within(source, [dataset]) or WORKBENCH_DIR in Path(image_rel).parts:
+    if not (source.is_file() or is_clip(source)) or not within(source, [dataset]) \
+            or WORKBENCH_DIR in Path(image_rel).parts:
         raise LibraryError(f"{image_rel}: not an image of {dataset.name}")
     target = dataset / WORKBENCH_DIR / EXCLUDED_DIR / image_rel
     if target.exists():
@@ -321,16 +325,19 @@ def exclude(dataset: Path, image_rel: str) -> Path:
 
 
 def excluded(dataset: Path) -> list[str]:
+    """The excluded images and clips (a `<name>.frames` folder is one), as paths inside the dataset."""
     root = Path(dataset) / WORKBENCH_DIR / EXCLUDED_DIR
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    found = [*list_images(root), *list_clips(root)]   # the walks: a sequence's frames are not images
+    return sorted(p.relative_to(root).as_posix() for p in found)
 
 
 def restore(dataset: Path, image_rel: str) -> Path:
     dataset = Path(dataset)
     source = dataset / WORKBENCH_DIR / EXCLUDED_DIR / image_rel
     target = dataset / image_rel
-    if not source.is_file() or ".." in Path(image_rel).parts:
+    if not (source.is_file() or is_clip(source)) or ".." in Path(image_rel).parts:
         raise LibraryError(f"{image_rel}: not an excluded image of {dataset.name}")
     if target.exists():
         raise LibraryError(f"{image_rel}: a file of that name is back in the dataset; rename it first")
