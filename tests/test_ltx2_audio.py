@@ -215,3 +215,19 @@ def test_an_audio_lora_trains_the_audio_stream_and_changes_the_pipelines_audio(t
                                "dataset.video_fps=16", "loss.audio_loss_weight=2")
     losses = [[e["loss"] for e in run_events if e["event"] == "step"] for run_events in (events, uncached)]
     assert len(losses[0]) == 3 and losses[0] == losses[1]
+
+
+def test_an_audio_vae_that_does_not_fit_the_transformer_is_one_line(model):
+    """A VAE whose packed audio tokens are not the transformer's audio width (the first tiny LTX-2's, which
+    did not compress the mel bins) is refused before any clip is encoded, naming model.path."""
+    from dataclasses import replace
+
+    from diffusers import AutoencoderKLLTX2Audio
+
+    from trainer_backend.errors import ConfigError
+    flat = AutoencoderKLLTX2Audio(base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, resolution=32,
+                                  latent_channels=2, mel_bins=8)
+    other = replace(model, options={**model.options, "audio_vae": flat})
+    with pytest.raises(ConfigError, match=r"^model\.path: .*audio VAE gives 16 features per audio step, its "
+                                          r"transformer's audio stream takes 4$"):
+        model.family.audio_format(other)

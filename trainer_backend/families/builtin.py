@@ -14,7 +14,7 @@ from .registry import BUILTIN_TINY
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = {name: family for name, (family, _) in BUILTIN_TINY.items()}
 # Bump when a factory's output changes, so stale caches are rebuilt rather than reused.
-TINY_MODEL_VERSION = 1
+TINY_MODEL_VERSION = 2  # 2: tiny-ltx2's audio VAE compresses 4x (LTX2Pipeline's audio packing)
 
 
 def atomic_dir(final: Path, build: Callable[[Path], object], done_marker: str) -> Path:

@@ -72,6 +72,13 @@ def audio_format(audio_vae) -> tuple[int, int]:
     return int(audio_vae.config.sample_rate), int(audio_vae.config.in_channels)
 
 
+def token_width(audio_vae) -> int:
+    """Features per packed audio token the encoder really gives: latent channels x the mel bins after its
+    downsampling stages (each halves them); LTX2Pipeline assumes 4x (mel_compression_ratio)."""
+    config = audio_vae.config
+    return config.latent_channels * (config.mel_bins // 2 ** (len(config.ch_mult) - 1))
+
+
 def pack(latents: torch.Tensor) -> torch.Tensor:
     """[B, C, L, M] -> [B, L, C*M] (LTX2Pipeline._pack_audio_latents without patches)."""
     return latents.transpose(1, 2).flatten(2, 3)

@@ -76,7 +76,11 @@ class LTX2Family(FolderOutputs, FlowFamily):
                 (f"; {silent} {'has' if silent == 1 else 'have'} no audio track (video only)" if silent else ""))
 
     def audio_format(self, model) -> tuple[int, int]:
-        return aud.audio_format(model.options["audio_vae"])
+        vae, stream = model.options["audio_vae"], unwrap(model.denoiser).config.audio_in_channels
+        if aud.token_width(vae) != stream:  # caught before any clip is encoded, not as a shape error mid-run
+            raise ConfigError(f"model.path: {model.source}: its audio VAE gives {aud.token_width(vae)} features per "
+                              f"audio step, its transformer's audio stream takes {stream}")
+        return aud.audio_format(vae)
 
     def encode_audio(self, model, waveform):
         vae = model.options["audio_vae"].to(waveform.device)  # small (the full model's: 53M): joins the clip
