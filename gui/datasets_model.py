@@ -58,9 +58,12 @@ class View:
         tag = tag.strip()
         out = []
         for i, item in enumerate(self.items):
-            if flag == "flagged" and not item["flags"]:
+            if flag in ("clips", "images"):
+                if is_clip_name(item["path"]) != (flag == "clips"):
+                    continue
+            elif flag == "flagged" and not item["flags"]:
                 continue
-            if flag and flag != "flagged" and flag not in item["flags"]:
+            elif flag and flag != "flagged" and flag not in item["flags"]:
                 continue
             if tag and tag not in [t.strip() for t in (item.get("caption") or "").split(",")]:
                 continue

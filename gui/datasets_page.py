@@ -134,7 +134,8 @@ def build_datasets_page(studio: Studio, form: FormWidgets, form_after_load, main
     settings = gr.State({})
     state = gr.State({"indices": [], "page": 0, "selected": None, "loaded": None})
     with gr.Row(equal_height=True):
-        flag = gr.Dropdown(choices=[("all images", ""), ("any flag", "flagged")]
+        flag = gr.Dropdown(choices=[("all images", ""), ("any flag", "flagged"), ("clips only", "clips"),
+                                    ("images only", "images")]
                            + [(label, kind) for kind, label in FLAG_LABELS.items()], value="", label="Show",
                            elem_id="ds-filter", scale=2)
         tag = gr.Textbox(label="With tag", elem_id="ds-tag", scale=2)

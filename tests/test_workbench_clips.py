@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from gui.datasets_clips import clip_detail
 from gui.datasets_grid import grid_cells
 from gui.datasets_model import Views
 from gui.datasets_page import summary_markdown
 from tests.video_clips import make_clip_dataset, moving_square
 from tests.workbench_images import write_dataset
 from trainer_backend.data.buckets import bucket_spec
-from trainer_backend.data.video import write_clip
+from trainer_backend.data.video import probe_clip, write_clip
 from trainer_backend.data.video_scan import VideoOptions, scan_clips, summary_lines
 from trainer_backend.workbench import (CheckSettings, Operation, apply_plan, build_index, plan_edit, read_index,
                                        save_caption, thumb_path, undo)
@@ -69,6 +70,7 @@ def test_index_has_clip_durations_thumbnails_and_the_scans_reason(tmp_path):
 
 def test_summary_windows_and_grid_labels_follow_the_training_settings(tmp_path):
     folder, cache = _dataset(tmp_path / "clips"), tmp_path / "cache"
+    files_before = sorted(p.name for p in folder.iterdir())
     build_index(folder, cache, workers=1)
     values = {"model.arch": "wan22_t2v", "dataset.video_frames": 9, "dataset.video_fps": 16,
               "dataset.video_clip_mode": "uniform", "dataset.resolution": 32, "dataset.bucketing": True,
@@ -90,11 +92,19 @@ def test_summary_windows_and_grid_labels_follow_the_training_settings(tmp_path):
     assert "spin.frames ▶ 5 f at 16 fps" in labels
     assert any(label.startswith("broken.mov ⚠ unreadable") for label in labels)
     assert "img_00000.png" in labels
+    assert [view.items[i]["path"] for i in view.filtered("images")] == ["img_00000.png", "img_00001.png"]
+    assert len(view.filtered("clips")) == 6
     text = summary_markdown(view, running=False)
     assert "**2 images, 6 clips**" in text
     for line in summary_lines(scan_clips(folder, opts, spec).summary)[:2]:
         assert line in text
     assert "bucket 9x32x32" in text and "unreadable 1" in text
+
+    # a clip clicked: a strip row per window, and the first window (9 frames) as a preview in the cache
+    strip, preview, info = clip_detail(cache, view, next(i for i in view.items if i["path"] == "long.mp4"))
+    assert strip.height == 3 * 96 + 2 * 4 and "3 windows of 9 frames" in info and "frame bucket **9x32x32**" in info
+    assert Path(preview).parent == cache / "previews" and probe_clip(Path(preview)).frames == 9
+    assert sorted(p.name for p in folder.iterdir()) == files_before   # nothing is written in the dataset
 
     # an image family: the clips are counted, and the line says they are not trained
     image_view = views.get(folder, CheckSettings(resolution=32), video={"model.arch": "flux"})

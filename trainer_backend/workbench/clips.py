@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import stat
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -61,14 +62,17 @@ def list_clips(folder: Path) -> list[Path]:
             entries = sorted(os.scandir(current), key=lambda e: e.name)
         except OSError:
             return   # the image walk reports unreadable folders
-        for entry in entries:
+        for entry in entries:   # names first: a folder of images costs a string test per file
             if entry.name.startswith("."):
                 continue
-            path = Path(entry.path)
-            if is_clip(path):
-                out.append(path)
+            suffix = os.path.splitext(entry.name)[1].lower()
+            if suffix in VIDEO_EXTENSIONS and entry.is_file():
+                out.append(Path(entry.path))
             elif entry.is_dir():
-                visit(path)
+                if suffix == FRAMES_FOLDER_SUFFIX:
+                    out.append(Path(entry.path))
+                else:
+                    visit(Path(entry.path))
     visit(Path(folder))
     return out
 
@@ -77,7 +81,7 @@ def clip_stat(path: Path) -> tuple[int, int]:
     """(bytes, mtime_ns) that change when a clip changes: a file's own; a frames folder's: its frames'
     total size and newest mtime (a frame added, removed or rewritten)."""
     st = path.stat()
-    if not path.is_dir():
+    if not stat.S_ISDIR(st.st_mode):   # one stat per image: the page checks every file at each rebuild
         return st.st_size, st.st_mtime_ns
     size, newest = 0, st.st_mtime_ns
     for entry in os.scandir(path):
@@ -235,12 +239,13 @@ def windows_strip(path: Path, windows: list[ClipWindow], fps: float, height: int
     """The windows the trainer takes, one frame strip per window (its first, last and evenly spaced
     frames, at the target fps's source indices), stacked; at most STRIP_WINDOWS. Raises BadClip."""
     from PIL import Image
-    shown = windows[:STRIP_WINDOWS]
-    rows = []
-    for window in shown:
+    picks = []
+    for window in windows[:STRIP_WINDOWS]:
         indices = window.indices(fps)
-        picks = [indices[i] for i in _strip_picks(len(indices))]
-        rows.append(frame_strip(decode_frames(path, picks), count=len(picks), height=height))
+        picks.append([indices[i] for i in _strip_picks(len(indices))])
+    wanted = sorted({i for row in picks for i in row})
+    decoded = dict(zip(wanted, decode_frames(path, wanted)))   # one pass over the clip for every window
+    rows = [frame_strip(np.stack([decoded[i] for i in row]), count=len(row), height=height) for row in picks]
     out = Image.new("RGB", (max(r.width for r in rows), sum(r.height for r in rows) + 4 * (len(rows) - 1)),
                     (255, 255, 255))
     y = 0

@@ -60,7 +60,10 @@ def list_media(folder: Path) -> list[Path]:
     """The dataset's images and clips, in the walk's order (a folder's entries by name)."""
     from .clips import list_clips
     folder = Path(folder)
-    return sorted([*list_images(folder), *list_clips(folder)], key=lambda p: p.relative_to(folder).parts)
+    images, clips = list_images(folder), list_clips(folder)
+    if not clips:
+        return images
+    return sorted([*images, *clips], key=lambda p: p.relative_to(folder).parts)
 
 
 def _sha256(path: Path) -> tuple[str, int]:
