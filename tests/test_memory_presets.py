@@ -29,7 +29,7 @@ TIERS = {"sd15-lora": (8, 12, 16, 24), "sdxl-lora": (8, 12, 16, 24), "sd35-mediu
          "qwen-image-lora": (16, 24), "qwen-image-edit-lora": (16, 24), "qwen-image-edit-plus-lora": (24,),
          "chroma-lora": (12, 16, 24), "ideogram4-lora": (16, 24), "krea2-lora": (16, 24),
          "qwen-image21-lora": (16, 24), "wan22-t2v-lora": (16, 24, 48, 80), "ltx2-lora": (24, 48, 80),
-         "wan22-ti2v-lora": (16, 24)}
+         "wan22-ti2v-lora": (16, 24), "wan22-i2v-lora": (16, 24, 48, 80)}
 
 
 def test_every_family_with_presets_has_its_tiers():
@@ -39,8 +39,7 @@ def test_every_family_with_presets_has_its_tiers():
     # every registered family but the old SD2 has a tiered preset
     from trainer_backend.families.registry import FAMILY_NAMES
     tiered_archs = {STORE.load(p.label).model.arch for p in TIERED}
-    # (Wan 2.2 I2V's tiers come with its planner's condition pass)
-    assert set(FAMILY_NAMES) - tiered_archs - {"wan22_i2v"} == {"sd2"}
+    assert set(FAMILY_NAMES) - tiered_archs == {"sd2"}
 
 
 @pytest.mark.parametrize("preset", TIERED, ids=[p.name for p in TIERED])

@@ -32,6 +32,7 @@ MIXED_DTYPE = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}
 # without it. The tally counts tensors only; the fp32 convolutions at full resolution also take cuDNN
 # workspace from the same allocator, the likely cause (not isolated on the GPU).
 VAE_ENCODE_CUDA = 1.3
+PIXEL_BYTES = 12       # an RGB pixel in fp32, as the VAE reads it
 
 
 def opt(cfg, dotted: str, default: Any = None) -> Any:
@@ -164,6 +165,24 @@ def text_every_step(table: dict, cfg, arch: str = "") -> bool:
             and (not optional or reference_images(cfg, arch) > 0))
 
 
+def condition_every_step(table: dict, cfg) -> bool:
+    """The family builds a per-step condition with the VAE (the table's condition_pass: Wan I2V's first-frame
+    condition), unless it is cached with the latents."""
+    cond = table.get("condition_pass")
+    return bool(cond) and not (cond.get("cached_with_latents") and cfg.dataset.cache_latents)
+
+
+def condition_bytes(table: dict, frame_pixels: int, chunk: int, frames: int) -> float:
+    """The condition pass of one clip on a CUDA card, a phase of its own before the denoiser's forward: its
+    line (measured on one frame, from cached latents: a decode of the first latent frame and an encode) with
+    the VAE encoding `chunk` frames at once instead of one (a causal VAE: per chunk, not per latent frame),
+    and the clip's other frames held as fp32 pixels (the first frame ++ black frames it encodes). Checked on
+    a tiny model against the real pass (tests/test_i2v_memory_plan.py: 1.0-1.4x its peak, never under)."""
+    one = _act(table["condition_pass"]["line"], frame_pixels)
+    pixels_held = PIXEL_BYTES * table["vae_scale_factor"] ** 2 * frame_pixels * (frames - chunk)
+    return (one + _act(table["vae_encode"], frame_pixels) * (chunk - 1) + pixels_held) * VAE_ENCODE_CUDA
+
+
 def _act(line: list[float], pixels: int) -> float:
     return max(0.0, line[0] + line[1] * pixels)
 
@@ -219,7 +238,8 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     notes: list[str] = []
     frames, latent_frames = clip_frames(cfg, arch, buckets)
     # the VAE encode line is per frame too; a causal video VAE (Wan's) encodes a few frames at a time
-    vae_pixels = pixels * min(frames, table.get("vae_frames_at_once") or frames)
+    chunk = min(frames, table.get("vae_frames_at_once") or frames)
+    frame_pixels, vae_pixels = pixels, pixels * chunk
     if frames > 1:   # the tables' activations are per latent pixel of one frame; a clip's scale with its frames
         pixels *= latent_frames
         notes.append(f"clips of {frames} frames ({latent_frames} latent frames) at {side[0]}x{side[1]}")
@@ -283,6 +303,8 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
         phases["text encoders"] = table["text_encode"] * batch + (te_total if "text encoders" not in resident else 0)
     if not ds.cache_latents:
         phases["vae encode"] = vae_encode_bytes(table, vae_pixels) * batch + (vae_w if "vae" not in resident else 0)
+    if condition_every_step(table, cfg):
+        phases["condition"] = condition_bytes(table, frame_pixels, chunk, frames) * batch + (vae_w if "vae" not in resident else 0)
     gc = prec.gradient_checkpointing
     suffix = "_gc" if gc else ""
     grads = n_trained * train_bytes * ((1 - net_share) if full else 1)

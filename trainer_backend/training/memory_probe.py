@@ -10,6 +10,7 @@ assets/memory_tables.json; tests run them on tiny models against real CPU tensor
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import weakref
@@ -195,10 +196,8 @@ def probe_vae_encode(model, side: tuple[int, int], batch: int, device, dtype=tor
     return tally.peak
 
 
-def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dtype, cfg) -> dict:
-    """One forward and backward of the denoiser on cached latents and text (so only the denoiser's
-    own memory counts): the peak bytes created, and the gradient bytes left at the end."""
-    from ..diffusion.loss import diffusion_loss
+def _sample(model, side: tuple[int, int], batch: int, device) -> dict:
+    """A batch of cached latents (one frame) and text at `side`, as a training step gets it."""
     shape = model.family.latent_shape(model, side[1], side[0])
     text = {k: v for k, v in text_conditioning(model, batch, device).items()}
     sample = {"index": list(range(batch)), "latents": torch.zeros(batch, *shape, device=device),
@@ -207,6 +206,38 @@ def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dt
               "target_size": torch.tensor([[side[1], side[0]]] * batch)}
     if model.family.control_images == "required":  # an edit model: its control images' tokens ride along
         sample["control_latents"] = reference_latents(model, sample["latents"])
+    return sample
+
+
+def probe_condition(model, condition: str, side: tuple[int, int], batch: int, device) -> int:
+    """Peak bytes of a family's per-step condition pass (`Family.<condition>(model, batch, latent_frames)`,
+    no grad: Wan I2V's first-frame condition, from cached latents a VAE decode of the first latent frame and
+    an encode) on a batch of one-frame latents at `side`, its output included."""
+    sample = _sample(model, side, batch, device)
+    with LiveBytes() as tally:
+        getattr(model.family, condition)(model, sample, sample["latents"].shape[2])
+    return tally.peak
+
+
+def _condition_given(model, condition: str, value):
+    """The model with its family's condition pass answered by `value` (computed before the tally): the step
+    the denoiser's lines measure leaves the condition's own pass out (it is a phase of its own)."""
+    family = copy.copy(model.family)
+    setattr(family, condition, lambda *args, **kwargs: value)
+    return dataclasses.replace(model, family=family)
+
+
+def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dtype, cfg,
+                     condition: str | None = None) -> dict:
+    """One forward and backward of the denoiser on cached latents and text (so only the denoiser's
+    own memory counts): the peak bytes created, and the gradient bytes left at the end. condition: the
+    family's per-step condition pass (probe_condition), computed before the tally."""
+    from ..diffusion.loss import diffusion_loss
+    sample = _sample(model, side, batch, device)
+    if condition:
+        with torch.no_grad():
+            given = getattr(model.family, condition)(model, sample, sample["latents"].shape[2])
+        model = _condition_given(model, condition, given)
     grads_before = _grad_bytes(model.denoiser)
     with LiveBytes() as tally:
         loss = diffusion_loss(model, model.denoiser, sample, cfg=cfg, epoch=0, device=device,
@@ -269,7 +300,7 @@ def with_companion(entry: dict, companion: dict, name: str) -> dict:
 
 
 def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", networks=("lora", "full"),
-                  log=print, companions: dict[str, str] | None = None) -> dict:
+                  log=print, companions: dict[str, str] | None = None, condition: str | None = None) -> dict:
     """The planner's table for one model (launch/memory_tables.py reads it): `load()` returns a fresh
     LoadedModel in fp32 (full-size modules on the meta device, or a tiny model); each network type is set
     up with the project's own code (place_model, setup_method) from a config of `overrides`, and its
@@ -279,14 +310,15 @@ def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", 
     dev = torch.device(device)
     answers = AllValid() if dev.type == "meta" else nullcontext()
     with answers:
-        table = _measure(load, overrides, sides, dev, networks, log, companions)
+        table = _measure(load, overrides, sides, dev, networks, log, companions, condition)
     if dev.type == "meta" and answers.asked:
         table["probe"]["assumed"] = "every text token valid (meta device: " + ", ".join(
             f"{name} ×{n}" for name, n in sorted(answers.asked.items())) + ")"
     return table
 
 
-def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, companions=None) -> dict:
+def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, companions=None,
+             condition=None) -> dict:
     from ..config import from_dict
     from ..methods import setup_method
     from .setup import place_model
@@ -306,6 +338,9 @@ def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, 
     table["text_encode"] = probe_text_encode(model, 1, dev)
     table["vae_encode"] = line_through(sides, [probe_vae_encode(model, (s, s), 1, dev) for s in sides],
                                        model.vae_scale_factor)
+    if condition:   # its own phase: the line per latent pixel of one frame (launch/memory_plan.py)
+        table["condition_pass"] = {"line": line_through(sides, [probe_condition(model, condition, (s, s), 1, dev)
+                                                                for s in sides], model.vae_scale_factor)}
     for network in networks:
         cfg = from_dict({**overrides, "network": {**overrides.get("network", {}), "type": network}})
         model = load_on_device()
@@ -317,7 +352,7 @@ def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, 
             points = []
             for side in sides:
                 with MetaAutocast(weight_dtype):  # in fp32 only its fused attention matters
-                    r = probe_train_step(model, (side, side), 1, dev, weight_dtype, cfg)
+                    r = probe_train_step(model, (side, side), 1, dev, weight_dtype, cfg, condition)
                 for p in model.denoiser.parameters():
                     p.grad = None
                 points.append(r["peak"] - r["grads"])
@@ -349,15 +384,8 @@ def forward_flops(model, side: tuple[int, int], batch: int = 1, device="meta") -
     from .meta_values import AllValid
     from ..config import from_dict
     dev = torch.device(device)
-    shape = model.family.latent_shape(model, side[1], side[0])
     with AllValid():
-        text = text_conditioning(model, batch, dev)
-        sample = {"index": list(range(batch)), "latents": torch.zeros(batch, *shape, device=dev), "text": text,
-                  "original_size": torch.tensor([[side[1], side[0]]] * batch),
-                  "crop_top_left": torch.zeros(batch, 2, dtype=torch.long),
-                  "target_size": torch.tensor([[side[1], side[0]]] * batch)}
-        if model.family.control_images == "required":
-            sample["control_latents"] = reference_latents(model, sample["latents"])
+        sample = _sample(model, side, batch, dev)
         cfg = from_dict({"model": {"arch": model.family.name}})
         return count_flops(lambda: diffusion_loss(model, model.denoiser, sample, cfg=cfg, epoch=0, device=dev,
                                                   weight_dtype=torch.float32))
