@@ -70,7 +70,8 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
          "wan22_i2v": "Wan 2.2 I2V-A14B: one 14.3B expert (36 input channels: the noisy latents, the first frame's "
                       "mask and latents; model.expert = both keeps both resident) with UMT5-XXL and the Wan 2.1 VAE "
                       "(the UMT5 and VAE configs are T2V-A14B's); activations per latent pixel of ONE latent frame; "
-                      "the first-frame condition's VAE pass is a phase of its own, 4 frames at a time",
+                      "the first-frame condition (cached with the latents) is an uncached step's VAE pass of its own, "
+                      "4 frames at a time",
          "ltx2": "LTX-2 (18.9B audio-video transformer, video LoRA: the audio stream runs on one token) with Gemma 3 12B "
                  "(its vision tower loaded too) and the 1.4B text connectors counted with it, and the video VAE (32x "
                  "spatial, 8x temporal); activations per latent pixel of ONE latent frame: a clip's are x its latent "
@@ -85,11 +86,6 @@ NOTES = {"chroma": "Chroma1-HD (the bundled transformer config); FLUX.1's T5-XXL
 # component -> (option name, the module holding the class named by its config's _class_name); built from
 # assets/model_configs/<family>/<option> and counted in that component's entry (memory_probe.static_table)
 COMPANIONS = {"ltx2": {"text_encoder": ("connectors", "diffusers.pipelines.ltx2")}}
-
-# a family's per-step condition pass (Family.<method>(model, batch, latent_frames), no grad): measured alone as
-# the table's condition_pass (a phase of its own) and left out of the denoiser's lines; cached_with_latents:
-# the step skips it when dataset.cache_latents stores the condition beside the latents
-CONDITIONS = {"wan22_i2v": {"method": "condition", "cached_with_latents": False}}
 
 # options that train several denoisers of the table's size at once (launch/memory_plan.denoiser_copies)
 DENOISER_COPIES = {"wan22_t2v": {"option": "model.expert", "values": {"both": 2}},

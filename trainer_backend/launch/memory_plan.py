@@ -166,20 +166,19 @@ def text_every_step(table: dict, cfg, arch: str = "") -> bool:
 
 
 def condition_every_step(table: dict, cfg) -> bool:
-    """The family builds a per-step condition with the VAE (the table's condition_pass: Wan I2V's first-frame
-    condition), unless it is cached with the latents."""
-    cond = table.get("condition_pass")
-    return bool(cond) and not (cond.get("cached_with_latents") and cfg.dataset.cache_latents)
+    """The family builds conditions from a step's pixels with the VAE (the table's condition_pass: Wan I2V's
+    first-frame condition), which dataset.cache_latents caches beside the latents (Family.pixel_conditions)."""
+    return bool(table.get("condition_pass")) and not cfg.dataset.cache_latents
 
 
 def condition_bytes(table: dict, frame_pixels: int, chunk: int, frames: int) -> float:
-    """The condition pass of one clip on a CUDA card, a phase of its own before the denoiser's forward: its
-    line (measured on one frame, from cached latents: a decode of the first latent frame and an encode) with
-    the VAE encoding `chunk` frames at once instead of one (a causal VAE: per chunk, not per latent frame),
-    and the clip's other frames held as fp32 pixels (the first frame ++ black frames it encodes). Checked on
-    a tiny model against the real pass (tests/test_i2v_memory_plan.py: 1.0-1.4x its peak, never under)."""
-    one = _act(table["condition_pass"]["line"], frame_pixels)
-    pixels_held = PIXEL_BYTES * table["vae_scale_factor"] ** 2 * frame_pixels * (frames - chunk)
+    """An uncached step's condition pass on one clip on a CUDA card, a phase of its own before the denoiser's
+    forward: its line (measured on one frame) with the VAE encoding `chunk` frames at once instead of one (a
+    causal VAE: per chunk, not per latent frame) and the clip's other frames held twice as fp32 pixels (the
+    clip, and the first frame ++ black frames the VAE encodes). Checked on a tiny model against the real pass
+    (tests/test_i2v_memory_plan.py: at or above its peak, within 1.3x)."""
+    one = _act(table["condition_pass"], frame_pixels)
+    pixels_held = 2 * PIXEL_BYTES * table["vae_scale_factor"] ** 2 * frame_pixels * (frames - chunk)
     return (one + _act(table["vae_encode"], frame_pixels) * (chunk - 1) + pixels_held) * VAE_ENCODE_CUDA
 
 

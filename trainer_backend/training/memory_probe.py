@@ -10,7 +10,6 @@ assets/memory_tables.json; tests run them on tiny models against real CPU tensor
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 import weakref
@@ -209,35 +208,26 @@ def _sample(model, side: tuple[int, int], batch: int, device) -> dict:
     return sample
 
 
-def probe_condition(model, condition: str, side: tuple[int, int], batch: int, device) -> int:
-    """Peak bytes of a family's per-step condition pass (`Family.<condition>(model, batch, latent_frames)`,
-    no grad: Wan I2V's first-frame condition, from cached latents a VAE decode of the first latent frame and
-    an encode) on a batch of one-frame latents at `side`, its output included."""
-    sample = _sample(model, side, batch, device)
+def probe_condition(model, side: tuple[int, int], batch: int, device) -> int:
+    """Peak bytes of the conditions a family builds from a step's pixels (Family.pixel_conditions, no grad:
+    Wan I2V's first-frame condition, a VAE encode) on a batch of one-frame images at `side`, the pixels and
+    the output included: what an uncached step runs before the denoiser's forward."""
     with LiveBytes() as tally:
-        getattr(model.family, condition)(model, sample, sample["latents"].shape[2])
+        pixels = torch.zeros(batch, 3, side[1], side[0], device=device)
+        with torch.no_grad():
+            model.family.pixel_conditions(model, pixels)
     return tally.peak
 
 
-def _condition_given(model, condition: str, value):
-    """The model with its family's condition pass answered by `value` (computed before the tally): the step
-    the denoiser's lines measure leaves the condition's own pass out (it is a phase of its own)."""
-    family = copy.copy(model.family)
-    setattr(family, condition, lambda *args, **kwargs: value)
-    return dataclasses.replace(model, family=family)
-
-
-def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dtype, cfg,
-                     condition: str | None = None) -> dict:
-    """One forward and backward of the denoiser on cached latents and text (so only the denoiser's
-    own memory counts): the peak bytes created, and the gradient bytes left at the end. condition: the
-    family's per-step condition pass (probe_condition), computed before the tally."""
+def probe_train_step(model, side: tuple[int, int], batch: int, device, weight_dtype, cfg) -> dict:
+    """One forward and backward of the denoiser on cached latents, text and pixel conditions (so only the
+    denoiser's own memory counts): the peak bytes created, and the gradient bytes left at the end."""
     from ..diffusion.loss import diffusion_loss
     sample = _sample(model, side, batch, device)
-    if condition:
+    if model.family.pixel_condition_names:   # cached with the latents: read by the step, built before the tally
         with torch.no_grad():
-            given = getattr(model.family, condition)(model, sample, sample["latents"].shape[2])
-        model = _condition_given(model, condition, given)
+            sample["conditions"] = model.family.pixel_conditions(
+                model, torch.zeros(batch, 3, side[1], side[0], device=device))
     grads_before = _grad_bytes(model.denoiser)
     with LiveBytes() as tally:
         loss = diffusion_loss(model, model.denoiser, sample, cfg=cfg, epoch=0, device=device,
@@ -300,7 +290,7 @@ def with_companion(entry: dict, companion: dict, name: str) -> dict:
 
 
 def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", networks=("lora", "full"),
-                  log=print, companions: dict[str, str] | None = None, condition: str | None = None) -> dict:
+                  log=print, companions: dict[str, str] | None = None) -> dict:
     """The planner's table for one model (launch/memory_tables.py reads it): `load()` returns a fresh
     LoadedModel in fp32 (full-size modules on the meta device, or a tiny model); each network type is set
     up with the project's own code (place_model, setup_method) from a config of `overrides`, and its
@@ -310,15 +300,14 @@ def measure_table(load, overrides: dict, sides: tuple[int, int], device="meta", 
     dev = torch.device(device)
     answers = AllValid() if dev.type == "meta" else nullcontext()
     with answers:
-        table = _measure(load, overrides, sides, dev, networks, log, companions, condition)
+        table = _measure(load, overrides, sides, dev, networks, log, companions)
     if dev.type == "meta" and answers.asked:
         table["probe"]["assumed"] = "every text token valid (meta device: " + ", ".join(
             f"{name} ×{n}" for name, n in sorted(answers.asked.items())) + ")"
     return table
 
 
-def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, companions=None,
-             condition=None) -> dict:
+def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, companions=None) -> dict:
     from ..config import from_dict
     from ..methods import setup_method
     from .setup import place_model
@@ -338,9 +327,9 @@ def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, 
     table["text_encode"] = probe_text_encode(model, 1, dev)
     table["vae_encode"] = line_through(sides, [probe_vae_encode(model, (s, s), 1, dev) for s in sides],
                                        model.vae_scale_factor)
-    if condition:   # its own phase: the line per latent pixel of one frame (launch/memory_plan.py)
-        table["condition_pass"] = {"line": line_through(sides, [probe_condition(model, condition, (s, s), 1, dev)
-                                                                for s in sides], model.vae_scale_factor)}
+    if family.pixel_condition_names:   # an uncached step's own phase (launch/memory_plan.py), per latent pixel
+        table["condition_pass"] = line_through(sides, [probe_condition(model, (s, s), 1, dev) for s in sides],
+                                               model.vae_scale_factor)
     for network in networks:
         cfg = from_dict({**overrides, "network": {**overrides.get("network", {}), "type": network}})
         model = load_on_device()
@@ -352,7 +341,7 @@ def _measure(load, overrides: dict, sides: tuple[int, int], dev, networks, log, 
             points = []
             for side in sides:
                 with MetaAutocast(weight_dtype):  # in fp32 only its fused attention matters
-                    r = probe_train_step(model, (side, side), 1, dev, weight_dtype, cfg, condition)
+                    r = probe_train_step(model, (side, side), 1, dev, weight_dtype, cfg)
                 for p in model.denoiser.parameters():
                     p.grad = None
                 points.append(r["peak"] - r["grads"])

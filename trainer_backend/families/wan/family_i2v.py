@@ -82,7 +82,8 @@ class Wan22I2VFamily(Wan22Family):
         import torch
         cached = batch.get("conditions", {}).get(CONDITION)
         if cached is not None:
-            if SAMPLE_IMAGE not in model.options and SAMPLE_LATENT not in model.options:
+            if (SAMPLE_IMAGE not in model.options and SAMPLE_LATENT not in model.options
+                    and cached.device.type != "meta"):   # the memory planner's probe runs on the meta device
                 # the samples' start frame: decoded when a sample is drawn, not in the step
                 model.options[SAMPLE_LATENT] = batch["latents"][:1, :, :1].detach().cpu()
             return cached
