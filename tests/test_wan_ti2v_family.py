@@ -65,6 +65,31 @@ def test_a_ti2v_folder_is_detected_and_a14b_folders_are_not(ti2v, tmp_path, mode
         detect_family(str(_configs_only(ti2v, tmp_path / "other", in_channels=2 * Z_DIM + 4)))
 
 
+def test_a_hub_id_downloads_the_ti2v_pipeline_and_loads_it(ti2v, tmp_path, monkeypatch):
+    """model.path = a hub repo id (Wan-AI/Wan2.2-TI2V-5B-Diffusers's layout) through the model sources, from a
+    loopback server speaking the hub's protocol: every file the family needs, detected as TI2V."""
+    from hub_server import HubServer, point_client_at
+    from trainer_backend.model_sources import resolve_model
+    server = HubServer().start()
+    try:
+        server.add_folder("Wan-AI/tiny-TI2V-Diffusers", ti2v)
+        point_client_at(monkeypatch, server, tmp_path / "hf")
+        folder = resolve_model("Wan-AI/tiny-TI2V-Diffusers")
+    finally:
+        server.stop()
+    assert {p.relative_to(ti2v) for p in ti2v.rglob("*") if p.is_file()} == \
+        {p.relative_to(folder) for p in folder.rglob("*") if p.is_file()}
+    loaded = load_model(str(folder))
+    assert loaded.family.name == "wan22_ti2v" and loaded.vae.config.z_dim == Z_DIM
+
+
+def test_the_planner_tells_a_ti2v_folder_from_a_t2v_one(ti2v, tiny_models):
+    """Both are WanPipeline folders: the planner (model.arch = auto) takes the family nearest in size."""
+    from trainer_backend.launch.model_size import arch_of
+    assert arch_of("auto", str(ti2v)) == "wan22_ti2v"
+    assert arch_of("auto", str(tiny_models("wan22_t2v"))) == "wan22_t2v"
+
+
 def _inputs(seed: int = 1, batch: int = 2):
     g = torch.Generator().manual_seed(seed)
     clip = torch.rand(batch, 3, 9, 32, 32, generator=g) * 2 - 1

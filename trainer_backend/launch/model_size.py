@@ -116,8 +116,10 @@ def arch_of(arch: str, model_path: str) -> str:
     folder = _folder(text)
     if folder is not None:
         found = families_of_pipeline(pipeline_class(folder))
-        if len(found) > 1:   # one pipeline class, several families (SD1 and SD2): the nearest in size
-            found = sorted(found, key=lambda arch: size_distance(folder, family_table(arch)))[:1]
+        if len(found) > 1:   # one pipeline class, several families (SD1 and SD2, Wan 2.2 T2V and TI2V): the
+            # nearest in size, a full-size model to its family's table, a tiny one to the family's tiny model
+            found = sorted(found, key=lambda arch: min(size_distance(folder, family_table(arch)),
+                                                       size_distance(folder, builtin_entry(f"tiny-{arch}"))))[:1]
         if found:
             return found[0]
     return "auto"
