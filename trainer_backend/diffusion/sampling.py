@@ -112,6 +112,18 @@ def frame_count(frames: int, step: int) -> int:
     return max(0, frames - 1) // step * step + 1 if step > 0 else frames
 
 
+@contextlib.contextmanager
+def sampling_parts(model):
+    """The modules that join the device only to sample (Family.sampling_only: Wan's frozen expert) placed for
+    the pipeline as the trainer set them up (model.sampling_placement), and home afterwards."""
+    placement = getattr(model, "sampling_placement", None)
+    with placement() if placement is not None else contextlib.nullcontext():
+        try:
+            yield
+        finally:
+            model.family.after_sampling(model)
+
+
 def run_on(pipe, device: torch.device):
     """The pipeline with its execution device fixed to `device`. diffusers takes it from the first
     module's weights, which memory.offload_encoders keeps in CPU memory (their hooks move each call's
@@ -245,11 +257,9 @@ class SampleImages:
         """The pipeline, with training's RNG, modes and weights untouched afterwards."""
         model = self.model
         with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), \
-                (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad():
-            try:
-                yield model.family.build_pipeline(model, self.cfg.samples.scheduler)
-            finally:  # parts that joined the device for sampling only go home (Wan's frozen expert)
-                model.family.after_sampling(model)
+                (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad(), \
+                sampling_parts(model):
+            yield model.family.build_pipeline(model, self.cfg.samples.scheduler)
 
     def sample(self, step: int, epoch: int) -> list[Path]:
         use_ema = bool(self.ema is not None and self.ema.active and self.cfg.ema.use_for_samples)

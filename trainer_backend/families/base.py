@@ -37,6 +37,9 @@ class LoadedModel:
     clip_skip: int = 1        # model.clip_skip: the CLIP layer counted from the end (families that apply it)
     denoiser_placed: bool = False  # training/setup.place_denoiser ran (after the cache pass)
     options: dict = field(default_factory=dict)  # the family's own load options (Family.model_options) and parts
+    # the trainer's placement of the sampling-only modules (Family.sampling_only) around samples: a context
+    # manager factory (training/sampling_residency.py); None: build_pipeline brings them itself
+    sampling_placement: Callable[[], Any] | None = None
 
     @property
     def arch(self) -> str:
@@ -303,7 +306,14 @@ class Family:
 
     def after_sampling(self, model: LoadedModel) -> None:
         """After the trainer's samples: move back what build_pipeline brought to the device for sampling only
-        (Wan 2.2's frozen expert); nothing by default."""
+        (Wan 2.2's frozen expert, outside the trainer); nothing by default."""
+
+    def sampling_only(self, model: LoadedModel) -> list[tuple["torch.nn.Module", list["torch.nn.Module"]]]:
+        """Frozen denoisers that join only the sampling pipeline (Wan 2.2's expert that does not train), each
+        with its blocks in forward order. The trainer stores them as the frozen base (model.quantize), keeps
+        them in host memory and brings them to the device for samples only: whole, or under memory.block_swap
+        or memory.offload_encoders one block at a time (training/sampling_residency.py). None by default."""
+        return []
 
     def lora_layouts(self) -> tuple[str, ...]:
         """The LoRA key layouts this family writes (registry.py; the first is its default)."""

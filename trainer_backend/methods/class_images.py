@@ -62,12 +62,12 @@ def generate_class_images(model, indices: list[int], folder: Path, cfg: TrainCon
                           weight_dtype: torch.dtype, progress: bool = True) -> None:
     """Generate class images `indices` into folder (batched; each image from its own seed)."""
     from tqdm.auto import tqdm
-    from ..diffusion.sampling import eval_mode, generate, preserved_rng, save_png
+    from ..diffusion.sampling import eval_mode, generate, preserved_rng, sampling_parts, save_png
     ds = cfg.dataset
     folder.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(indices), desc="class images", unit="img", disable=not progress)
     # the global RNG is left as it was: generating (or reusing) class images never changes training
-    with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), torch.no_grad():
+    with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), torch.no_grad(), sampling_parts(model):
         pipe = model.family.build_pipeline(model, SAMPLER)
         for start in range(0, len(indices), ds.class_generation_batch_size):
             chunk = indices[start:start + ds.class_generation_batch_size]

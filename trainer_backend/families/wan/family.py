@@ -225,20 +225,26 @@ class Wan22Family(FolderOutputs, FlowFamily):
             config, shift=config.get("flow_shift") or config.get("shift") or 1.0)
 
     def experts(self, model) -> tuple:
-        """(high-noise, low-noise) transformers: the trained one(s) with their adapters; a frozen other expert
-        first joins the trained one's device and dtype (it runs only in the sampling pipeline)."""
+        """(high-noise, low-noise) transformers: the trained one(s) with their adapters, and a frozen other
+        expert. In a training run the trainer places that one (sampling_only; model.sampling_placement);
+        elsewhere (a tool drawing from a loaded model) it joins the trained one's device and dtype whole."""
         trained, other, expert = model.denoiser, model.options.get("other_expert"), model.options.get("expert")
         if expert == "both":
             trained = getattr(trained, "module", trained)  # DDP
             return trained.transformer, trained.transformer_2
-        if other is not None:
+        if other is not None and model.sampling_placement is None:
             other.to(device_of(trained), dtype=next(trained.parameters()).dtype)
         return (other, trained) if expert == "low" else (trained, other)
 
     def after_sampling(self, model) -> None:
         other = model.options.get("other_expert")
-        if other is not None:  # the frozen expert waits in CPU memory until the next samples
+        if other is not None and model.sampling_placement is None:  # back to CPU memory until the next samples
             other.to("cpu")
+
+    def sampling_only(self, model) -> list:
+        """The expert that does not train (model.expert high or low) with its 40 blocks: it only samples."""
+        other = model.options.get("other_expert")
+        return [] if other is None else [(other, list(other.blocks))]
 
     def blocks(self, model) -> list:
         """The trained expert's blocks (memory.block_swap); both experts': the high-noise one's, then the other's."""

@@ -11,7 +11,7 @@ Z_DIM = 4
 BOUNDARY_RATIO = 0.875   # Wan 2.2 T2V-A14B's own split
 
 
-def tiny_components(seed: int = 0, experts: int = 2) -> dict:
+def tiny_components(seed: int = 0, experts: int = 2, layers: int = 2) -> dict:
     import torch
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -27,7 +27,7 @@ def tiny_components(seed: int = 0, experts: int = 2) -> dict:
     def transformer():
         return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
                                      in_channels=Z_DIM, out_channels=Z_DIM, text_dim=32, freq_dim=32, ffn_dim=32,
-                                     num_layers=2, rope_max_seq_len=32)
+                                     num_layers=layers, rope_max_seq_len=32)
     parts = dict(text_encoder=text.eval(), vae=vae.eval(), transformer=transformer(),
                  scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
     if experts == 2:
@@ -35,13 +35,13 @@ def tiny_components(seed: int = 0, experts: int = 2) -> dict:
     return parts
 
 
-def build_tiny_wan(out_dir: str | Path, seed: int = 0, experts: int = 2) -> Path:
-    """Writes a WanPipeline folder (`WanPipeline.from_pretrained(out_dir)` loads it)."""
+def build_tiny_wan(out_dir: str | Path, seed: int = 0, experts: int = 2, layers: int = 2) -> Path:
+    """Writes a WanPipeline folder (`WanPipeline.from_pretrained(out_dir)` loads it); `layers`: blocks per expert."""
     from diffusers import WanPipeline
     from transformers import AutoTokenizer
     from ..tiny_t5 import write_t5_tokenizer
     out = Path(out_dir)
     tok_dir = write_t5_tokenizer(out / "tokenizer", model_max_length=64)
-    pipe = WanPipeline(tokenizer=AutoTokenizer.from_pretrained(tok_dir), **tiny_components(seed, experts))
+    pipe = WanPipeline(tokenizer=AutoTokenizer.from_pretrained(tok_dir), **tiny_components(seed, experts, layers))
     pipe.save_pretrained(out)
     return out
