@@ -76,16 +76,21 @@ def test_window_span_covers_its_frames_at_their_sampled_rate(source, target, sta
     assert begin == indices[0] / source and math.isclose(duration, count / rate)
 
 
-def test_window_audio_is_the_tracks_seconds_at_the_encoders_rate(tmp_path):
+def test_window_audio_is_the_tracks_seconds_at_the_encoders_rate(tmp_path, monkeypatch):
+    from trainer_backend.data import audio as audio_module
     clip = write_clip(tmp_path / "tone.mp4", moving_square(16, 32, 0), fps=16,
-                      audio=(sine_tone(1.0, 440.0, 22050), 22050))
+                      audio=(sine_tone(3.0, 440.0, 22050), 22050))
     assert probe_clip(clip).has_audio
     audio = decode_audio(clip, 0.25, 0.5, 16000, 2)  # resampled 22.05 kHz mono -> 16 kHz stereo
     assert audio.shape == (2, 8000) and audio.dtype == np.float32
     assert np.allclose(audio[0], audio[1])
     assert np.argmax(np.abs(np.fft.rfft(audio[0]))) * 16000 / 8000 == pytest.approx(440, abs=2)
-    tail = decode_audio(clip, 0.75, 0.5, 16000, 1)  # past the track's end: silence
+    tail = decode_audio(clip, 2.75, 0.5, 16000, 1)  # past the track's end: silence
     assert tail.shape == (1, 8000) and np.abs(tail[0, -2000:]).max() == 0
+    late = decode_audio(clip, 2.1, 0.5, 16000, 2)
+    monkeypatch.setattr(audio_module, "SEEK_AFTER_S", 2.0)  # a late window seeks near it: the same tone, at
+    seeked = decode_audio(clip, 2.1, 0.5, 16000, 2)          # most a sample apart (22.05 -> 16 kHz grids)
+    assert np.abs(seeked - late).max() < 0.3 * 2 * np.pi * 440 / 16000
     silent = write_clip(tmp_path / "silent.mp4", moving_square(9, 32, 1), fps=16)
     with pytest.raises(BadClip, match="no audio track"):
         decode_audio(silent, 0.0, 0.5, 16000, 2)

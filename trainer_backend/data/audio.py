@@ -41,6 +41,13 @@ def window_span(info: ClipInfo, target_fps: float, indices: list[int]) -> tuple[
     return indices[0] / info.fps, len(indices) / fps
 
 
+# later windows seek (an AAC track decoded from 0 takes ~0.4 s per 2 minutes): to a packet this much before the
+# window, where the decoder's overlap settles; the samples then agree with a decode from 0 to within one output
+# sample (exactly where the rates divide: 48 -> 16 kHz). A window always takes the same path: deterministic.
+SEEK_AFTER_S = 30.0
+SEEK_MARGIN_S = 1.0
+
+
 def decode_audio(path: Path, start: float, duration: float, rate: int, channels: int) -> np.ndarray:
     """The clip's first audio track from `start` for `duration` seconds, as float32 (channels, samples) at
     `rate` Hz (mono becomes stereo and stereo mono as libswresample mixes them); padded with silence where the
@@ -54,7 +61,15 @@ def decode_audio(path: Path, start: float, duration: float, rate: int, channels:
         with av.open(str(path)) as container:
             if not container.streams.audio:
                 raise BadClip("no audio track")
-            for frame in container.decode(container.streams.audio[0]):
+            stream = container.streams.audio[0]
+            seeking = start > SEEK_AFTER_S  # a late window of a long clip: seek near it instead of decoding from 0
+            if seeking:
+                container.seek(int((start - SEEK_MARGIN_S) / stream.time_base), stream=stream)
+            for frame in container.decode(stream):
+                if seeking:  # the samples count from the first decoded frame's time
+                    seeking = False
+                    if frame.pts is not None:
+                        first = round((start - float(frame.pts * stream.time_base)) * rate)
                 for out in resampler.resample(frame):
                     chunks.append(out.to_ndarray())
                     got += out.samples
