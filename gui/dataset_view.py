@@ -20,6 +20,8 @@ import pandas as pd
 
 from trainer_backend.config import ConfigError, TrainConfig, save_toml, to_dict
 
+from gui.datasets_clips import clip_thumbnails, inspector_clip_lines, untrained_clips
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 INSPECT_TIMEOUT_S = 300
 
@@ -138,32 +140,6 @@ def inspect_dataset(cfg: TrainConfig, python: str = sys.executable, cwd: str | P
 
 # ----------------------------------------------------------------------------- rendering
 
-def clip_lines(video: dict) -> list[str]:
-    """A video family's clips as the scan counted them (data/video_items.clip_summary): clips, seconds, audio
-    tracks, windows and frame buckets (the lines the Datasets page and the `clips` CLI show)."""
-    clips = video.get("clips", 0)
-    audio = video.get("with_audio", 0)
-    trained = f" ({video['audio_trained']} trained)" if video.get("audio_trained") else ""
-    images = video.get("images_as_frames", 0)
-    lines = [f"clips: {clips}" + (f" (and {images} images as 1-frame clips)" if images else "")
-             + f", {video.get('duration_s', 0):g} s in all, mean {video.get('duration_s', 0) / max(1, clips):.2f} s "
-             f"a clip, {audio} with an audio track{trained}",
-             f"windows: {video.get('windows', 0)} ({video.get('clip_mode')}, {video.get('frame_rule')} frames at "
-             f"{video.get('fps', 0):g} fps)"]
-    buckets = video.get("frame_buckets") or {}
-    if buckets:
-        lines.append("frame buckets: " + " · ".join(f"{name}: {n}" for name, n in buckets.items()))
-    return lines
-
-
-def untrained_clips(summary: dict) -> int:
-    """The clips (video files, `<name>.frames` folders) in the scanned folders, for an image family's scan."""
-    from trainer_backend.workbench.clips import list_clips
-    return len({clip for s in summary.get("subsets", [])
-                if s.get("source", "folders") == "folders" and not s.get("is_class") and Path(s.get("path") or "").is_dir()
-                for clip in list_clips(Path(s["path"]))})
-
-
 def summary_markdown(summary: dict) -> str:
     video = summary.get("video")
     if video:   # a video family's scan: its items are clip windows and images
@@ -177,7 +153,7 @@ def summary_markdown(summary: dict) -> str:
                 if summary.get("class_images_to_generate") else "")
              + (f", {summary.get('validation_images')} held out for validation" if summary.get("validation_images")
                 else ""), "",
-             *([*(f"{line}  " for line in clip_lines(video)), ""] if video else []),
+             *([*(f"{line}  " for line in inspector_clip_lines(video)), ""] if video else []),
              f"| subset | {'windows + images' if video else 'images'} | repeats | samples/epoch | missing captions |",
              "|---|---|---|---|---|"]
     for s in summary.get("subsets", []):
@@ -291,6 +267,8 @@ def thumbnails(summary: dict, limit: int = 24, size: int = 160, max_megapixels: 
                 out.append((thumb, name_tail(p.name)))
             if len(out) >= limit:
                 return out
+    if summary.get("video"):   # a video family's clips: their first frames, labelled with their length
+        out += clip_thumbnails(summary, min(12, limit - len(out)), size)
     return out
 
 

@@ -1,17 +1,21 @@
-"""Clips on the Datasets page, without Gradio: the summary's clip lines (the `clips` scan's own
-lines, data/video_scan.summary_lines, for the Training form's video family; a count and a note for an
+"""Clips in the studio, without Gradio. The Datasets page: the summary's clip lines (the `clips` scan's
+own lines, data/video_scan.summary_lines, for the Training form's video family; a count and a note for an
 image family) and a clip's detail: the frame strip of the windows the trainer takes, a short mp4
 preview of the first window (written in the cache, never in the dataset) and the info text with its
-windows and frame bucket. The arithmetic is trainer_backend.workbench.clips' (the scan's functions)."""
+windows and frame bucket. The Training page's dataset inspector: the clip lines of the trainer's scan
+(data/video_items.clip_summary), clips' first frames, and the clips an image family leaves out. The
+arithmetic is trainer_backend.workbench.clips' (the scan's functions)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from trainer_backend.data.buckets import bucket_name
-from trainer_backend.data.video import BadClip
+from PIL import Image
+
+from trainer_backend.data.video import BadClip, decode_frames, probe_clip
 from trainer_backend.data.video_scan import VideoOptions, summary_lines
 from trainer_backend.families.registry import VIDEO_FAMILIES
-from trainer_backend.workbench.clips import preview_clip, windows_of, windows_strip
+from trainer_backend.workbench.clips import clip_label, list_clips, preview_clip, windows_of, windows_strip
 
 # the [dataset] keys a clip's windows depend on (read from the Training form with the bucket settings)
 VIDEO_KEYS = ("video_frames", "video_fps", "video_clip_mode", "video_max_windows", "video_frame_buckets",
@@ -87,3 +91,50 @@ def clip_detail(cache: Path, view, item: dict):
         except (BadClip, OSError) as e:
             lines.append(f"cannot be shown: {e}")
     return strip, (str(preview) if preview else None), "  \n".join(lines)
+
+
+# ---- the Training page's dataset inspector ---------------------------------------------------------------
+
+def inspector_clip_lines(video: dict) -> list[str]:
+    """A video family's clips as the scan counted them (data/video_items.clip_summary): clips, seconds, audio
+    tracks, windows and frame buckets (the lines the Datasets page and the `clips` CLI show)."""
+    clips = video.get("clips", 0)
+    audio = video.get("with_audio", 0)
+    trained = f" ({video['audio_trained']} trained)" if video.get("audio_trained") else ""
+    images = video.get("images_as_frames", 0)
+    lines = [f"clips: {clips}" + (f" (and {images} images as 1-frame clips)" if images else "")
+             + f", {video.get('duration_s', 0):g} s in all, mean {video.get('duration_s', 0) / max(1, clips):.2f} s "
+             f"a clip, {audio} with an audio track{trained}",
+             f"windows: {video.get('windows', 0)} ({video.get('clip_mode')}, {video.get('frame_rule')} frames at "
+             f"{video.get('fps', 0):g} fps)"]
+    buckets = video.get("frame_buckets") or {}
+    if buckets:
+        lines.append("frame buckets: " + " · ".join(f"{name}: {n}" for name, n in buckets.items()))
+    return lines
+
+
+def untrained_clips(summary: dict) -> int:
+    """The clips (video files, `<name>.frames` folders) in the scanned folders, for an image family's scan."""
+    return len({clip for s in summary.get("subsets", [])
+                if s.get("source", "folders") == "folders" and not s.get("is_class") and Path(s.get("path") or "").is_dir()
+                for clip in list_clips(Path(s["path"]))})
+
+
+def clip_thumbnails(summary: dict, limit: int, size: int) -> list:
+    """(PIL first frame, 'walk.mp4 ▶ 2.4 s, 38 f') of the first clips of the scanned folders; a clip that
+    cannot be read is left out (the summary lists it as skipped)."""
+    out = []
+    folders = [Path(s["path"]) for s in summary.get("subsets", []) if not s.get("is_class")
+               and Path(s.get("path") or "").is_dir()]
+    for clip in dict.fromkeys(c for folder in folders for c in list_clips(folder)):
+        if len(out) >= limit:
+            break
+        try:
+            info = probe_clip(clip)
+            image = Image.fromarray(decode_frames(clip, [0])[0])
+        except (BadClip, OSError):
+            continue
+        image.thumbnail((size, size))
+        record = {"clip": {"kind": info.kind, "frames": info.frames, "fps": info.fps, "duration_s": info.duration}}
+        out.append((image, clip_label(clip.name, record)))
+    return out

@@ -162,6 +162,9 @@ def test_the_training_pages_inspector_shows_the_clip_lines_for_a_video_family(tm
     assert "clips: 5 (and 2 images as 1-frame clips), 3.56 s in all, mean 0.71 s a clip, 0 with an audio track" in text
     assert "windows: 7 (uniform, 4k+1 frames at 16 fps)" in text and "9x32x32: 6" in text
     assert "`broken.mov`: cannot read the video" in text          # the scan's skipped line, as before
+    labels = [label for _, label in dv.thumbnails(inspection.summary)]
+    assert labels == ["img_00000.png", "img_00001.png", "clip000.mp4 ▶ 0.6 s, 9 f", "clip001.mp4 ▶ 0.6 s, 9 f",
+                      "clip002.mp4 ▶ 0.6 s, 9 f", "long.mp4 ▶ 1.6 s, 25 f", "spin.frames ▶ 5 f at 16 fps"]
     # an image family: the scan leaves the clips out, and the inspector says so
     images_only = dv.summary_markdown({**inspection.summary, "video": None})
     assert "6 clips in the dataset are not trained: the model's family trains images only" in images_only
