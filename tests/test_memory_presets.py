@@ -28,7 +28,7 @@ TIERS = {"sd15-lora": (8, 12, 16, 24), "sdxl-lora": (8, 12, 16, 24), "sd35-mediu
          "flux-dev-lora": (8, 12, 16, 24), "zimage-turbo-lora": (12, 16, 24), "flux2-klein-4b-lora": (12, 16, 24),
          "qwen-image-lora": (16, 24), "qwen-image-edit-lora": (16, 24), "qwen-image-edit-plus-lora": (24,),
          "chroma-lora": (12, 16, 24), "ideogram4-lora": (16, 24), "krea2-lora": (16, 24),
-         "qwen-image21-lora": (16, 24), "wan22-t2v-lora": (16, 24, 48, 80), "ltx2-lora": (24, 48, 80),
+         "qwen-image21-lora": (16, 24), "wan22-t2v-lora": (16, 24, 48, 80), "ltx2-lora": (16, 24, 48, 80),
          "wan22-ti2v-lora": (16, 24), "wan22-i2v-lora": (16, 24, 48, 80)}
 
 
