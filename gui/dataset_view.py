@@ -143,8 +143,9 @@ def inspect_dataset(cfg: TrainConfig, python: str = sys.executable, cwd: str | P
 def summary_markdown(summary: dict) -> str:
     video = summary.get("video")
     if video:   # a video family's scan: its items are clip windows and images
-        head = (f"**{video.get('clips', 0)} clips ({video.get('windows', 0)} windows) and "
-                f"{video.get('images_as_frames', 0)} images**")
+        images = video.get("images_as_frames", 0)
+        head = (f"**{video.get('clips', 0)} clips ({video.get('windows', 0)} windows)"
+                + (f" and {images} images**" if images else "**"))
     else:
         head = f"**{summary.get('images', 0)} images**"
     lines = [f"{head}, {summary.get('samples_per_epoch', 0)} samples per epoch"

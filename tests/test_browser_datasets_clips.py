@@ -1,7 +1,8 @@
 """Clips on the Datasets page in a real browser (Playwright driving Debian's chromium, the helpers of
 tests/test_browser_studio.py): with the Training form's model a video family, a folder of generated
 clips shows each clip's first-frame thumbnail labelled with its duration, the summary gives the clips
-scan's lines, and clicking a clip shows its windows' frame strip and plays its preview."""
+scan's lines, and clicking a clip shows its windows' frame strip and plays its preview; the Training
+page's dataset inspector shows the clip lines and the clips' first frames."""
 from __future__ import annotations
 
 import re
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.test_browser_studio import CHROMIUM, Server, browser, field_input, open_page, shot  # noqa: F401
+from tests.test_browser_studio import (CHROMIUM, Server, browser, field_input, open_page, shot,  # noqa: F401
+                                       wait_text)
 from tests.video_clips import make_clip_dataset, moving_square
 from trainer_backend.data.video import write_clip
 
@@ -29,7 +31,7 @@ def studio(tmp_path):
     srv.stop()
 
 
-def test_clip_thumbnails_labels_summary_and_the_clip_shown(studio, browser):  # noqa: F811
+def test_clip_thumbnails_labels_summary_the_clip_shown_and_the_inspector(studio, browser):  # noqa: F811
     page = open_page(browser, studio.url)
     model = field_input(page, "model", "path")
     model.fill("builtin:tiny-wan22_t2v")   # a video family: the Datasets page shows its windows
@@ -66,3 +68,14 @@ def test_clip_thumbnails_labels_summary_and_the_clip_shown(studio, browser):  # 
                            " return v && v.readyState >= 1 && v.duration > 1.4 && v.duration < 1.8; }",
                            timeout=WAIT_MS)
     shot(page, "datasets-clip-detail")
+
+    # the Training page's inspector on the same folder, for the same family
+    page.get_by_role("tab", name="Training", exact=True).click()
+    page.get_by_role("tab", name="Dataset", exact=True).click()
+    path = field_input(page, "dataset", "path")
+    path.fill(str(studio.tmp / "datasets" / "walks"))
+    path.press("Tab")
+    text = wait_text(page, "#inspect-summary", r"3 clips \(3 windows\)", 90)
+    assert "windows: 3 (head, 4k+1 frames at 16 fps)" in text, text
+    expect(page.locator("#thumbs")).to_contain_text("long.mp4 ▶ 1.6 s, 25 f", timeout=WAIT_MS)
+    shot(page, "inspector-clips")
