@@ -181,6 +181,21 @@ def test_a_given_first_frame_is_clean_at_timestep_zero_and_carries_no_loss(model
     assert timesteps.shape == (2,) and not torch.allclose(hidden[:, :, :1], start, atol=1e-3)
 
 
+def test_the_real_models_16x_geometry_trains_both_modes(tmp_path):
+    """A tiny TI2V pipeline whose VAE compresses 16x as the real Wan 2.2 VAE (patchify + three downsamplings):
+    64 px clips of 9 frames are 3x4x4 latents, one training step runs in each mode and the given frame's
+    loss is left out."""
+    from trainer_backend.families.wan.tiny_ti2v import build_tiny_wan_ti2v
+    model = load_model(str(build_tiny_wan_ti2v(tmp_path / "m16", spatial=16)))
+    assert model.family.name == "wan22_ti2v" and model.vae_scale_factor == 16
+    clip = torch.rand(2, 3, 9, 64, 64, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    assert tuple(model.family.encode_latents(model, clip, None).shape) == (2, Z_DIM, 3, 4, 4)
+    assert model.family.latent_shape(model, 64, 64, frames=9) == (Z_DIM, 3, 4, 4)
+    wrapped = _FirstFrameOffset(model.denoiser)
+    assert _loss(model, model.denoiser, 1.0, clip) == pytest.approx(_loss(model, wrapped, 1.0, clip), rel=1e-6)
+    assert _loss(model, wrapped, 0.0, clip) > _loss(model, model.denoiser, 0.0, clip) + 100
+
+
 def test_the_start_image_choice_is_per_clip_and_the_same_in_any_batch():
     draws = start_image_draws(3, 1, range(400))
     assert ((draws >= 0) & (draws < 1)).all()
