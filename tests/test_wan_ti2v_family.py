@@ -132,6 +132,9 @@ def test_predict_equals_the_pipelines_own_transformer_calls_in_both_modes(ti2v, 
 
         torch.testing.assert_close(predict([True, True]), expected["i2v"], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(predict([False, False]), expected["t2v"], atol=1e-5, rtol=1e-4)
+        # text-to-video only (no given_frames: one timestep per sample) computes the same
+        plain = family.predict(model, model.denoiser, noisy, timesteps, text, {"pixel_values": clip}, torch.float32)
+        torch.testing.assert_close(plain, expected["t2v"], atol=1e-5, rtol=1e-4)
         mixed = predict([True, False])  # each sample in its own mode
         torch.testing.assert_close(mixed[0], expected["i2v"][0], atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(mixed[1], expected["t2v"][1], atol=1e-5, rtol=1e-4)
