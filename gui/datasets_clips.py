@@ -30,6 +30,8 @@ def clip_lines(view) -> list[str]:
     if not view.clip_count():
         return []
     arch, label, step = view.family
+    if view.video_problem:
+        return [f"{len(clips)} clips read: **{label}**'s windows wait for a valid setting: {view.video_problem}"]
     if step and view.clip_summary is not None:
         s = view.clip_summary
         lines = [line.strip() for line in summary_lines(s)]
@@ -59,6 +61,9 @@ def clip_detail(cache: Path, view, item: dict):
                  f"{c['duration_s']:.2f} s · {'an audio track' if c['audio'] else 'no audio track'}")
     arch, label, step = view.family
     spec = view.settings.spec_and_buckets()[0]
+    if view.video_problem:
+        lines.append(f"**{label}**'s windows wait for a valid setting: {view.video_problem}")
+        return None, None, "  \n".join(lines)
     if step:
         opts = view.video_options
         windows = windows_of(view.folder, item, opts, spec)

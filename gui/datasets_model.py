@@ -49,6 +49,7 @@ class View:
     family: tuple[str, str, int] = ("auto", "", 0)
     video_options: object = None
     clip_summary: dict | None = None
+    video_problem: str = ""          # a video option of the form the schema refuses (no windows then)
 
     def clip_count(self) -> int:
         return sum(1 for i in self.items if is_clip_name(i["path"]))
@@ -127,13 +128,17 @@ class Views:
                     item["controls"] = extra.get("controls", [])
                     item["flags"].update({k: v for k, v in extra.items() if k != "controls"})
             arch, step = family_of(video)
-            opts = options_of(video, step) if step else None
+            problem = ""
+            try:
+                opts = options_of(video, step) if step else None
+            except ValueError as e:   # the Training page names the field too; here the windows wait for it
+                opts, problem = None, str(e)
             summary = None
             if opts is not None and any(is_clip_name(r["path"]) for r in records):
                 summary = windows_summary(folder, records, opts, settings.spec_and_buckets()[0])
             view = View(folder, settings, items, groups, sum(1 for r in records if not r.get("pending")), stamp,
                         tag_frequency([i.get("caption") for i in items]), (arch, family_label(arch), step), opts,
-                        summary)
+                        summary, problem)
             self._views[key] = view
             return view
 

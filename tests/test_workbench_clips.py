@@ -106,6 +106,11 @@ def test_summary_windows_and_grid_labels_follow_the_training_settings(tmp_path):
     assert Path(preview).parent == cache / "previews" and probe_clip(Path(preview)).frames == 9
     assert sorted(p.name for p in folder.iterdir()) == files_before   # nothing is written in the dataset
 
+    # a value the schema refuses: the line names the field, and no windows are made up
+    bad = views.get(folder, CheckSettings(resolution=32), video={**values, "dataset.video_frames": 0})
+    assert "windows wait for a valid setting: dataset.video_frames: Input should be greater than or equal to 1" \
+        in summary_markdown(bad, running=False)
+
     # an image family: the clips are counted, and the line says they are not trained
     image_view = views.get(folder, CheckSettings(resolution=32), video={"model.arch": "flux"})
     text = summary_markdown(image_view, running=False)

@@ -17,7 +17,6 @@ import os
 import stat
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
@@ -177,14 +176,22 @@ def family_of(values: dict) -> tuple[str, int]:
 
 def options_of(values: dict, frame_step: int, seed: int = 0) -> VideoOptions:
     """The video options the trainer would use: the [dataset] video_* values given (`dataset.` prefixed
-    or not), the schema's defaults for the rest."""
+    or not), the schema's defaults for the rest. A value the schema refuses raises ValueError naming it."""
+    from pydantic import ValidationError
+
     from ..config import TrainConfig
-    ds = TrainConfig().dataset.model_dump()
+    defaults = TrainConfig().dataset
+    ds = defaults.model_dump()
     for key in list(ds):
         for name in (key, f"dataset.{key}"):
             if values.get(name) is not None:
                 ds[key] = values[name]
-    return video_options(SimpleNamespace(**ds), frame_step, seed)
+    try:
+        checked = type(defaults).model_validate(ds)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ValueError(f"dataset.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    return video_options(checked, frame_step, seed)
 
 
 def windows_of(folder: Path, record: dict, opts: VideoOptions, spec: BucketSpec) -> list[ClipWindow]:
