@@ -1,5 +1,5 @@
-"""The Datasets page's tools: create a dataset, add images (files or a .zip, a folder copied from
-disk), kohya subsets and repeats, delete (studio-made datasets only, pressed twice), bulk caption
+"""The Datasets page's tools: create a dataset, add images and clips (files or a .zip, a folder copied
+from disk), kohya subsets and repeats, delete (studio-made datasets only, pressed twice), bulk caption
 edits (preview, then apply; undo), excluded images restored. Every action calls
 trainer_backend.workbench and shows its one-line refusal as it is."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import gradio as gr
 
 from trainer_backend.workbench import EditError, JournalError, Operation, apply_plan, entries, plan_edit, preview, undo
+from trainer_backend.workbench.clips import is_clip_name
 from trainer_backend.workbench.library import (LibraryError, add_files, add_zip, create_dataset, delete_dataset,
                                                excluded, import_folder, make_subset, restore, set_repeats, subsets,
                                                within)
@@ -47,7 +48,7 @@ def build_tools(page, chooser, settings, state, filters, grid_out, grid_outputs,
         with gr.Row(equal_height=True):
             target = gr.Dropdown(choices=[("the dataset's top folder", "")], value="", label="Add into",
                                  elem_id="ds-target", scale=2)
-            upload = gr.File(file_count="multiple", label="Drop images and captions, or a .zip", type="filepath",
+            upload = gr.File(file_count="multiple", label="Drop images, clips and captions, or a .zip", type="filepath",
                              elem_id="ds-upload", scale=3)
         with gr.Row(equal_height=True):
             source = gr.Textbox(label="Import a folder (copied, never moved)", elem_id="ds-import-path", scale=3)
@@ -141,7 +142,7 @@ def build_tools(page, chooser, settings, state, filters, grid_out, grid_outputs,
             added += add_files(into, rest) if rest else []
         except LibraryError as e:
             return [None, *after(f"⚠️ {e}", *filter_values)]
-        return [None, *after(f"Added {len(added)} images to `{into.name}`.", *filter_values)]
+        return [None, *after(f"Added {counted(added)} to `{into.name}`.", *filter_values)]
     upload.upload(on_upload, inputs=[upload, target, *filters], outputs=[upload, *grid_out], concurrency_id="ds-edit")
 
     def on_import(source_value, target_value, *filter_values):
@@ -153,7 +154,7 @@ def build_tools(page, chooser, settings, state, filters, grid_out, grid_outputs,
             added = import_folder(src, dataset / target_value if target_value else dataset)
         except LibraryError as e:
             return after(f"⚠️ {e}", *filter_values)
-        return after(f"Copied {len(added)} images from `{src}`.", *filter_values)
+        return after(f"Copied {counted(added)} from `{src}`.", *filter_values)
     import_btn.click(on_import, inputs=[source, target, *filters], outputs=grid_out, concurrency_id="ds-edit")
 
     def on_subset(concept_value, repeats_value, chosen):
@@ -193,6 +194,12 @@ def build_tools(page, chooser, settings, state, filters, grid_out, grid_outputs,
             return f"⚠️ {e}", None, gr.skip()
         return f"Deleted `{dataset}`.", None, gr.update(choices=page.choices(), value=None)
     delete.click(on_delete, inputs=[chooser, armed], outputs=[message, armed, chooser], concurrency_id="ds-edit")
+
+
+def counted(added: list[Path]) -> str:
+    """'4 images', or '2 images and 1 clips' when clips came too."""
+    clips = sum(1 for p in added if is_clip_name(p.name))
+    return f"{len(added) - clips} images" + (f" and {clips} clips" if clips else "")
 
 
 def _excluded(page, chosen) -> list[str]:

@@ -173,3 +173,33 @@ def test_the_training_pages_inspector_shows_the_clip_lines_for_a_video_family(tm
     # an image family: the scan leaves the clips out, and the inspector says so
     images_only = dv.summary_markdown({**inspection.summary, "video": None})
     assert "6 clips in the dataset are not trained: the model's family trains images only" in images_only
+
+
+def test_clips_are_uploaded_zipped_imported_and_a_studio_dataset_with_clips_deleted(tmp_path):
+    import zipfile
+
+    import pytest
+
+    from trainer_backend.workbench.library import LibraryError, add_files, add_zip, create_dataset, \
+        delete_dataset, import_folder
+    source = _dataset(tmp_path / "source")
+    ds = create_dataset(tmp_path / "datasets", "walks")
+    added = add_files(ds, [("walk.mp4", source / "clip000.mp4"), ("walk.txt", source / "clip000.txt")])
+    assert [p.name for p in added] == ["walk.mp4"] and (ds / "walk.txt").read_text() == (source / "clip000.txt").read_text()
+    # a clip that cannot be read refuses the whole upload with the scan's reason; nothing is added
+    with pytest.raises(LibraryError, match=r"^broken\.mov: cannot read the video .*; nothing was added$"):
+        add_files(ds, [("run.mp4", source / "clip001.mp4"), ("broken.mov", source / "broken.mov")])
+    assert not (ds / "run.mp4").exists()
+    archive = tmp_path / "clips.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(source / "long.mp4", "3_walk/long.mp4")
+        z.write(source / "long.txt", "3_walk/long.txt")
+    assert [p.relative_to(ds).as_posix() for p in add_zip(ds, archive)] == ["3_walk/long.mp4"]
+    assert (ds / "3_walk" / "long.txt").read_text() == "a long clip"
+    other = create_dataset(tmp_path / "datasets", "copied")
+    names = sorted(p.name for p in import_folder(source, other))
+    assert names == ["broken.mov", "clip000.mp4", "clip001.mp4", "clip002.mp4", "img_00000.png", "img_00001.png",
+                     "long.mp4", "spin.frames"]
+    assert len(list((other / "spin.frames").iterdir())) == 5 and (other / "spin.txt").read_text() == "it spins"
+    delete_dataset(other)   # images, clips (a sequence folder too) and captions: all the studio brought in
+    assert not other.exists() and (source / "spin.frames").is_dir()

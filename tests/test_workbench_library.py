@@ -47,7 +47,7 @@ def test_bad_uploads_change_nothing(tmp_path):
     huge_png_header(tmp_path / "huge.png")
     with pytest.raises(LibraryError, match=r"huge\.png: image is enormous \(12000×9000 = 108 megapixels"):
         add_files(ds, [("huge.png", tmp_path / "huge.png")])
-    with pytest.raises(LibraryError, match="not an image or a caption"):
+    with pytest.raises(LibraryError, match="not an image, a clip or a caption"):
         add_files(ds, [("run.sh", fake)])
     assert _files(ds) == []
 

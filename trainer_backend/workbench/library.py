@@ -1,5 +1,5 @@
-"""The datasets folder: list, create, bring images in (uploaded files, a .zip, a folder copied
-from disk), kohya `N_concept` subsets and their repeats, and delete.
+"""The datasets folder: list, create, bring images and clips in (uploaded files, a .zip, a folder
+copied from disk), kohya `N_concept` subsets and their repeats, and delete.
 
 Nothing here moves or overwrites a user's file: imports copy, a name already taken gets a
 numbered name, and a dataset is deleted only when the studio created it (the marker
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.images import IMAGE_EXTENSIONS, BadImage, probe
+from ..data.video import VIDEO_EXTENSIONS, BadClip, probe_clip
 from ..data.subsets import CONCEPT_DIR
 from .clips import is_clip, list_clips
 from .index import DEFAULT_MAX_PIXELS, list_images
@@ -116,15 +117,27 @@ def _check_image(path: Path, shown: str, max_pixels: int) -> None:
         raise LibraryError(f"{shown}: {e}; nothing was added") from None
 
 
+def _check_clip(path: Path, shown: str) -> None:
+    """A video file opens and has frames (the scan's own probe; its reason when not)."""
+    try:
+        probe_clip(path)
+    except BadClip as e:
+        raise LibraryError(f"{shown}: {e}; nothing was added") from None
+
+
+def _media(suffix: str) -> bool:
+    return suffix in IMAGE_EXTENSIONS or suffix in VIDEO_EXTENSIONS
+
+
 def _writable(folder: Path) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise LibraryError(f"{folder}: the folder is read-only; nothing was added")
 
 
 def add_files(dataset: Path, files: list[tuple[str, Path]], max_pixels: int = DEFAULT_MAX_PIXELS) -> list[Path]:
-    """Copy uploaded files [(original name, temporary path)] into the dataset: images (each opened
-    first) and captions beside them (an image's caption keeps the image's new name). Returns the
-    images added. Anything else, or any bad image, refuses the whole upload."""
+    """Copy uploaded files [(original name, temporary path)] into the dataset: images and video clips
+    (each opened first) and captions beside them (a caption keeps its image's or clip's new name).
+    Returns the images and clips added. Anything else, or any bad file, refuses the whole upload."""
     dataset = Path(dataset)
     _writable(dataset)
     images, captions = [], {}
@@ -134,13 +147,16 @@ def add_files(dataset: Path, files: list[tuple[str, Path]], max_pixels: int = DE
         if suffix in IMAGE_EXTENSIONS:
             _check_image(Path(path), base, max_pixels)
             images.append((base, Path(path)))
+        elif suffix in VIDEO_EXTENSIONS:
+            _check_clip(Path(path), base)
+            images.append((base, Path(path)))
         elif suffix in CAPTION_EXTENSIONS:
             captions[Path(base).stem] = (suffix, Path(path))
         elif suffix == ".zip":
             raise LibraryError(f"{base}: add archives on their own (Upload a .zip)")
         else:
-            raise LibraryError(f"{base}: not an image or a caption ({', '.join(sorted(IMAGE_EXTENSIONS))}, "
-                               f".txt); nothing was added")
+            raise LibraryError(f"{base}: not an image, a clip or a caption ({', '.join(sorted(IMAGE_EXTENSIONS))}, "
+                               f"{', '.join(sorted(VIDEO_EXTENSIONS))}, .txt); nothing was added")
     taken: set[str] = set()
     added = []
     for base, path in images:
@@ -192,8 +208,8 @@ def add_zip(dataset: Path, zip_path: Path, shown_name: str = "", max_pixels: int
             if any(part.startswith(".") or part == "__MACOSX" for part in rel.parts):
                 continue
             suffix = rel.suffix.lower()
-            if suffix not in IMAGE_EXTENSIONS and suffix not in CAPTION_EXTENSIONS:
-                continue
+            if not _media(suffix) and suffix not in CAPTION_EXTENSIONS:
+                continue   # (a zipped `<name>.frames/` folder's frames are images: they unpack as they are)
             target = Path(staging) / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             try:   # zipfile reads at most the declared size and checks the CRC: a lying header fails here
@@ -203,6 +219,8 @@ def add_zip(dataset: Path, zip_path: Path, shown_name: str = "", max_pixels: int
                 raise LibraryError(f"{name}: member '{m.filename}' is damaged ({e}); nothing was added") from None
             if suffix in IMAGE_EXTENSIONS:
                 _check_image(target, f"{name}: {m.filename}", max_pixels)
+            elif suffix in VIDEO_EXTENSIONS:
+                _check_clip(target, f"{name}: {m.filename}")
             placed.append((target, rel.as_posix()))
         added = []
         taken: set[str] = set()
@@ -216,15 +234,15 @@ def add_zip(dataset: Path, zip_path: Path, shown_name: str = "", max_pixels: int
             else:
                 final = _free_name(destination_dir, Path(rel).name, taken)
             shutil.move(str(target), final)
-            if Path(rel).suffix.lower() in IMAGE_EXTENSIONS:
+            if _media(Path(rel).suffix.lower()):
                 renamed[stem_key] = final
                 added.append(final)
         return added
 
 
 def import_folder(source: Path, dataset: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> list[Path]:
-    """Copy a folder's images and captions (its sub-folders too) into the dataset; the source is never
-    changed. Unreadable images are copied as they are (the checks flag them)."""
+    """Copy a folder's images, clips and captions (its sub-folders too) into the dataset; the source is
+    never changed. Unreadable files are copied as they are (the checks flag them)."""
     source, dataset = Path(source), Path(dataset)
     if not source.is_dir():
         raise LibraryError(f"{source}: no such folder")
@@ -234,11 +252,14 @@ def import_folder(source: Path, dataset: Path, max_pixels: int = DEFAULT_MAX_PIX
     _writable(dataset)
     added = []
     taken: set[str] = set()
-    for image in list_images(source):
+    for image in [*list_images(source), *list_clips(source)]:   # clips: files and `<name>.frames` folders
         rel = image.relative_to(source)
         (dataset / rel.parent).mkdir(parents=True, exist_ok=True)
         target = _free_name(dataset / rel.parent, rel.name, taken)
-        shutil.copy2(image, target)
+        if image.is_dir():
+            shutil.copytree(image, target)
+        else:
+            shutil.copy2(image, target)
         added.append(target)
         for ext in CAPTION_EXTENSIONS:
             if image.with_suffix(ext).is_file():
@@ -285,7 +306,7 @@ def set_repeats(dataset: Path, subset_name: str, repeats: int) -> Path:
 
 def delete_dataset(folder: Path) -> None:
     """Remove a dataset the studio created; refuses (changing nothing) any other folder, and one
-    holding files that are neither images, captions nor the workbench's own."""
+    holding files that are neither images, clips, captions nor the workbench's own."""
     folder = Path(folder)
     if not made_here(folder):
         raise LibraryError(f"{folder.name}: not created by the studio (no {WORKBENCH_DIR}/{MARKER}); "
@@ -294,7 +315,7 @@ def delete_dataset(folder: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = [d for d in dirnames if not (Path(dirpath) == folder and d == WORKBENCH_DIR)]
         for f in filenames:
-            if Path(f).suffix.lower() not in IMAGE_EXTENSIONS | CAPTION_EXTENSIONS:
+            if not _media(Path(f).suffix.lower()) and Path(f).suffix.lower() not in CAPTION_EXTENSIONS:
                 foreign.append(os.path.relpath(os.path.join(dirpath, f), folder))
     if foreign:
         raise LibraryError(f"{folder.name}: holds files the studio did not bring in ({', '.join(sorted(foreign)[:3])}"
