@@ -338,6 +338,14 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
                                 fused_kernel=cfg.optimizer.fused, largest=largest_trained_tensor(table, cfg),
                                 half_weights_rounding=prec.half_weights_rounding if half_weights else None)
     phases["optimizer step"] = (0 if fused_bw else grads) + temp
+    from ..families.registry import FAMILY_NAMES, entry
+    from .memory_sampling import sample_round  # a frozen expert that only samples (Wan 2.2): its round
+    phases.update(sample_round(
+        cfg, table, den=den, copies=copies, w_dtype=w_dtype, quant=quant, streamed=bool(swap or offload),
+        trained_in_flight=denoiser_w * in_flight_share, act_line=table["activations"]["lora_gc"],
+        act_factor=act_factor, text_in=0.0 if "text encoders" in resident else max(te_weights.values(), default=0.0),
+        vae_in=0.0 if "vae" in resident else vae_w, vae_decode=lambda px: vae_encode_bytes(table, px),
+        frame_step=entry(arch).frame_step if arch in FAMILY_NAMES else 0))
     cache = cache_phases(table, cfg, te_weights, vae_w, trained_tes, offload, vae_pixels, clips=frames > 1,
                          arch=arch)
     counts = {"denoiser": den["params"], "text_encoders": sum(comps[n]["params"] for n in table["text_encoders"]),
