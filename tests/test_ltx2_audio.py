@@ -236,3 +236,33 @@ def test_an_audio_vae_that_does_not_fit_the_transformer_is_one_line(model):
     with pytest.raises(ConfigError, match=r"^model\.path: .*audio VAE gives 16 features per audio step, its "
                                           r"transformer's audio stream takes 4$"):
         model.family.audio_format(other)
+
+
+def test_independent_audio_timesteps_are_drawn_per_sample_and_reach_the_audio_stream(model):
+    """loss.audio_timestep: "shared" gives the audio the video's timesteps; "independent" draws its own per
+    sample (batch-size independent, shifted for the audio's token count) and the transformer's audio stream
+    gets them (its output changes, the video's too through the cross-attentions)."""
+    from types import SimpleNamespace
+
+    from trainer_backend.config import TrainConfig
+    from trainer_backend.diffusion.loss import audio_draws
+    family, objective = model.family, model.family.objective(model)
+    loss = TrainConfig().loss
+    video_t = torch.tensor([500.0, 500.0])
+    noise, shared = audio_draws(objective, [3, 4], 0, 1, (14, 4), loss, video_t)
+    assert shared is video_t and noise.shape == (2, 14, 4)
+    own = SimpleNamespace(**{**loss.model_dump(), "audio_timestep": "independent"})
+    noise_own, drawn = audio_draws(objective, [3, 4], 0, 1, (14, 4), own, video_t)
+    assert torch.equal(noise_own, noise)  # the audio's noise does not depend on how its timestep is drawn
+    _, drawn_alone = audio_draws(objective, [4], 0, 1, (14, 4), own, video_t)
+    assert torch.equal(drawn_alone, drawn[1:]) and not torch.equal(drawn, video_t)
+    from trainer_backend.families.ltx2 import latents as lat
+    assert objective._shift((14, 4), loss) == lat.sigma_shift(14, model.scheduler_config)  # its own token count
+    text = family.encode_text(model, family.tokenize(model, ["a red square"], 0))
+    noisy, audio = torch.randn(1, 4, 2, 4, 4), torch.randn(1, 14, 4)
+    with torch.no_grad():
+        same = family.predict_audio_video(model, model.denoiser, noisy, audio, torch.tensor([600.0]), text, {},
+                                          torch.float32)
+        other = family.predict_audio_video(model, model.denoiser, noisy, audio, torch.tensor([600.0]), text, {},
+                                           torch.float32, audio_timesteps=torch.tensor([100.0]))
+    assert not torch.equal(same[1], other[1]) and not torch.equal(same[0], other[0])

@@ -134,6 +134,12 @@ class Loss(Section):
                                       "audio term (Lightricks' trainer adds the two: 1). 0 = the audio stream runs "
                                       "with the clip's audio but is not trained toward it.", ge=0.0, le=100.0,
                                  resume="safe", when={"model.arch": AUDIO_FAMILIES})
+    audio_timestep: Literal["shared", "independent"] = F(
+        "shared", "Models with an audio stream (LTX-2): the noise level of a clip's audio. shared = the video's "
+                  "timestep (LTX2Pipeline denoises both streams on one sigma schedule); independent = drawn on its "
+                  "own like the video's, shifted for the audio's token count (Lightricks' trainer draws each "
+                  "stream's sigma separately).", advanced=True, resume="safe",
+        when={"model.arch": AUDIO_FAMILIES})
     min_snr_gamma: float = F(0.0, "Min-SNR weighting gamma; 0 = off (5 is typical).", ge=0.0, resume="safe",
                              when={"model.arch": DDPM_FAMILIES})
     timestep_min: int = F(0, "Lowest training timestep.", ge=0, le=999, advanced=True, resume="safe")

@@ -52,22 +52,20 @@ def diffusion_loss(model, denoiser, batch: dict, *, cfg, epoch: int, device, wei
 
     audio = audio_latents(model, batch, device)
     if audio is not None:
-        audio_noise = to_device(audio_noise_of(indices, seed, epoch, tuple(audio.shape[1:])), device)
-        noisy_audio = objective.noisy(audio, audio_noise, timesteps)  # the video's timestep (LTX2Pipeline's sigmas)
+        draws = audio_draws(objective, indices, seed, epoch, tuple(audio.shape[1:]), cfg.loss, timesteps)
+        audio_noise, audio_t = (to_device(t, device) for t in draws)
+        noisy_audio = objective.noisy(audio, audio_noise, audio_t)
         pred, audio_pred = family.predict_audio_video(model, denoiser, noisy, noisy_audio, timesteps, text, batch,
-                                                      weight_dtype, cfg=cfg)
+                                                      weight_dtype, cfg=cfg, audio_timesteps=audio_t)
     else:
         pred = family.predict(model, denoiser, noisy, timesteps, text, batch, weight_dtype, cfg=cfg)
     target = objective.target(latents, noise, timesteps)
-    per_sample = per_sample_loss(pred, target, batch.get("mask"), given=given)
+    per_sample = weighted(per_sample_loss(pred, target, batch.get("mask"), given=given), objective, timesteps, cfg.loss)
     if audio is not None:
-        audio_loss = per_sample_loss(audio_pred, objective.target(audio, audio_noise, timesteps))
+        audio_loss = per_sample_loss(audio_pred, objective.target(audio, audio_noise, audio_t))
         if parts is not None:
             parts.add_audio(audio_loss.detach())
-        per_sample = per_sample + cfg.loss.audio_loss_weight * audio_loss
-    weights = objective.weights(timesteps, cfg.loss)
-    if weights is not None:
-        per_sample = per_sample * weights
+        per_sample = per_sample + cfg.loss.audio_loss_weight * weighted(audio_loss, objective, audio_t, cfg.loss)
     if parts is not None and "is_class" in batch:
         parts.add(per_sample.detach(), batch["is_class"])
     if "is_class" in batch and cfg.dataset.prior_loss_weight != 1.0:
@@ -86,16 +84,27 @@ def audio_latents(model, batch: dict, device) -> torch.Tensor | None:
     return None
 
 
-def audio_noise_of(indices: list[int], seed: int, epoch: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """Each sample's audio noise, from its own generator (seeded apart from the video's draws, so the two
-    streams' noises are independent), as families/objectives.py draws per sample: batch-size independent."""
+def audio_draws(objective, indices: list[int], seed: int, epoch: int, shape: tuple[int, ...], loss,
+                timesteps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(noise, timesteps) of each sample's audio, from its own generator (seeded apart from the video's draws,
+    so the two streams' noises are independent), as families/objectives.py draws per sample: batch-size
+    independent. loss.audio_timestep "shared": the video's `timesteps`; "independent": the audio's own draw
+    (the objective's sampling and shift for the audio's shape)."""
     from ..families.objectives import sample_generator
-    noises = []
+    noises, steps = [], []
     for index in indices:
         g = sample_generator(seed, epoch, index)
         g.manual_seed(g.initial_seed() ^ _AUDIO_STREAM)
         noises.append(torch.randn(shape, generator=g))
-    return torch.stack(noises)
+        if loss.audio_timestep == "independent":
+            steps.append(objective.timestep(g, shape, loss))
+    return torch.stack(noises), (torch.cat(steps) if steps else timesteps)
+
+
+def weighted(per_sample: torch.Tensor, objective, timesteps: torch.Tensor, loss) -> torch.Tensor:
+    """Per-sample losses times the objective's weights at their timesteps (loss.flow_weighting, min-SNR)."""
+    weights = objective.weights(timesteps, loss)
+    return per_sample if weights is None else per_sample * weights
 
 
 _AUDIO_STREAM = 0x5EED_A0D1_0000  # xor'ed into a sample's seed for its audio noise

@@ -142,8 +142,10 @@ class Family:
         raise NotImplementedError
 
     def predict_audio_video(self, model: LoadedModel, denoiser, noisy: "torch.Tensor", noisy_audio: "torch.Tensor",
-                            timesteps: "torch.Tensor", text: dict, batch: dict, dtype, cfg=None) -> tuple:
-        """An audio-stream family: `predict` with both streams, (video prediction, audio prediction)."""
+                            timesteps: "torch.Tensor", text: dict, batch: dict, dtype, cfg=None,
+                            audio_timesteps: "torch.Tensor | None" = None) -> tuple:
+        """An audio-stream family: `predict` with both streams, (video prediction, audio prediction);
+        `audio_timesteps`: the audio's own (loss.audio_timestep), else the video's."""
         raise NotImplementedError
 
     def trainable_text_encoders(self) -> tuple[str, ...]:

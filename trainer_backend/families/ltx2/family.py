@@ -40,7 +40,9 @@ class VideoTokenObjective(FlowMatchObjective):
     def _shift(self, latent_shape, loss):
         if loss.flow_shift > 0:
             return loss.flow_shift
-        return lat.sigma_shift(lat.token_count(latent_shape, self.patch, self.patch_t), self.scheduler_config)
+        # (L, D) audio tokens (loss.audio_timestep = "independent"): their count, as a clip's video tokens
+        tokens = latent_shape[0] if len(latent_shape) == 2 else lat.token_count(latent_shape, self.patch, self.patch_t)
+        return lat.sigma_shift(tokens, self.scheduler_config)
 
 
 class LTX2Family(FolderOutputs, FlowFamily):
@@ -191,12 +193,14 @@ class LTX2Family(FolderOutputs, FlowFamily):
     def predict(self, model, denoiser, noisy, timesteps, text, batch, dtype, cfg=None):
         return self._forward(denoiser, noisy, None, timesteps, text, dtype, cfg)[0]
 
-    def predict_audio_video(self, model, denoiser, noisy, noisy_audio, timesteps, text, batch, dtype, cfg=None):
-        return self._forward(denoiser, noisy, noisy_audio, timesteps, text, dtype, cfg)
+    def predict_audio_video(self, model, denoiser, noisy, noisy_audio, timesteps, text, batch, dtype, cfg=None,
+                            audio_timesteps=None):
+        return self._forward(denoiser, noisy, noisy_audio, timesteps, text, dtype, cfg, audio_timesteps)
 
-    def _forward(self, denoiser, noisy, noisy_audio, timesteps, text, dtype, cfg):
+    def _forward(self, denoiser, noisy, noisy_audio, timesteps, text, dtype, cfg, audio_timesteps=None):
         """The transformer on (B, C, F', h, w) video latents and (B, L, D) audio tokens at one timestep per
-        sample (None: video only, the audio stream isolated on one empty token); (video, audio) predictions."""
+        sample (the audio's own when given; None audio: video only, the audio stream isolated on one empty
+        token); (video, audio) predictions."""
         import torch
         config = unwrap(denoiser).config
         p, pt = config.patch_size, config.patch_size_t
@@ -206,12 +210,14 @@ class LTX2Family(FolderOutputs, FlowFamily):
         audio = torch.zeros(b, 1, config.audio_in_channels, device=noisy.device, dtype=dtype) if isolated \
             else noisy_audio.to(noisy.device, dtype)
         t = timesteps.to(noisy.device, dtype)
+        audio_t = t if audio_timesteps is None else audio_timesteps.to(noisy.device, dtype)
         mask = text["prompt_attention_mask"].to(noisy.device)
         video, audio_out = denoiser(
             hidden_states=tokens, audio_hidden_states=audio,
             encoder_hidden_states=text["prompt_embeds"].to(noisy.device, dtype),
             audio_encoder_hidden_states=text["audio_prompt_embeds"].to(noisy.device, dtype),
-            timestep=t, sigma=t, encoder_attention_mask=mask, audio_encoder_attention_mask=mask,
+            timestep=t, sigma=t, audio_timestep=audio_t, audio_sigma=audio_t, encoder_attention_mask=mask,
+            audio_encoder_attention_mask=mask,
             num_frames=f, height=h, width=w, fps=self.conditioning_fps(cfg), audio_num_frames=audio.shape[1],
             isolate_modalities=isolated, return_dict=False)
         return lat.unpack(video, f // pt, h // p, w // p, p, pt), (None if isolated else audio_out)
