@@ -13,6 +13,7 @@ import torch
 from trainer_backend.compute.quantize import quantized_kind
 from trainer_backend.compute.weight_storage import is_wrapper, leaves, storage_of
 from trainer_backend.training import sampling_residency
+from tests.test_block_swap import swaps  # noqa: F401  (the fixture recording every BlockSwap a run makes)
 
 BLOCKS = 4   # per expert: more than a swap keeps on the device at once (the block running + the one prefetched)
 DEVICE = torch.device("cpu")
@@ -135,3 +136,24 @@ def test_offloaded_encoders_stream_the_frozen_expert_too(wan4):
     (frozen,) = model.sampling_placement.__self__.swaps
     assert frozen.blocks == list(model.options["other_expert"].blocks)   # expert=low: the high-noise one is frozen
     assert most_resident(frozen.moves) == 2 and not frozen.resident
+
+
+def test_a_run_with_block_swap_and_an_int8_base_samples_with_the_frozen_expert_streamed(tmp_path, wan4, swaps):
+    """Through the loop: model.expert = low trains transformer_2; the high-noise expert, stored int8, comes block by
+    block for the samples after the trained expert's own swap is installed; the clip is written."""
+    from tests.conftest import make_dataset
+    from tests.method_runs import train_run
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    run, events, _ = train_run(tmp_path, wan4, data, "run", "model.expert=low", "model.quantize=int8",
+                               "memory.block_swap=2", "memory.offload_encoders=true", "schedule.max_steps=2",
+                               "samples.prompts=a square --f 5", "samples.every_n_steps=2", "samples.steps=4",
+                               "samples.width=32", "samples.height=32", "samples.check_adapter_effect=false")
+    (sample,) = [e for e in events if e["event"] == "sample"]
+    assert any(p.endswith(".mp4") for p in sample["paths"])
+    trained, frozen = [s for s in swaps if s.prefetch]   # the trained expert's swap first, then the frozen one's
+    assert len(trained.swapped) == 2 and frozen.swapped == set(range(BLOCKS))
+    weights = [t for ts in frozen.tensors.values() for t in ts if t.dim() == 2]   # the blocks' Linear weights
+    assert weights and all(is_wrapper(t) for t in weights)
+    assert {k for kind, k in frozen.moves if kind == "fetch"} == set(range(BLOCKS))
+    assert most_resident(frozen.moves) == 2 and not frozen.resident
+    assert "only sample (WanTransformer3DModel)" in (run / "train.log").read_text()
