@@ -13,6 +13,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
+from trainer_backend.config import ConfigError
 from trainer_backend.data.caption_json import readable
 from trainer_backend.workbench import CheckSettings, EditError, JournalError, read_index, save_caption
 from trainer_backend.workbench.clips import is_clip_name
@@ -22,6 +23,7 @@ from gui.datasets_model import FLAG_LABELS, PAGE_SIZE, Indexer, Views, detail_pi
     thumb_or_placeholder
 from gui.datasets_clips import VIDEO_KEYS, clip_detail, clip_lines
 from gui.datasets_grid import GRID_JS, grid_cells, grid_html
+from gui.schema_form import from_widget_value
 from gui.shared_state import Studio
 from gui.widgets import FormWidgets
 
@@ -95,7 +97,12 @@ class DatasetsPage:
 
 def settings_from_form(form: FormWidgets, payload) -> dict:
     """The [dataset] values of the Training form that decide buckets and crops."""
-    values = dict(zip([f.dotted for f in form.fields], form.read(payload)))
+    values = {}
+    for f, raw in zip(form.fields, form.read(payload)):
+        try:   # as the schema reads the widget (a list field's text as a list)
+            values[f.dotted] = from_widget_value(f, raw)
+        except ConfigError:
+            values[f.dotted] = raw   # the Training page names the field; the clips' summary does too
     out = {k: values[f"dataset.{k}"] for k in (*SETTING_KEYS, *VIDEO_KEYS) if f"dataset.{k}" in values}
     out.update({k: values[k] for k in ("model.arch", "model.path") if k in values})   # a clip's frame rule
     return out
