@@ -203,3 +203,38 @@ def test_clips_are_uploaded_zipped_imported_and_a_studio_dataset_with_clips_dele
     assert len(list((other / "spin.frames").iterdir())) == 5 and (other / "spin.txt").read_text() == "it spins"
     delete_dataset(other)   # images, clips (a sequence folder too) and captions: all the studio brought in
     assert not other.exists() and (source / "spin.frames").is_dir()
+
+
+def _clip_with_audio(path: Path, frames: int = 9, size: int = 32, fps: int = 16, rate: int = 16000) -> None:
+    """An mp4 with a video stream and a 440 Hz mono AAC track."""
+    import av
+    with av.open(str(path), mode="w") as container:
+        video = container.add_stream("libx264", rate=fps)
+        video.width, video.height, video.pix_fmt = size, size, "yuv420p"
+        audio = container.add_stream("aac", rate=rate)
+        for image in moving_square(frames, size, seed=4):
+            for packet in video.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        t = np.arange(int(rate * frames / fps)) / rate
+        tone = av.AudioFrame.from_ndarray((0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None],
+                                          format="fltp", layout="mono")
+        tone.sample_rate = rate
+        for packet in audio.encode(tone):
+            container.mux(packet)
+        for stream in (video, audio):
+            for packet in stream.encode():
+                container.mux(packet)
+
+
+def test_a_clip_with_an_audio_track_is_marked_and_counted(tmp_path):
+    folder, cache = make_clip_dataset(tmp_path / "clips", n=1), tmp_path / "cache"
+    _clip_with_audio(folder / "talk.mp4")
+    (folder / "talk.txt").write_text("a square that hums")
+    build_index(folder, cache, workers=1)
+    values = {"model.arch": "ltx2", "dataset.video_frames": 9}
+    view = Views(cache).get(folder, CheckSettings(resolution=32), video=values)
+    labels = [label for _, label in grid_cells(cache, view.items, list(range(len(view.items))))]
+    assert labels == ["clip000.mp4 ▶ 0.6 s, 9 f", "talk.mp4 ▶ 0.6 s, 9 f ♪"]
+    assert "clips: 2 (2 videos, 0 image sequences, 0 images), 1.12 s in all, 1 with an audio track" \
+        in summary_markdown(view, running=False)
+    assert "9x32x32: 2" in summary_markdown(view, running=False).replace("bucket ", "")

@@ -154,13 +154,13 @@ def clip_info(record: dict, sequence_fps: float = 0.0) -> ClipInfo | None:
 
 
 def clip_label(name: str, record: dict) -> str:
-    """'walk.mp4 ▶ 2.4 s, 38 f' (the grid's label of a clip)."""
+    """'walk.mp4 ▶ 2.4 s, 38 f' (the grid's label of a clip; ' ♪' when it has an audio track)."""
     c = record.get("clip")
     if not c:
         return name
     if c["kind"] == "frames":
         return f"{name} ▶ {c['frames']} f at {c['fps']:g} fps"
-    return f"{name} ▶ {c['duration_s']:.1f} s, {c['frames']} f"
+    return f"{name} ▶ {c['duration_s']:.1f} s, {c['frames']} f" + (" ♪" if c.get("audio") else "")
 
 
 # ---- the training settings ------------------------------------------------------------------------------
