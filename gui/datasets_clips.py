@@ -15,7 +15,10 @@ from PIL import Image
 from trainer_backend.data.video import BadClip, decode_frames, probe_clip
 from trainer_backend.data.video_scan import VideoOptions, summary_lines
 from trainer_backend.families.registry import VIDEO_FAMILIES
-from trainer_backend.workbench.clips import clip_label, list_clips, preview_clip, windows_of, windows_strip
+from trainer_backend.workbench.clips import clip_info, clip_label, list_clips, preview_clip, windows_of, \
+    windows_strip
+
+from gui.datasets_model import FLAG_LABELS
 
 # the [dataset] keys a clip's windows depend on (read from the Training form with the bucket settings)
 VIDEO_KEYS = ("video_frames", "video_fps", "video_clip_mode", "video_max_windows", "video_frame_buckets",
@@ -52,13 +55,14 @@ def clip_detail(cache: Path, view, item: dict):
     """(frame strip PIL image or None, preview mp4 path or None, markdown) of one clip item."""
     lines = [f"**{item['path']}**"]
     c = item.get("clip")
-    if c is None:
+    info = clip_info(item, view.video_options.sequence_fps if view.video_options else 0.0)   # a sequence: the form's fps
+    if c is None or info is None:   # not indexed yet, or unreadable (its reason below)
         lines.append("not indexed yet" if item.get("pending") else "")
-        lines += [f"- ⚠ **{kind}**: {message}" for kind, message in item["flags"].items()]
+        lines += [f"- ⚠ **{FLAG_LABELS.get(kind, kind)}**: {message}" for kind, message in item["flags"].items()]
         return None, None, "\n".join(lines)
     kind = {"video": "video", "frames": "image sequence"}[c["kind"]]
-    lines.append(f"{kind} · {item['width']}×{item['height']} px · {c['frames']} frames at {c['fps']:g} fps · "
-                 f"{c['duration_s']:.2f} s · {'an audio track' if c['audio'] else 'no audio track'}")
+    lines.append(f"{kind} · {item['width']}×{item['height']} px · {info.frames} frames at {info.fps:g} fps · "
+                 f"{info.duration:.2f} s · {'an audio track' if info.has_audio else 'no audio track'}")
     arch, label, step = view.family
     spec = view.settings.spec_and_buckets()[0]
     if view.video_problem:
@@ -82,7 +86,7 @@ def clip_detail(cache: Path, view, item: dict):
         bucket = bucket_name(windows[0].bucket) if windows else "?"
         lines.append(f"{label or 'The model'} trains images only: the strip shows the clip (bucket {bucket} if it "
                      f"were trained).")
-    lines += [f"- ⚠ **{kind}**: {message}" for kind, message in item["flags"].items()]
+    lines += [f"- ⚠ **{FLAG_LABELS.get(kind, kind)}**: {message}" for kind, message in item["flags"].items()]
     strip = preview = None
     if windows:
         path = view.folder / item["path"]

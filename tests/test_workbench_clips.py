@@ -105,6 +105,8 @@ def test_summary_windows_and_grid_labels_follow_the_training_settings(tmp_path):
     assert strip.height == 3 * 96 + 2 * 4 and "3 windows of 9 frames" in info and "frame bucket **9x32x32**" in info
     assert Path(preview).parent == cache / "previews" and probe_clip(Path(preview)).frames == 9
     assert sorted(p.name for p in folder.iterdir()) == files_before   # nothing is written in the dataset
+    strip, preview, info = clip_detail(cache, view, next(i for i in view.items if i["path"] == "broken.mov"))
+    assert (strip, preview) == (None, None) and "**unreadable**: cannot read the video" in info
 
     # a value the schema refuses: the line names the field, and no windows are made up
     bad = views.get(folder, CheckSettings(resolution=32), video={**values, "dataset.video_frames": 0})
