@@ -157,3 +157,16 @@ def test_a_run_with_block_swap_and_an_int8_base_samples_with_the_frozen_expert_s
     assert {k for kind, k in frozen.moves if kind == "fetch"} == set(range(BLOCKS))
     assert most_resident(frozen.moves) == 2 and not frozen.resident
     assert "only sample (WanTransformer3DModel)" in (run / "train.log").read_text()
+
+
+def test_a_full_fine_tunes_frozen_expert_waits_in_the_compute_dtype_not_in_fp32(wan4):
+    """The trained expert keeps fp32 masters; the frozen one only samples (under autocast): bf16, half the bytes."""
+    model, _ = placed_model(wan4, "network.type=full", "precision.mixed=bf16")
+    assert {p.dtype for p in model.denoiser.parameters()} == {torch.float32}
+    assert {p.dtype for p in model.options["other_expert"].parameters()} == {torch.bfloat16}
+    from trainer_backend.diffusion.sampling import generate, sampling_parts
+    with torch.no_grad(), sampling_parts(model):
+        pipe = model.family.build_pipeline(model)
+        (clip,) = generate(pipe, DEVICE, torch.bfloat16, prompt="a red square", num_frames=5, width=32, height=32,
+                           num_inference_steps=4, guidance_scale=2.0, generator=torch.Generator().manual_seed(0))
+    assert clip.shape == (5, 32, 32, 3) and clip.std() > 0

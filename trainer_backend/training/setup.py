@@ -155,8 +155,8 @@ def place_denoiser(model, cfg: TrainConfig, accelerator) -> None:
             model.denoiser.to(device, dtype=trained)
         if cfg.precision.attention == "default":
             model.family.use_plain_attention(model)
-        from .sampling_residency import place_sampling_only  # Wan 2.2's frozen expert: stored as the base, in CPU memory
-        place_sampling_only(cfg, model, device, trained)
+        from .sampling_residency import place_sampling_only  # Wan 2.2 frozen expert: stored as the base, in CPU memory
+        place_sampling_only(cfg, model, device, WEIGHT_DTYPES[cfg.precision.mixed])  # frozen: the compute dtype
     allow_cudnn_attention(cfg.precision.attention == "sdpa_cudnn")
     use_attention(cfg.precision.attention)  # a checked kernel (attention_backends.py), or PyTorch's own function
     if cfg.precision.gradient_checkpointing:
