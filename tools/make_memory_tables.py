@@ -95,8 +95,9 @@ VAE_FRAMES_AT_ONCE = {"wan22_t2v": 4, "wan22_i2v": 4, "wan22_ti2v": 4}
 
 # the larger of the two square sides a family's step is probed at (the smaller is half): 1024 px, SD1/SD2 512;
 # the Wan 2.2 VAE compresses 16x, so TI2V-5B is probed on the latent grids 1024-2048 px give 8x families (smaller
-# ones hide a full fine-tune's activations under its gradients)
-PROBE_SIDES = {"sd1": 512, "sd2": 512, "wan22_ti2v": 4096}
+# ones hide a full fine-tune's activations under its gradients); LTX-2 (32x) at 1024-2048 px, 1024-4096 video tokens:
+# at 256-1024 its 1024 text tokens' per-block cost bends the line (checkpointed: 16% low at 6,400 tokens)
+PROBE_SIDES = {"sd1": 512, "sd2": 512, "wan22_ti2v": 4096, "ltx2": 2048}
 
 
 def probe_side(arch: str) -> int:
