@@ -89,3 +89,31 @@ def test_a_builtin_tiny_ltx2_is_sized_with_its_connectors(tiny_models):
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
     connectors = params(LTX2TextConnectors.from_pretrained(str(folder / "connectors")))
     assert read["text_encoder"]["params"] == alone + connectors
+
+
+def test_the_checkpointed_line_holds_for_a_long_clip(tiny_models):
+    """The table's line is fitted on one-frame probes; a probe of a real clip (640 px x 57 frames: 8 latent
+    frames, 3,200 video tokens) on the meta device lands on it (the line from 512-1024 px probes read 13% low here)."""
+    from trainer_backend.config import from_dict as config_of
+    from trainer_backend.diffusion.loss import diffusion_loss
+    from trainer_backend.methods import setup_method
+    from trainer_backend.training.meta_values import AllValid
+    from trainer_backend.training.setup import place_model
+    meta = torch.device("meta")
+    full_size = mp.full_size_model("ltx2", tiny_models("ltx2"), tables.build_components("ltx2"))  # adapters go on it
+    cfg = config_of({"model": {"arch": "ltx2"}, "network": {"type": "lora", "rank": 16}, "precision": {"mixed": "bf16"}})
+    with AllValid():
+        for module in full_size.components().values():
+            module.to(meta)
+        dtype = place_model(full_size, cfg, mp._Device(meta))
+        setup_method(full_size, cfg)
+        full_size.denoiser.enable_gradient_checkpointing()
+        sample = mp._sample(full_size, (640, 640), 1, meta)
+        sample["latents"] = torch.zeros(1, 128, 8, 20, 20, device=meta)
+        with mp.MetaAutocast(dtype), mp.LiveBytes() as tally:
+            diffusion_loss(full_size, full_size.denoiser, sample, cfg=cfg, epoch=0, device=meta,
+                           weight_dtype=dtype).backward()
+            grads = sum(p.grad.numel() * p.grad.element_size() for p in full_size.denoiser.parameters()
+                        if p.grad is not None)
+    a, b = family_table("ltx2")["activations"]["lora_gc"]
+    assert tally.peak - grads == pytest.approx(a + b * 8 * 20 * 20, rel=0.05)
