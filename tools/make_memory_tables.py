@@ -92,6 +92,9 @@ DENOISER_COPIES = {"wan22_t2v": {"option": "model.expert", "values": {"both": 2}
                    "wan22_i2v": {"option": "model.expert", "values": {"both": 2}}}
 # causal video VAEs that encode a clip a few frames at a time (AutoencoderKLWan: the first frame, then 4 by 4)
 VAE_FRAMES_AT_ONCE = {"wan22_t2v": 4, "wan22_i2v": 4, "wan22_ti2v": 4}
+# video VAEs that encode a clip's frames at once, shrinking time as they go (LTX-2's): the encode of a clip of this
+# many frames is probed against one frame's; the table's vae_frame_share is what each further frame adds
+VAE_CLIP_PROBE = {"ltx2": 49}
 
 # the larger of the two square sides a family's step is probed at (the smaller is half): 1024 px, SD1/SD2 512;
 # the Wan 2.2 VAE compresses 16x, so TI2V-5B is probed on the latent grids 1024-2048 px give 8x families (smaller
@@ -203,11 +206,22 @@ def probe_family(name: str, log=print) -> dict:
         table["denoiser_copies"] = DENOISER_COPIES[spec["family"]]
     if spec["family"] in VAE_FRAMES_AT_ONCE:
         table["vae_frames_at_once"] = VAE_FRAMES_AT_ONCE[spec["family"]]
+    if spec["family"] in VAE_CLIP_PROBE:
+        table["vae_frame_share"] = vae_frame_share(loader(), base // 2, VAE_CLIP_PROBE[spec["family"]])
     if spec["pipelines"]:
         table["pipelines"] = list(spec["pipelines"])
     if name in VARIANTS:
         table.update(family=arch, file_keys=list(spec["file_keys"]))
     return table
+
+
+def vae_frame_share(model, side: int, frames: int) -> float:
+    """What each frame after the first adds to a clip's VAE encode, as a share of one frame's (meta device)."""
+    from trainer_backend.training import memory_probe as mp
+    for module in model.components().values():
+        module.to("meta")
+    one, clip = (mp.probe_vae_encode(model, (side, side), 1, "meta", frames=n) for n in (1, frames))
+    return round((clip / one - 1) / (frames - 1), 4)
 
 
 def flops_family(name: str) -> dict:

@@ -238,7 +238,9 @@ def plan_memory(cfg, arch: str | None = None, buckets=None, table: dict | None =
     frames, latent_frames = clip_frames(cfg, arch, buckets)
     # the VAE encode line is per frame too; a causal video VAE (Wan's) encodes a few frames at a time
     chunk = min(frames, table.get("vae_frames_at_once") or frames)
-    frame_pixels, vae_pixels = pixels, pixels * chunk
+    # one that encodes a clip at once shrinks time as it goes (LTX-2's): each further frame adds a share of one
+    share = table.get("vae_frame_share")
+    frame_pixels, vae_pixels = pixels, pixels * (1 + (frames - 1) * share if share is not None else chunk)
     if frames > 1:   # the tables' activations are per latent pixel of one frame; a clip's scale with its frames
         pixels *= latent_frames
         notes.append(f"clips of {frames} frames ({latent_frames} latent frames) at {side[0]}x{side[1]}")

@@ -186,10 +186,12 @@ def probe_text_encode(model, batch: int, device) -> int:
     return tally.peak
 
 
-def probe_vae_encode(model, side: tuple[int, int], batch: int, device, dtype=torch.float32) -> int:
-    """Peak bytes created while the VAE encodes a batch of images (no grad), the pixels included."""
+def probe_vae_encode(model, side: tuple[int, int], batch: int, device, dtype=torch.float32, frames: int = 1) -> int:
+    """Peak bytes created while the VAE encodes a batch of images, or of clips of `frames` frames (no grad),
+    the pixels included."""
     with LiveBytes() as tally:
-        pixels = torch.zeros(batch, 3, side[1], side[0], device=device, dtype=dtype)
+        shape = (batch, 3, side[1], side[0]) if frames == 1 else (batch, 3, frames, side[1], side[0])
+        pixels = torch.zeros(*shape, device=device, dtype=dtype)
         with torch.no_grad():
             model.family.encode_latents(model, pixels, None)
     return tally.peak
