@@ -93,7 +93,7 @@ FIELDS: dict[Event, tuple[str, ...] | None] = {
     Event.DOWNLOAD: ("repo", "status", "file", "bytes", "total", "file_bytes", "file_total", "files_done",
                      "files_total", "speed", "eta_s", "free_bytes", "cached_bytes"),
     Event.DONE: ("step", "outputs", "elapsed_s"),
-    Event.STOPPED: ("step", "epoch", "outside_training"),
+    Event.STOPPED: ("step", "epoch", "outside_training", "message"),   # message: a LoRA-tool job's stop
     Event.PREEMPTED: ("step", "epoch", "outside_training"),
     Event.ERROR: ("message",),
     Event.WARNING: ("step", "cause", "message", "adapter_effect", "adapter_norm"),
