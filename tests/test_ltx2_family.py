@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from trainer_backend.families import get_family, load_model
 from trainer_backend.families.ltx2 import latents as lat
 from trainer_backend.families.objectives import shift_sigma
+from video_clips import clip_with_audio
 
 
 @pytest.fixture(scope="module")
@@ -140,28 +141,6 @@ def test_a_comfyui_layout_lora_trains_on_clips_samples_mp4_and_loads_in_diffuser
     assert np.abs(frames(pipe) - before).max() > 1e-3, "the LoRA did not change the video"
 
 
-def _write_clip_with_audio(path, frames: int = 9, size: int = 32, fps: int = 16, rate: int = 16000):
-    """An mp4 with a video stream and a 440 Hz mono AAC track."""
-    import av
-    with av.open(str(path), mode="w") as container:
-        video = container.add_stream("libx264", rate=fps)
-        video.width, video.height, video.pix_fmt = size, size, "yuv420p"
-        audio = container.add_stream("aac", rate=rate)
-        for _ in range(frames):
-            image = np.full((size, size, 3), 200, dtype=np.uint8)
-            for packet in video.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                container.mux(packet)
-        t = np.arange(int(rate * frames / fps)) / rate
-        tone = av.AudioFrame.from_ndarray((0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None],
-                                          format="fltp", layout="mono")
-        tone.sample_rate = rate
-        for packet in audio.encode(tone):
-            container.mux(packet)
-        for stream in (video, audio):
-            for packet in stream.encode():
-                container.mux(packet)
-
-
 def test_the_run_says_what_the_clips_audio_tracks_train(tmp_path, caplog):
     """Clips with an audio track: the scan's video summary (and train.log) say the LTX-2 LoRA trains it (the
     audio itself: tests/test_ltx2_audio.py); a family without an audio stream says it has none."""
@@ -169,7 +148,7 @@ def test_the_run_says_what_the_clips_audio_tracks_train(tmp_path, caplog):
     from trainer_backend.training.setup import scan_data
     data = tmp_path / "data"
     data.mkdir()
-    _write_clip_with_audio(data / "tone.mp4")
+    clip_with_audio(data / "tone.mp4")
     (data / "tone.txt").write_text("a grey frame with a tone")
     for arch, said in (("ltx2", "trained on 1 of 1 clips"),
                        ("wan22_t2v", "ignored (the model has no audio stream)")):

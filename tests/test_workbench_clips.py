@@ -13,7 +13,7 @@ from gui.datasets_clips import clip_detail
 from gui.datasets_grid import grid_cells
 from gui.datasets_model import Views
 from gui.datasets_page import summary_markdown
-from tests.video_clips import make_clip_dataset, moving_square
+from tests.video_clips import clip_with_audio, make_clip_dataset, moving_square
 from tests.workbench_images import write_dataset
 from trainer_backend.data.buckets import bucket_spec
 from trainer_backend.data.video import probe_clip, write_clip
@@ -207,30 +207,9 @@ def test_clips_are_uploaded_zipped_imported_and_a_studio_dataset_with_clips_dele
     assert not other.exists() and (source / "spin.frames").is_dir()
 
 
-def _clip_with_audio(path: Path, frames: int = 9, size: int = 32, fps: int = 16, rate: int = 16000) -> None:
-    """An mp4 with a video stream and a 440 Hz mono AAC track."""
-    import av
-    with av.open(str(path), mode="w") as container:
-        video = container.add_stream("libx264", rate=fps)
-        video.width, video.height, video.pix_fmt = size, size, "yuv420p"
-        audio = container.add_stream("aac", rate=rate)
-        for image in moving_square(frames, size, seed=4):
-            for packet in video.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                container.mux(packet)
-        t = np.arange(int(rate * frames / fps)) / rate
-        tone = av.AudioFrame.from_ndarray((0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None],
-                                          format="fltp", layout="mono")
-        tone.sample_rate = rate
-        for packet in audio.encode(tone):
-            container.mux(packet)
-        for stream in (video, audio):
-            for packet in stream.encode():
-                container.mux(packet)
-
-
 def test_a_clip_with_an_audio_track_is_marked_and_counted(tmp_path):
     folder, cache = make_clip_dataset(tmp_path / "clips", n=1), tmp_path / "cache"
-    _clip_with_audio(folder / "talk.mp4")
+    clip_with_audio(folder / "talk.mp4")
     (folder / "talk.txt").write_text("a square that hums")
     build_index(folder, cache, workers=1)
     values = {"model.arch": "ltx2", "dataset.video_frames": 9}

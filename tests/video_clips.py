@@ -27,6 +27,14 @@ def sine_tone(seconds: float, hz: float, rate: int = 16000, channels: int = 1) -
     return np.repeat((0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)[None], channels, axis=0)
 
 
+def clip_with_audio(path: Path, frames: int = 9, size: int = 32, fps: int = 16, rate: int = 16000,
+                    seed: int = 4) -> Path:
+    """An mp4 of a moving square with a 440 Hz mono AAC track as long as the clip."""
+    from trainer_backend.data.video import write_clip
+    write_clip(path, moving_square(frames, size, seed=seed), fps=fps, audio=(sine_tone(frames / fps, 440.0, rate), rate))
+    return path
+
+
 def make_clip_dataset(folder: Path, n: int = 3, size: int = 32, frames: int = 9, fps: int = 16,
                       audio: int = 0, rate: int = 16000) -> Path:
     """n mp4 clips (`clip000.mp4`, …) with captions 'a <colour> square on a plain background'; the first

@@ -12,7 +12,6 @@ The training settings' video options are the [dataset] section's, read through d
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import stat
 from collections import Counter
@@ -26,8 +25,8 @@ from ..data.video import FRAMES_FOLDER_SUFFIX, VIDEO_EXTENSIONS, BadClip, ClipIn
     probe_clip, write_clip
 from ..data.video_items import video_options
 from ..data.video_scan import ClipWindow, VideoOptions, _windows_of, sequence_fingerprint
+from .thumbs import write_thumbnail
 
-THUMB_SIDE = 256
 STRIP_FRAMES = 8          # frames shown per window in a strip
 STRIP_WINDOWS = 4         # windows shown at most (the info text counts them all)
 PREVIEW_SIDE = 384        # the preview mp4's longer side at most
@@ -130,14 +129,7 @@ def inspect_clip(path: Path, folder: Path, thumb_of: Callable[[str], Path] | Non
         except BadClip as e:   # the header reads, the frames do not: training would skip it too
             record["flags"]["unreadable"] = str(e)
             return record
-        img = Image.fromarray(first)
-        img.thumbnail((THUMB_SIDE, THUMB_SIDE))
-        buffer = io.BytesIO()
-        img.save(buffer, "JPEG", quality=82)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(buffer.getvalue())
-        os.replace(tmp, target)
+        write_thumbnail(Image.fromarray(first), target)
     return record
 
 

@@ -17,7 +17,6 @@ beside the images by clips.py's `inspect_clip` (PyAV: duration, frames, a first-
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import warnings
@@ -27,8 +26,8 @@ from typing import Callable, Iterable
 
 from ..data.images import BadImage, load_rgb, probe
 from ..data.subsets import walk_images
+from .thumbs import THUMB_SIDE, thumb_name, thumb_path, write_thumbnail  # noqa: F401  (thumb_name: index's public face)
 
-THUMB_SIDE = 256
 DEFAULT_MAX_PIXELS = 100_000_000     # data.max_image_megapixels' default (the trainer's guard)
 _CONVERSIONS = {"CMYK": "cmyk", "16-bit": "sixteen_bit", "transparency": "alpha", "palette": "palette",
                 "EXIF": "exif_rotated"}
@@ -40,15 +39,6 @@ def folder_key(folder: Path) -> str:
 
 def index_path(cache: Path, folder: Path) -> Path:
     return Path(cache) / "index" / f"{folder_key(folder)}.jsonl"
-
-
-def thumb_name(sha256: str) -> str:
-    """A thumbnail's name under the cache's thumbs/ folder (it is named by the image's content)."""
-    return f"{sha256[:2]}/{sha256}.jpg"
-
-
-def thumb_path(cache: Path, sha256: str) -> Path:
-    return Path(cache) / "thumbs" / thumb_name(sha256)
 
 
 def list_images(folder: Path) -> list[Path]:
@@ -118,14 +108,9 @@ def inspect_file(path: Path, folder: Path, cache: Path | None, max_pixels: int =
         if cache is not None:
             target = thumb_path(cache, record["sha256"])
             if not target.exists():
-                img.thumbnail((THUMB_SIDE, THUMB_SIDE))
-                buffer = io.BytesIO()
-                img.save(buffer, "JPEG", quality=82)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-                tmp.write_bytes(buffer.getvalue())
-                os.replace(tmp, target)
+                write_thumbnail(img, target)
     return record
+
 
 
 def read_index(cache: Path, folder: Path) -> dict[str, dict]:

@@ -162,16 +162,9 @@ class Krea2Family(FlowFamily):
 
     def tokenize_batch(self, model, batch, max_token_length):
         """A pair's caption with its references (decoded from their latents when those are cached)."""
-        import torch
-        from ...data.pairs import joined_references, per_reference
-        controls = batch.get("control_pixel_values")
-        if controls is None and batch.get("control_latents") is not None:
-            latents = batch["control_latents"]
-            with torch.no_grad():
-                pixels = self.decode_latents(model, per_reference(latents, model.vae.config.z_dim).to(
-                    _device(model.vae)))
-            controls = joined_references(pixels, latents.shape[0])
-        return self.tokenize(model, list(batch["caption"]), max_token_length, controls=controls)
+        from ..qwen_image.family import pair_reference_pixels
+        return self.tokenize(model, list(batch["caption"]), max_token_length,
+                             controls=pair_reference_pixels(self, model, batch))
 
     def encode_text(self, model, input_ids, encoders=None):
         import torch

@@ -68,16 +68,9 @@ class QwenImageEditPlusFamily(QwenImageEditFamily):
         return [enc.input_ids, enc.attention_mask]
 
     def tokenize_batch(self, model, batch, max_token_length):
-        import torch
-        from ...data.pairs import joined_references, per_reference
-        controls = batch.get("control_pixel_values")
-        if controls is None:  # cached latents: each reference back from its latent
-            latents = batch["control_latents"]
-            with torch.no_grad():
-                pixels = self.decode_latents(model, per_reference(latents, model.vae.config.z_dim).to(
-                    _device(model.vae)))
-            controls = joined_references(pixels, latents.shape[0])
-        return self.tokenize(model, list(batch["caption"]), max_token_length, controls=controls)
+        from .family import pair_reference_pixels   # cached latents: each reference back from its latent
+        return self.tokenize(model, list(batch["caption"]), max_token_length,
+                             controls=pair_reference_pixels(self, model, batch))
 
     def encode_text(self, model, input_ids, encoders=None):
         encoder = (encoders or model.text_encoders)[0]

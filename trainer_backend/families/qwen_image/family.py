@@ -38,6 +38,21 @@ def latent_stats(vae, like):
     return mean, std
 
 
+def pair_reference_pixels(family, model, batch):
+    """A pair batch's reference images for a text encoder that reads them (Qwen-Image-Edit-Plus, Krea 2 edit):
+    its control pixels, or each reference decoded back from its cached latents; None for caption-only batches."""
+    import torch
+    from ...data.pairs import joined_references, per_reference
+    controls = batch.get("control_pixel_values")
+    if controls is None and batch.get("control_latents") is not None:
+        latents = batch["control_latents"]
+        with torch.no_grad():
+            pixels = family.decode_latents(model, per_reference(latents, model.vae.config.z_dim).to(
+                _device(model.vae)))
+        controls = joined_references(pixels, latents.shape[0])
+    return controls
+
+
 class QwenImageFamily(FlowFamily):
     name = "qwen_image"
     label = "Qwen-Image"
