@@ -84,6 +84,9 @@ def _network(cfg: TrainConfig) -> Iterator[Problem]:
     n = cfg.network
     if n.dora and n.type != "lora":
         yield Problem("network.dora", f"DoRA is a LoRA option; network.type is {n.type!r}")
+    if n.training_adapter and n.type != "lora":
+        yield Problem("network.training_adapter", f"a training adapter applies to LoRA training (network.type = "
+                                                  f"lora); network.type is {n.type!r}")
     if n.type == "full" and n.conv_rank:
         yield Problem("network.conv_rank", "conv adapters are an adapter option; a full fine-tune already trains "
                                            "every convolution (set it to 0)")

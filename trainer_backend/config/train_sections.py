@@ -54,6 +54,15 @@ class Network(Section):
             "conv_rank and the target modules (a mismatch is refused naming the first key); a different alpha "
             "is folded into the weights so the starting effect is the file's. A checkpoint being resumed takes "
             "precedence.", widget="path", resume="ignored", when={"network.type": ADAPTERS})
+    training_adapter: str = F(
+        "", "A frozen LoRA (\"training adapter\", \"de-distill\" LoRA, ai-toolkit's assistant LoRA) applied to the "
+            "base during training steps only, for step-distilled models (Krea 2 Turbo, Z-Image Turbo): your LoRA "
+            "learns the concept, not to undo the distillation. Samples and the saved LoRA are without it; never "
+            "trained, saved or checkpointed. Any LoRA layout the family reads; a file that does not fit the model "
+            "is refused naming the key. See docs/models.md.", widget="path", resume="safe",
+        when={"network.type": ("lora",)})
+    training_adapter_weight: float = F(1.0, "Strength of network.training_adapter during training steps.",
+                                       gt=0, le=4, advanced=True, resume="safe", when={"network.type": ("lora",)})
     block_lr: dict[str, float] = F(
         {}, "Learning-rate multiplier per denoiser block, e.g. {\"IN*\" = 0.5, \"OUT03-05\" = 0, \"M*\" = 2}: "
             "keys are block names (UNets: IN00-IN11, M00-M02, OUT00-OUT11 as kohya/A1111 count them; Flux: "

@@ -26,6 +26,7 @@ from ..config.sample_prompts import SamplePrompt, load_prompts, parse_prompt_lin
 from ..run.contract import CONTROL_DIR, SAMPLES_DIR, Control, Event
 
 LOG = logging.getLogger("trainer")
+TRAINING_ADAPTER = "training_adapter"  # the frozen peft adapter of network.training_adapter (methods/training_adapter.py)
 @contextlib.contextmanager
 def preserved_rng() -> None:
     """Save and restore python, numpy, torch and accelerator (CUDA/ROCm/MPS/XPU) RNG states around a block."""
@@ -52,6 +53,27 @@ def eval_mode(modules: list[torch.nn.Module]):
     finally:
         for sub, training in modes:
             sub.training = training
+
+
+@contextlib.contextmanager
+def training_adapter_off(modules: list[torch.nn.Module]):
+    """network.training_adapter is for training steps only: inside the block no peft layer computes it
+    (its active list lacks it, so nothing is added: exact), afterwards each layer's active adapters and
+    every requires_grad flag are as before (peft's set_adapter would make frozen adapters trainable)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    layers = [sub for m in modules for sub in m.modules()
+              if isinstance(sub, BaseTunerLayer) and TRAINING_ADAPTER in sub.active_adapters]
+    flags = [(p, p.requires_grad) for layer in layers for p in layer.parameters()]
+    active = [list(layer.active_adapters) for layer in layers]
+    try:
+        for layer, names in zip(layers, active):
+            layer.set_adapter([n for n in names if n != TRAINING_ADAPTER])
+        yield
+    finally:
+        for layer, names in zip(layers, active):
+            layer.set_adapter(names)
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
@@ -258,7 +280,7 @@ class SampleImages:
         model = self.model
         with preserved_rng(), eval_mode([model.denoiser, *model.text_encoders]), \
                 (self.ema.applied() if use_ema else contextlib.nullcontext()), torch.no_grad(), \
-                sampling_parts(model):
+                training_adapter_off([model.denoiser]), sampling_parts(model):
             yield model.family.build_pipeline(model, self.cfg.samples.scheduler)
 
     def sample(self, step: int, epoch: int) -> list[Path]:

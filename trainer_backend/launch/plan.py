@@ -300,7 +300,9 @@ def plan_from_config(cfg: "TrainConfig", counts: DataCounts, num_processes: int 
                      keep_steps_per_epoch=getattr(hw, "keep_steps_per_epoch", False), lr=cfg.optimizer.lr,
                      lr_scaling=getattr(hw, "lr_scaling", "none"), warmup_steps=cfg.optimizer.warmup_steps)
     from ..training.full_half_precision import half_weights_warnings  # pure, like this module
-    plan.warnings = list(plan.warnings) + half_weights_warnings(cfg)
+    from ..methods.checks import training_adapter_line
+    plan.warnings = list(plan.warnings) + half_weights_warnings(cfg) + [
+        line for line in [training_adapter_line(cfg)] if line]
     return plan
 
 

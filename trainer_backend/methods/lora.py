@@ -68,6 +68,8 @@ def setup_lora(model, cfg: TrainConfig) -> Trainable:
         module.requires_grad_(False)
     check_excludes(cfg, model.denoiser)
     _add_adapter(model.denoiser, adapter_config(cfg, family.denoiser_name), "network.target_modules")
+    from .training_adapter import add_training_adapter
+    add_training_adapter(model, cfg)  # network.training_adapter: frozen, beside the trained adapter
     if cfg.model.quantize in COMPUTE_KINDS:  # peft's layers are in place: their frozen base layers go 8-bit
         to_lowbit_compute(model.denoiser, cfg.model.quantize, keep=getattr(family, "keep_unquantized", ()))
     modules: dict[str, torch.nn.Module] = {family.denoiser_name: model.denoiser}
