@@ -300,10 +300,18 @@ def plan_from_config(cfg: "TrainConfig", counts: DataCounts, num_processes: int 
                      keep_steps_per_epoch=getattr(hw, "keep_steps_per_epoch", False), lr=cfg.optimizer.lr,
                      lr_scaling=getattr(hw, "lr_scaling", "none"), warmup_steps=cfg.optimizer.warmup_steps)
     from ..training.full_half_precision import half_weights_warnings  # pure, like this module
-    from ..methods.checks import training_adapter_line
     plan.warnings = list(plan.warnings) + half_weights_warnings(cfg) + [
         line for line in [training_adapter_line(cfg)] if line]
     return plan
+
+
+def training_adapter_line(cfg: "TrainConfig") -> str:
+    """network.training_adapter in the run log and the plan ("" when off); methods/training_adapter.py applies it."""
+    n = cfg.network
+    if not n.training_adapter or n.type != "lora":
+        return ""
+    weight = f" at weight {n.training_adapter_weight:g}" if n.training_adapter_weight != 1 else ""
+    return f"training adapter: {n.training_adapter}{weight} (applied to training steps, off for samples)"
 
 
 def _fmt(value: Any) -> str:

@@ -23,12 +23,3 @@ def check_method_config(cfg: TrainConfig) -> None:
     rules.check(cfg)
     for problem in method_problems(cfg):
         raise problem.error()
-
-
-def training_adapter_line(cfg: TrainConfig) -> str:
-    """network.training_adapter in the run log and the plan ("" when off); methods/training_adapter.py applies it."""
-    n = cfg.network
-    if not n.training_adapter or n.type != "lora":
-        return ""
-    weight = f" at weight {n.training_adapter_weight:g}" if n.training_adapter_weight != 1 else ""
-    return f"training adapter: {n.training_adapter}{weight} (applied to training steps, off for samples)"

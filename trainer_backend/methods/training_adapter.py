@@ -21,18 +21,31 @@ import torch
 
 from ..config import ConfigError, TrainConfig
 from ..diffusion.sampling import TRAINING_ADAPTER
-from .checks import training_adapter_line
+from ..launch.plan import training_adapter_line
 
 LOG = logging.getLogger("trainer")
 KEY = "network.training_adapter"
 
 
 def _read(model, cfg: TrainConfig):
-    """The file as families/lora_files.py's LoraWeights, read by the family's own reader (any layout it reads);
-    its messages name network.training_adapter."""
-    from .network_weights import KEY as READER_KEY, read_file
+    """The file as families/lora_files.py's LoraWeights, read by the family's own reader (any layout it reads,
+    as network.network_weights); its messages name network.training_adapter."""
+    from pathlib import Path
+    from safetensors import SafetensorError, safe_open
+    from ..families.lora_files import KEY as READER_KEY
+    from ..file_limits import check_float_weights
+    path = Path(cfg.network.training_adapter).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{KEY}: {path} does not exist")
     try:
-        state, _ = read_file(cfg.network.training_adapter)
+        with safe_open(str(path), framework="pt") as f:
+            check_float_weights(KEY, path, {k: f.get_slice(k).get_dtype() for k in f.keys()})
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{KEY}: {path} is not a readable .safetensors file ({e})") from None
+    try:
         return model.family.read_lora_file(model, state, {model.family.denoiser_name: model.denoiser})
     except ConfigError as e:
         raise ConfigError(str(e).replace(READER_KEY, KEY)) from None
