@@ -26,10 +26,11 @@ from trainer_backend.families import load_model
 ARCH = "zimage"
 
 
-def _adapter_file(tiny_models, path, targets=("to_q", "to_v", "w1"), rank=2, alpha=1.0, seed=5):
-    """A LoRA file written by the family's own writer (diffusers layout) on a tiny model, non-zero B."""
-    model = load_model(str(tiny_models(ARCH)))
-    model.denoiser.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets)))
+def _adapter_file(tiny_models, path, arch=ARCH, rank=2, alpha=1.0, seed=5):
+    """A LoRA file written by the family's own writer (diffusers layout) on a tiny model, non-zero B, on
+    the family's default targets (more modules than the trained adapter's q/k/v/out)."""
+    model = load_model(str(tiny_models(arch)))
+    model.denoiser.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(model.family.default_targets)))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.denoiser.named_parameters():
@@ -58,7 +59,8 @@ def _trained(model, *overrides, seed=7):
 
 def _prediction(model) -> torch.Tensor:
     family, g = model.family, torch.Generator().manual_seed(1)
-    latents = torch.randn(1, 16, 8, 8, generator=g)
+    f = model.vae_scale_factor
+    latents = torch.randn(1, *family.latent_shape(model, 8 * f, 8 * f), generator=g)
     with torch.no_grad():
         text = family.encode_text(model, family.tokenize(model, ["a red square"], 32))
         return family.predict(model, model.denoiser, latents, torch.tensor([500.0]), text, {}, torch.float32)
@@ -69,8 +71,10 @@ def adapter(tiny_models, tmp_path_factory):
     return _adapter_file(tiny_models, tmp_path_factory.mktemp("adapter") / "dedistill.safetensors")
 
 
-def test_steps_see_the_adapter_as_diffusers_loads_it_and_samples_do_not(tiny_models, adapter):
-    model = load_model(str(tiny_models(ARCH)))
+@pytest.mark.parametrize("arch", [ARCH, "krea2-turbo"])
+def test_steps_see_the_adapter_as_diffusers_loads_it_and_samples_do_not(tiny_models, tmp_path, arch):
+    adapter = _adapter_file(tiny_models, tmp_path / "dedistill.safetensors", arch)
+    model = load_model(str(tiny_models(arch)))
     trainable = _trained(model, f"network.training_adapter={adapter}")
     # frozen, outside the trainable state the checkpoints and the optimizer see
     assert not any(TRAINING_ADAPTER in name for name in trainable.named_parameters())
@@ -79,9 +83,9 @@ def test_steps_see_the_adapter_as_diffusers_loads_it_and_samples_do_not(tiny_mod
     with_adapter = _prediction(model)
 
     # the reference: diffusers' loader puts the file on a fresh base, then the same trained adapter beside it
-    reference = load_model(str(tiny_models(ARCH)))
+    reference = load_model(str(tiny_models(arch)))
     reference.denoiser.load_lora_adapter(load_file(str(adapter)), prefix="transformer", adapter_name="file")
-    plain = load_model(str(tiny_models(ARCH)))
+    plain = load_model(str(tiny_models(arch)))
     plain_trainable = _trained(plain)  # the same seed: the same trained weights
     reference.denoiser.add_adapter(plain.denoiser.peft_config["default"])
     reference.denoiser.set_adapters(["file", "default"])
@@ -113,6 +117,14 @@ def test_a_file_that_does_not_fit_is_refused_naming_the_key(tiny_models, adapter
     with pytest.raises(ConfigError, match=r"network\.training_adapter: .*network\.type = lora"):
         from trainer_backend.config import rules
         rules.check(_config("network.type=full", f"network.training_adapter={adapter}"))
+    from trainer_backend.config.checks import run_problems
+    (tmp_path / "page.safetensors").write_text("<html>not found</html>")
+    for name, why in (("nothing.safetensors", "no such file"), ("page.safetensors", "")):
+        found = [p for p in run_problems(_config(f"network.training_adapter={tmp_path / name}"))
+                 if p.key == "network.training_adapter"]
+        assert len(found) == 1 and str(tmp_path / name) in found[0].message and why in found[0].message
+    with pytest.raises(ConfigError, match=r"network\.training_adapter: not with network\.dora"):
+        rules.check(_config("network.dora=true", f"network.training_adapter={adapter}"))
 
 
 def _sample_matches_the_tool(run) -> float:
@@ -167,3 +179,49 @@ def test_runs_save_the_same_keys_sample_without_it_and_resume_bitwise(tiny_model
 
 def _log(run) -> str:
     return "\n".join(p.read_text() for p in run.glob("*.log"))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int8_compute"])
+def test_on_a_quantized_base_steps_have_it_and_samples_are_exactly_without(tiny_models, adapter, kind):
+    """model.quantize (the frozen base stored 8-bit before the adapters, as training/setup.py place_denoiser
+    does, or computed 8-bit after them, methods/lora.py): the adapter sits beside the trained one on the
+    quantized layers; switched off it adds nothing (bitwise the quantized base + trained adapter)."""
+    from trainer_backend.compute.quantize import quantize_module, quantized_kind
+    from trainer_backend.methods import setup_method
+
+    def quantized(*overrides):
+        model = load_model(str(tiny_models(ARCH)))
+        if kind == "int8":
+            quantize_module(model.denoiser, kind, device=torch.device("cpu"), compute_dtype=torch.float32,
+                            keep=getattr(model.family, "keep_unquantized", ()))
+        trainable = setup_method(model, _config("model.quantize=" + kind, *overrides))
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in trainable.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        return model
+
+    model, plain = quantized(f"network.training_adapter={adapter}"), quantized()
+    assert quantized_kind(model.denoiser) == kind
+    layers = [m for m in model.denoiser.modules() if hasattr(m, "lora_A") and TRAINING_ADAPTER in m.lora_A]
+    bases = [m.get_base_layer() for m in layers]  # 8-bit: torchao's weights, or our LowBitLinear
+    assert bases and all(type(b) is not torch.nn.Linear or type(b.weight.data) is not torch.Tensor for b in bases)
+    with_adapter = _prediction(model)
+    assert (with_adapter - _prediction(plain)).abs().max() > 1e-3
+    with training_adapter_off([model.denoiser]):
+        assert torch.equal(_prediction(model), _prediction(plain))
+    assert torch.equal(_prediction(model), with_adapter)
+
+
+def test_block_swap_trains_the_same_lora_with_the_adapter(tiny_models, adapter, tmp_path):
+    data = make_dataset(tmp_path / "data", n=2, size=32)
+    common = ["schedule.max_steps=1", "optimizer.lr=1e-3", f"network.training_adapter={adapter}",
+              "samples.every_n_steps=1", 'samples.prompts="a red square --w 32 --h 32 --s 2"']
+    plain, _, _ = train_run(tmp_path, tiny_models(ARCH), data, "plain", *common)
+    swapped, events, _ = train_run(tmp_path, tiny_models(ARCH), data, "swapped", "memory.block_swap=1",
+                                   "precision.gradient_checkpointing=true", *common)
+    a, b = load_file(str(plain / "plain.safetensors")), load_file(str(swapped / "swapped.safetensors"))
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    (p, s) = (np.asarray(Image.open(next((r / "samples").glob("*.png"))), dtype=float) for r in (plain, swapped))
+    assert np.abs(p - s).max() <= 1  # and samples as the plain run does (its blocks moved around the round)

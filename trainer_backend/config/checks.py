@@ -140,8 +140,21 @@ def _prompt_file(cfg: TrainConfig) -> Iterator[Problem]:
                                          "every_n_epochs or before_first_step); add prompts or samples.prompt_file")
 
 
+def _training_adapter(cfg: TrainConfig) -> Iterator[Problem]:
+    """network.training_adapter: a .safetensors file, seen before the model loads (its keys are checked then)."""
+    from .input_checks import safetensors_header_problem
+    n = cfg.network
+    if not n.training_adapter or n.type != "lora":
+        return
+    path = Path(resolve_path(n.training_adapter)).expanduser()
+    if not path.is_file():
+        yield Problem("network.training_adapter", f"{path}: no such file")
+    elif problem := safetensors_header_problem(path):
+        yield Problem("network.training_adapter", f"{path}: {problem}")
+
+
 FILE_CHECKS = (_model_paths, model_files, _dataset_path, dataset_images, _run_folder, _no_overlap, _control_folders, _validation_folder, _prompt_file,
-               _sample_controls)
+               _sample_controls, _training_adapter)
 
 
 def run_problems(cfg: TrainConfig) -> list[Problem]:

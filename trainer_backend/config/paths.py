@@ -26,4 +26,6 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
         subset.control_path = resolve_path(subset.control_path)
     if cfg.model.vae:
         cfg.model.vae = resolve_path(cfg.model.vae)
+    if cfg.network.training_adapter:
+        cfg.network.training_adapter = resolve_path(cfg.network.training_adapter)
     return cfg

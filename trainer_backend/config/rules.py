@@ -87,6 +87,9 @@ def _network(cfg: TrainConfig) -> Iterator[Problem]:
     if n.training_adapter and n.type != "lora":
         yield Problem("network.training_adapter", f"a training adapter applies to LoRA training (network.type = "
                                                   f"lora); network.type is {n.type!r}")
+    if n.training_adapter and n.type == "lora" and n.dora:  # DoRA's norm would see the base without it
+        yield Problem("network.training_adapter", "not with network.dora: DoRA rescales the layer's whole output, "
+                                                  "the training adapter's update included; use plain LoRA")
     if n.type == "full" and n.conv_rank:
         yield Problem("network.conv_rank", "conv adapters are an adapter option; a full fine-tune already trains "
                                            "every convolution (set it to 0)")

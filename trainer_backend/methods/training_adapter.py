@@ -32,9 +32,10 @@ def _read(model, cfg: TrainConfig):
     as network.network_weights); its messages name network.training_adapter."""
     from pathlib import Path
     from safetensors import SafetensorError, safe_open
+    from ..config.paths import resolve_path
     from ..families.lora_files import KEY as READER_KEY
     from ..file_limits import check_float_weights
-    path = Path(cfg.network.training_adapter).expanduser()
+    path = Path(resolve_path(cfg.network.training_adapter)).expanduser()
     if not path.is_file():
         raise ConfigError(f"{KEY}: {path} does not exist")
     try:
