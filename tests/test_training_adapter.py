@@ -26,7 +26,7 @@ from trainer_backend.families import load_model
 ARCH = "zimage"
 
 
-def _adapter_file(tiny_models, path, arch=ARCH, rank=2, alpha=1.0, seed=5):
+def _adapter_file(tiny_models, path, arch=ARCH, rank=2, alpha=1.0, seed=5, layout="diffusers"):
     """A LoRA file written by the family's own writer (diffusers layout) on a tiny model, non-zero B, on
     the family's default targets (more modules than the trained adapter's q/k/v/out)."""
     model = load_model(str(tiny_models(arch)))
@@ -37,7 +37,7 @@ def _adapter_file(tiny_models, path, arch=ARCH, rank=2, alpha=1.0, seed=5):
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     state = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model.denoiser).items()}
-    written = model.family.lora_file_state(model, {model.family.denoiser_name: state}, lambda *_: alpha, "diffusers")
+    written = model.family.lora_file_state(model, {model.family.denoiser_name: state}, lambda *_: alpha, layout)
     save_file({k: v.contiguous() for k, v in written.items()}, str(path))
     return path
 
@@ -99,6 +99,17 @@ def test_steps_see_the_adapter_as_diffusers_loads_it_and_samples_do_not(tiny_mod
         assert torch.equal(_prediction(model), _prediction(plain))
     assert flags == {n: p.requires_grad for n, p in model.denoiser.named_parameters()}
     assert torch.equal(_prediction(model), with_adapter)  # back on after the round: no drift
+
+
+@pytest.mark.parametrize("layout", ["kohya", "original"])
+def test_any_layout_the_family_reads_gives_the_same_steps(tiny_models, adapter, tmp_path, layout):
+    """Z-Image's musubi/kohya layout and the original checkpoint's (fused qkv) layout: the same adapter."""
+    other = _adapter_file(tiny_models, tmp_path / f"{layout}.safetensors", layout=layout)
+    assert set(load_file(str(other))) != set(load_file(str(adapter)))
+    model, reference = load_model(str(tiny_models(ARCH))), load_model(str(tiny_models(ARCH)))
+    _trained(model, f"network.training_adapter={other}")
+    _trained(reference, f"network.training_adapter={adapter}")
+    torch.testing.assert_close(_prediction(model), _prediction(reference), rtol=1e-5, atol=1e-6)
 
 
 def test_a_file_that_does_not_fit_is_refused_naming_the_key(tiny_models, adapter, tmp_path):
