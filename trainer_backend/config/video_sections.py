@@ -20,8 +20,8 @@ class VideoDatasetOptions(Section):
     video_frames: int = F(33, "Frames per training window at most, rounded down to the model's frame rule (Wan: "
                               "4k+1, LTX-2: 8k+1). A clip shorter than this trains at the longest count it allows; "
                               "images are 1-frame clips.", ge=1, le=1025, resume="unsafe:samples", when=VIDEO)
-    video_fps: float = F(16.0, "Frames are sampled from each clip at this rate (Wan 2.2 is trained at 16 fps); "
-                               "0 = each clip's own rate.", ge=0.0, le=240.0, resume="unsafe:samples", when=VIDEO)
+    video_fps: float = F(16.0, "Frames are sampled from each clip at this rate (Wan 2.2 A14B is trained at 16 fps, "
+                               "TI2V-5B and LTX-2 at 24); 0 = each clip's own rate.", ge=0.0, le=240.0, resume="unsafe:samples", when=VIDEO)
     video_clip_mode: Literal["head", "uniform", "random"] = F(
         "head", "Which window of a clip longer than video_frames trains: head = its start; uniform = windows "
                 "spread evenly over the clip (each a sample; video_max_windows); random = a new start each epoch "
