@@ -13,41 +13,15 @@ from trainer_backend.compute.quantize import quantize_module, quantized_kind
 from trainer_backend.compute.weight_storage import (copy_storage, install, is_wrapper, leaves, quant_state_leaves,
                                                     quant_state_of, storage_of)
 from trainer_backend.training.block_swap import BlockSwap, in_backward
-from tests.test_block_swap import swaps  # noqa: F401  (the fixture recording every BlockSwap a run makes)
+from tests.test_block_swap import Block, Chain, swaps  # noqa: F401  (swaps: the fixture recording every BlockSwap)
 
 KINDS = ["int8", "float8", "nf4"]
 WIDTH = 64   # nf4 packs 64-value blocks
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.a, self.b = torch.nn.Linear(WIDTH, WIDTH), torch.nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x):
-        return x + self.b(torch.nn.functional.gelu(self.a(self.norm(x))))
-
-
-class Chain(torch.nn.Module):
-    def __init__(self, checkpointing: bool):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = torch.nn.Linear(8, WIDTH)
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(4))
-        self.head = torch.nn.Linear(WIDTH, 8)
-        self.checkpointing = checkpointing
-
-    def forward(self, x):
-        h = self.embed(x)
-        for block in self.blocks:
-            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False) if self.checkpointing else block(h)
-        return self.head(h)
-
-
 def lora_chain(kind: str, checkpointing: bool = False) -> Chain:
     """A chain whose blocks' Linear layers are quantized (the frozen base) with LoRA adapters on them."""
-    model = Chain(checkpointing)
+    model = Chain(n=4, width=WIDTH, checkpointing=checkpointing)
     assert quantize_module(model, kind, device="cpu", compute_dtype=torch.float32, keep=("embed", "head")) == 8
     model = inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=["a", "b"]), model)
     g = torch.Generator().manual_seed(3)
@@ -80,7 +54,7 @@ def train(model: Chain, swap: int = 0, steps: int = 3, watch=None):
     g = torch.Generator().manual_seed(1)
     first_out = first_grads = None
     for step in range(steps):
-        x, y = torch.randn(3, 8, generator=g), torch.randn(3, 8, generator=g)
+        x, y = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
         out = model(x)
         torch.nn.functional.mse_loss(out, y).backward()
         if step == 0:
