@@ -27,6 +27,8 @@ from ..run.contract import CONTROL_DIR, SAMPLES_DIR, Control, Event
 
 LOG = logging.getLogger("trainer")
 TRAINING_ADAPTER = "training_adapter"  # the frozen peft adapter of network.training_adapter (methods/training_adapter.py)
+
+
 @contextlib.contextmanager
 def preserved_rng() -> None:
     """Save and restore python, numpy, torch and accelerator (CUDA/ROCm/MPS/XPU) RNG states around a block."""
